@@ -1,0 +1,120 @@
+/* common.h: the public header of common/ — logging, error codes, allocation, time, ids,
+ * JSON helpers and the job spec.
+ *
+ * Everything here is safe to call from any part. Parsers in common/ never log: they return
+ * negative errno and fill a struct st_error; their callers log once. */
+#ifndef ST_COMMON_H
+#define ST_COMMON_H
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define ST_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+#define ST_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define ST_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define ST_PRINTF(f, a) __attribute__((format(printf, f, a)))
+
+/* ---- errors ------------------------------------------------------------------------ */
+
+/* Text for a negative errno (or a positive one). Never NULL; the string is static. */
+const char *st_strerror(int r);
+
+/* ---- logging ----------------------------------------------------------------------- */
+
+enum st_log_level { ST_LOG_ERR = 0, ST_LOG_WARN, ST_LOG_NOTICE, ST_LOG_INFO, ST_LOG_DEBUG };
+
+/* Current threshold; st_log() tests it before evaluating its arguments (Redis serverLog). */
+extern int st_log_level_max;
+
+/* Reads SPOTTRAIN_DEBUG (err|warn|notice|info|debug), SPOTTRAIN_DEBUG_SUBSYS (comma list,
+ * empty = all) and SPOTTRAIN_LOG_FORMAT (human|json). Called once from main(); safe to call again. */
+void st_log_init_from_env(void);
+void st_log_set_level(int level);
+/* Output format: false = human lines, true = JSON lines. */
+void st_log_set_json(bool json);
+/* Role ("coordinator", "worker", "cli") and id (worker id or rank) put on every line.
+ * The strings are copied. */
+void st_log_set_role(const char *role, const char *id);
+/* True when lines of this subsystem pass the SPOTTRAIN_DEBUG_SUBSYS filter. */
+bool st_log_subsys_enabled(const char *subsys);
+
+void st_log_internal(int level, const char *subsys, const char *file, int line, const char *fmt,
+                     ...) ST_PRINTF(5, 6);
+
+#define st_log(level, subsys, ...)                                                 \
+    do {                                                                           \
+        if ((level) <= st_log_level_max)                                           \
+            st_log_internal((level), (subsys), __FILE__, __LINE__, __VA_ARGS__);   \
+    } while (0)
+
+/* Logs at ERR and returns r (negative errno), for `return st_log_errno(r, "...")`. */
+#define st_log_errno(r, ...)                                                       \
+    (st_log_internal(ST_LOG_ERR, "main", __FILE__, __LINE__, __VA_ARGS__), (r))
+
+/* ---- allocation ------------------------------------------------------------------ */
+
+/* All allocation goes through these so tests can make the Nth call fail (curl torture). */
+void *st_malloc(size_t n);
+void *st_calloc(size_t n, size_t size);
+void *st_realloc(void *p, size_t n);
+char *st_strdup(const char *s);
+char *st_strndup(const char *s, size_t n);
+void st_free(void *p);
+/* Test hook: the nth allocation from now (1-based) and every later one fail; 0 disables. */
+void st_alloc_fail_after(long n);
+
+/* ---- time -------------------------------------------------------------------------- */
+
+/* Monotonic seconds (CLOCK_MONOTONIC). Only daemons and the CLI read clocks, never planner/. */
+double st_now(void);
+/* Wall-clock seconds since the epoch. */
+double st_wall(void);
+
+/* Parses "60s", "30m", "2h", "1.5h", "250ms" or a bare number of seconds.
+ * Returns 0 and writes *ret_seconds, or -EINVAL. */
+int st_parse_duration(const char *s, double *ret_seconds);
+/* Parses "16GiB", "512MiB", "1GB", "4096" (bytes). Returns 0 or -EINVAL. */
+int st_parse_size(const char *s, uint64_t *ret_bytes);
+
+/* ---- ids --------------------------------------------------------------------------- */
+
+#define ST_UUID_STR_LEN 37 /* 36 characters + NUL */
+/* Writes a fresh random UUID in lower-case text form into buf[ST_UUID_STR_LEN]. */
+void st_uuid_new(char buf[ST_UUID_STR_LEN]);
+/* True when s is a well-formed UUID string. */
+bool st_uuid_valid(const char *s);
+
+/* ---- files -------------------------------------------------------------------------- */
+
+/* Reads a whole file (at most max bytes) into a NUL-terminated heap buffer.
+ * Returns 0, -ENOENT, -EFBIG when larger than max, or another negative errno.
+ * Caller frees *ret_data with st_free(). */
+int st_read_file(const char *path, size_t max, char **ret_data, size_t *ret_len);
+/* Writes data to path atomically (temp file + fsync + rename). Returns 0 or negative errno. */
+int st_write_file_atomic(const char *path, const void *data, size_t len);
+/* mkdir -p. Returns 0 or negative errno. */
+int st_mkdir_p(const char *path, unsigned mode);
+
+/* ---- parse errors ------------------------------------------------------------------ */
+
+/* Where a parse error is: filled by parsers (spec, traces, profiles) next to -EINVAL. */
+struct st_error {
+    char file[256];
+    int line;       /* 1-based; 0 when unknown */
+    int column;     /* 1-based; 0 when unknown */
+    char field[128]; /* dotted path, e.g. "spec.training.micro_batch"; "" when none */
+    char message[512];
+};
+
+/* Fills e (if non-NULL) and returns -EINVAL, for `return st_error_set(e, ...)`. */
+int st_error_set(struct st_error *e, const char *file, int line, int column, const char *field,
+                 const char *fmt, ...) ST_PRINTF(6, 7);
+/* "file:line:column: field: message" into buf. */
+void st_error_format(const struct st_error *e, char *buf, size_t size);
+
+#include "spec.h" /* struct st_spec, st_spec_load */
+
+#endif

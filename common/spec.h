@@ -1,0 +1,146 @@
+/* spec.h: the job spec (apiVersion spottrain/v1, kind TrainingJob) as a resolved struct.
+ *
+ * Included by common.h; this is part of common/'s public interface. st_spec_load() parses
+ * YAML with libyaml, fills every default, runs the cross-field checks and reports every
+ * error found (not only the first) with file:line:column and the field path. The format is
+ * documented in docs/job-spec.md. */
+#ifndef ST_SPEC_H
+#define ST_SPEC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct st_error;
+
+#define ST_SPEC_MAX_ZONES 16
+#define ST_SPEC_PATH_MAX 512
+
+enum st_precision { ST_PRECISION_FP32 = 0, ST_PRECISION_BF16 };
+enum st_lr_schedule { ST_LR_COSINE = 0, ST_LR_CONSTANT, ST_LR_LINEAR };
+enum st_provider {
+    ST_PROVIDER_SIM = 0,
+    ST_PROVIDER_AWS,
+    ST_PROVIDER_GCP,
+    ST_PROVIDER_AZURE,
+    ST_PROVIDER_KUBERNETES
+};
+
+struct st_spec_model {
+    /* Built-in GPT (used when profile is empty). */
+    int layers;   /* transformer blocks */
+    int hidden;   /* model width (channels) */
+    int heads;    /* attention heads; divides hidden */
+    int vocab;    /* vocabulary size; tokens are uint16 so <= 65536 */
+    int seq_len;  /* tokens per sample (context length) */
+    /* Simulation only: a cost-profile file (Parcae's profile JSON) and the model in it. */
+    char profile[ST_SPEC_PATH_MAX];    /* "" = built-in GPT */
+    char profile_model[128];           /* model key inside a multi-model profile; "" = only one */
+};
+
+struct st_spec_data {
+    char train[ST_SPEC_PATH_MAX]; /* token file: nanoGPT raw uint16 or llm.c header + uint16 */
+    char val[ST_SPEC_PATH_MAX];   /* "" = none */
+};
+
+struct st_spec_optimizer {
+    char name[16];        /* "adamw" (the only one in v1) */
+    double lr;            /* peak learning rate */
+    double beta1, beta2;
+    double eps;
+    double weight_decay;  /* decoupled */
+    double grad_clip;     /* global-norm clip; 0 = off */
+    int warmup_steps;
+    enum st_lr_schedule schedule; /* after warmup */
+    double min_lr_ratio;  /* final lr = lr * min_lr_ratio (cosine/linear) */
+};
+
+struct st_spec_training {
+    int global_batch;     /* samples per step, constant across shapes */
+    int micro_batch;      /* samples per micro-batch; divides global_batch */
+    int steps;
+    struct st_spec_optimizer optimizer;
+    uint64_t seed;
+    enum st_precision precision;
+};
+
+struct st_spec_fleet {
+    enum st_provider provider;
+    char instance_type[64];
+    int gpus_per_instance;
+    int min;              /* instances */
+    int max;
+    int nzones;
+    char zones[ST_SPEC_MAX_ZONES][32];
+    bool spot;
+    bool on_demand_fallback;
+    /* sim provider */
+    char trace[ST_SPEC_PATH_MAX]; /* trace file (events CSV, counts CSV, replay JSONL, seconds,N) */
+    double time_scale;    /* wall seconds per trace second; 2/60 = one trace minute in 2 s */
+    double notice_seconds;    /* interruption notice lead time, trace seconds (AWS: 120) */
+    double unannounced;       /* fraction of removals without notice, [0, 1] */
+    /* prices, dollars per instance-hour */
+    double spot_price;
+    double on_demand_price;
+};
+
+struct st_spec_planner {
+    double interval;      /* seconds of cloud time between decisions (default 60) */
+    int lookahead;        /* intervals the liveput DP looks ahead (default 12) */
+    char predictor[32];   /* "last-value", "arima", or one of ours; see planner/ */
+    int dp_min, dp_max;   /* bounds; 0 = unbounded */
+    int pp_min, pp_max;
+    int dp, pp;           /* pinned shape; 0 = planner chooses */
+};
+
+struct st_spec_checkpoint {
+    char dir[ST_SPEC_PATH_MAX];
+    double interval;      /* seconds between durable checkpoints; 0 = off */
+    int keep;             /* how many to keep */
+};
+
+struct st_spec_coordinator {
+    char listen[128];     /* HOST:PORT for gRPC */
+    double heartbeat_deadline; /* seconds of silence before a worker is declared lost */
+};
+
+struct st_spec_status {
+    char listen[128];     /* HOST:PORT for REST + /metrics; "" = off */
+    char token_file[ST_SPEC_PATH_MAX]; /* bearer token for writes and gRPC; "" = none */
+};
+
+struct st_spec {
+    char path[ST_SPEC_PATH_MAX]; /* the file it was loaded from */
+    char api_version[32];  /* "spottrain/v1" */
+    char kind[32];         /* "TrainingJob" */
+    char name[128];        /* metadata.name */
+    struct st_spec_model model;
+    struct st_spec_data data;
+    struct st_spec_training training;
+    struct st_spec_fleet fleet;
+    struct st_spec_planner planner;
+    struct st_spec_checkpoint checkpoint;
+    struct st_spec_coordinator coordinator;
+    struct st_spec_status status;
+};
+
+/* Fills every field with its default (docs/job-spec.md). */
+void st_spec_defaults(struct st_spec *spec);
+
+/* Parses and validates a job spec file. On success returns 0 and fills *ret_spec.
+ * On invalid input returns -EINVAL and fills errs[0..min(n,max_errs)) with every error found,
+ * in file order, and *ret_nerrs with the total count; *ret_spec is untouched.
+ * Other negative errno on I/O failure (errs[0] names the file). Never logs. */
+int st_spec_load(const char *path, struct st_spec *ret_spec, struct st_error *errs,
+                 size_t max_errs, size_t *ret_nerrs);
+
+/* Same, from a buffer; `name` is used in error positions. */
+int st_spec_parse(const char *name, const char *data, size_t len, struct st_spec *ret_spec,
+                  struct st_error *errs, size_t max_errs, size_t *ret_nerrs);
+
+/* Resolved spec as JSON text (every default filled in). Caller frees with st_free(). */
+char *st_spec_to_json(const struct st_spec *spec);
+
+const char *st_provider_name(enum st_provider p);
+
+#endif
