@@ -29,6 +29,7 @@ struct spec_node {
     int next;           /* next sibling */
     size_t off, len;    /* scalar text in spec_tree.text (NUL-terminated there) */
     bool plain;         /* unquoted scalar (so `~`, `null` and empty mean "no value") */
+    bool alias;         /* stands for a refused alias: already reported, skip it */
 };
 
 struct spec_tree {

@@ -263,6 +263,7 @@ int spec__parse_yaml(const char *data, size_t len, struct spec_tree *tree,
                 TRY_NOMEM_(add_text(tree, "", 0, &off));
                 n = &tree->nodes[idx];
                 n->plain = true;
+                n->alias = true;
             } else {
                 check_anchor_tag(&ev, ev.data.scalar.anchor, ev.data.scalar.tag,
                                  ev.data.scalar.plain_implicit || ev.data.scalar.quoted_implicit,

@@ -41,6 +41,11 @@ struct st_spec_model {
 struct st_spec_data {
     char train[ST_SPEC_PATH_MAX]; /* token file: nanoGPT raw uint16 or llm.c header + uint16 */
     char val[ST_SPEC_PATH_MAX];   /* "" = none */
+    /* data.synth: when train is missing, `spottrain data synth` generates it first. */
+    bool synth;            /* a synth block was given */
+    int synth_order;       /* Markov order of the synthetic corpus */
+    uint64_t synth_seed;
+    uint64_t synth_tokens; /* corpus length in tokens */
 };
 
 struct st_spec_optimizer {
@@ -82,6 +87,7 @@ struct st_spec_fleet {
     /* prices, dollars per instance-hour */
     double spot_price;
     double on_demand_price;
+    uint64_t gpu_memory;      /* bytes of memory per GPU, for the cost model's fit check */
 };
 
 struct st_spec_planner {
