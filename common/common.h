@@ -116,5 +116,6 @@ int st_error_set(struct st_error *e, const char *file, int line, int column, con
 void st_error_format(const struct st_error *e, char *buf, size_t size);
 
 #include "spec.h" /* struct st_spec, st_spec_load */
+#include "tokens.h" /* token files, sampler, synthetic corpus */
 
 #endif

@@ -1,0 +1,303 @@
+/* cmd-status.c: `spottrain status [--endpoint URL] [--json] [--watch] [--token-file F]` — show a
+ * running job from the coordinator's REST API.
+ *
+ * One idea: three GETs (/v1/job, /v1/workers, /v1/events) over a tiny HTTP/1.0 client on a
+ * plain socket (the API is loopback or a port-forward; no TLS), rendered as a table or passed
+ * through as one JSON object for scripts. */
+#include <getopt.h>
+#include <jansson.h>
+#include <netdb.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "common.h"
+#include "coordinator.h" /* coord_token_read */
+
+#define STATUS_MAX_RESPONSE (16 << 20)
+
+struct endpoint {
+    char host[256];
+    char port[8];
+};
+
+static int parse_endpoint(const char *url, struct endpoint *ep) {
+    const char *p = url;
+    if (strncmp(p, "http://", 7) == 0)
+        p += 7;
+    else if (strstr(p, "://"))
+        return -EINVAL;
+    size_t n = strcspn(p, "/");
+    char hp[300];
+    if (n == 0 || n >= sizeof(hp))
+        return -EINVAL;
+    memcpy(hp, p, n);
+    hp[n] = '\0';
+    char *colon = strrchr(hp, ':');
+    if (colon && (!strchr(hp, ']') || colon > strchr(hp, ']'))) {
+        *colon = '\0';
+        char *end = NULL;
+        long port = strtol(colon + 1, &end, 10);
+        if (!colon[1] || *end || port < 1 || port > 65535)
+            return -EINVAL;
+        snprintf(ep->port, sizeof(ep->port), "%ld", port);
+    } else {
+        snprintf(ep->port, sizeof(ep->port), "80");
+    }
+    char *h = hp;
+    if (h[0] == '[') {
+        h++;
+        char *close = strchr(h, ']');
+        if (!close)
+            return -EINVAL;
+        *close = '\0';
+    }
+    if (!*h)
+        return -EINVAL;
+    snprintf(ep->host, sizeof(ep->host), "%s", h);
+    return 0;
+}
+
+/* GET path; returns the HTTP status and the body (caller frees), or negative errno. */
+static int http_get(const struct endpoint *ep, const char *path, const char *token,
+                    char **ret_body) {
+    struct addrinfo hints, *ai = NULL;
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_socktype = SOCK_STREAM;
+    if (getaddrinfo(ep->host, ep->port, &hints, &ai) != 0 || !ai)
+        return -EHOSTUNREACH;
+    int fd = -1, r = -ECONNREFUSED;
+    for (struct addrinfo *x = ai; x; x = x->ai_next) {
+        fd = socket(x->ai_family, x->ai_socktype | SOCK_CLOEXEC, x->ai_protocol);
+        if (fd < 0)
+            continue;
+        struct timeval tv = {5, 0};
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+        if (connect(fd, x->ai_addr, x->ai_addrlen) == 0)
+            break;
+        r = -errno;
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(ai);
+    if (fd < 0)
+        return r;
+    char req[1024];
+    int n = snprintf(req, sizeof(req),
+                     "GET %s HTTP/1.0\r\nHost: %s:%s\r\nAccept: application/json\r\n%s%s%s\r\n",
+                     path, ep->host, ep->port, token ? "Authorization: Bearer " : "",
+                     token ? token : "", token ? "\r\n" : "");
+    if (write(fd, req, (size_t)n) != n) {
+        close(fd);
+        return -EIO;
+    }
+    size_t cap = 65536, len = 0;
+    char *buf = st_malloc(cap);
+    if (!buf) {
+        close(fd);
+        return -ENOMEM;
+    }
+    for (;;) {
+        if (len + 1 >= cap) {
+            if (cap >= STATUS_MAX_RESPONSE) {
+                st_free(buf);
+                close(fd);
+                return -EFBIG;
+            }
+            char *b = st_realloc(buf, cap * 2);
+            if (!b) {
+                st_free(buf);
+                close(fd);
+                return -ENOMEM;
+            }
+            buf = b;
+            cap *= 2;
+        }
+        ssize_t k = read(fd, buf + len, cap - len - 1);
+        if (k < 0) {
+            r = -errno;
+            st_free(buf);
+            close(fd);
+            return r;
+        }
+        if (k == 0)
+            break;
+        len += (size_t)k;
+    }
+    close(fd);
+    buf[len] = '\0';
+    int status = 0;
+    if (sscanf(buf, "HTTP/%*d.%*d %d", &status) != 1) {
+        st_free(buf);
+        return -EPROTO;
+    }
+    char *body = strstr(buf, "\r\n\r\n");
+    char *out = st_strdup(body ? body + 4 : "");
+    st_free(buf);
+    if (!out)
+        return -ENOMEM;
+    *ret_body = out;
+    return status;
+}
+
+static int get_json(const struct endpoint *ep, const char *path, const char *token,
+                    json_t **ret) {
+    char *body = NULL;
+    int status = http_get(ep, path, token, &body);
+    if (status < 0)
+        return status;
+    json_t *j = json_loads(body, 0, NULL);
+    st_free(body);
+    if (!j || status != 200) {
+        json_decref(j);
+        return -EPROTO;
+    }
+    *ret = j;
+    return 0;
+}
+
+static const char *jstr(json_t *o, const char *k) {
+    const char *s = json_string_value(json_object_get(o, k));
+    return s ? s : "";
+}
+
+static long long jint(json_t *o, const char *k) {
+    return (long long)json_integer_value(json_object_get(o, k));
+}
+
+static void print_table(json_t *job, json_t *workers, json_t *events) {
+    json_t *shape = json_object_get(job, "shape");
+    printf("job %s (%s)  state %s  epoch %lld  shape dp=%lld pp=%lld\n", jstr(job, "name"),
+           jstr(job, "id"), jstr(job, "state"), jint(job, "epoch"), jint(shape, "dp"),
+           jint(shape, "pp"));
+    printf("step %lld/%lld  samples %lld  loss %.4f\n", jint(job, "step"),
+           jint(job, "target_steps"), jint(job, "samples"),
+           json_number_value(json_object_get(job, "loss")));
+    json_t *wl = json_object_get(workers, "workers");
+    printf("\n%-36s  %-8s %5s %5s %7s %-10s %-21s %8s\n", "WORKER", "STATE", "STAGE", "REPL",
+           "LAYERS", "ZONE", "DATA", "SEEN");
+    size_t i;
+    json_t *w;
+    json_array_foreach(wl, i, w) {
+        char layers[32] = "-", stage[16] = "-", repl[16] = "-";
+        if (jint(w, "stage") >= 0) {
+            snprintf(stage, sizeof(stage), "%lld", jint(w, "stage"));
+            snprintf(repl, sizeof(repl), "%lld", jint(w, "replica"));
+            snprintf(layers, sizeof(layers), "%lld-%lld", jint(w, "layer_begin"),
+                     jint(w, "layer_end"));
+        }
+        printf("%-36s  %-8s %5s %5s %7s %-10s %-21s %7.1fs\n", jstr(w, "id"), jstr(w, "state"),
+               stage, repl, layers, jstr(w, "zone")[0] ? jstr(w, "zone") : "-",
+               jstr(w, "data_addr")[0] ? jstr(w, "data_addr") : "-",
+               json_number_value(json_object_get(w, "last_seen_seconds_ago")));
+    }
+    json_t *el = json_object_get(events, "events");
+    printf("\nlast events:\n");
+    size_t n = json_array_size(el), from = n > 10 ? n - 10 : 0;
+    for (i = from; i < n; i++) {
+        json_t *e = json_array_get(el, i);
+        time_t t = (time_t)json_number_value(json_object_get(e, "time"));
+        struct tm tm;
+        char ts[32];
+        gmtime_r(&t, &tm);
+        strftime(ts, sizeof(ts), "%H:%M:%SZ", &tm);
+        const char *wid = json_string_value(json_object_get(e, "worker_id"));
+        printf("  %6lld %s %-16s %s%s%s\n", jint(e, "seq"), ts, jstr(e, "kind"),
+               wid ? wid : "", wid ? " " : "", jstr(e, "message"));
+    }
+    fflush(stdout);
+}
+
+/* One snapshot; returns 0 or negative errno (message printed). */
+static int show(const struct endpoint *ep, const char *token, bool as_json) {
+    json_t *job = NULL, *workers = NULL, *events = NULL;
+    int r = get_json(ep, "/v1/job", token, &job);
+    if (r >= 0)
+        r = get_json(ep, "/v1/workers", token, &workers);
+    if (r >= 0) {
+        /* The last 50 events: ask for the count first through /v1/job's view of the log. */
+        r = get_json(ep, "/v1/events?since=0&limit=1000", token, &events);
+    }
+    if (r < 0) {
+        fprintf(stderr, "spottrain status: cannot read %s:%s: %s\n", ep->host, ep->port,
+                st_strerror(r));
+    } else if (as_json) {
+        json_t *all = json_pack("{s:O, s:O, s:O}", "job", job, "workers",
+                                json_object_get(workers, "workers"), "events",
+                                json_object_get(events, "events"));
+        char *t = all ? json_dumps(all, JSON_INDENT(2)) : NULL;
+        if (t)
+            printf("%s\n", t);
+        free(t);
+        json_decref(all);
+        fflush(stdout);
+    } else {
+        print_table(job, workers, events);
+    }
+    json_decref(job);
+    json_decref(workers);
+    json_decref(events);
+    return r;
+}
+
+int cli_cmd_status(int argc, char **argv) {
+    static const struct option opts[] = {
+        {"endpoint", required_argument, NULL, 'e'},
+        {"json", no_argument, NULL, 'j'},
+        {"watch", no_argument, NULL, 'w'},
+        {"token-file", required_argument, NULL, 't'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *url = "http://127.0.0.1:8080", *token_file = NULL;
+    bool as_json = false, watch = false;
+    int opt;
+    optind = 1;
+    opterr = 0;
+    while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (opt) {
+        case 'e': url = optarg; break;
+        case 'j': as_json = true; break;
+        case 'w': watch = true; break;
+        case 't': token_file = optarg; break;
+        default:
+            return cli_usage_error("status", "unknown option '%s'", argv[optind - 1]);
+        }
+    }
+    if (optind < argc)
+        return cli_usage_error("status", "unexpected argument '%s'", argv[optind]);
+    struct endpoint ep;
+    if (parse_endpoint(url, &ep) < 0)
+        return cli_usage_error("status", "bad --endpoint '%s' (want http://HOST:PORT)", url);
+    char token[256];
+    if (token_file) {
+        char why[512];
+        if (coord_token_read(token_file, token, sizeof(token), why, sizeof(why)) < 0) {
+            fprintf(stderr, "spottrain status: %s\n", why);
+            return CLI_EXIT_INPUT;
+        }
+    }
+    const char *tok = token_file ? token : NULL;
+    if (!watch)
+        return show(&ep, tok, as_json) < 0 ? CLI_EXIT_FAILURE : CLI_EXIT_OK;
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    sigprocmask(SIG_BLOCK, &set, NULL);
+    for (;;) {
+        if (!as_json)
+            printf("\033[H\033[2J");
+        (void)show(&ep, tok, as_json);
+        struct timespec two = {2, 0};
+        int sig = sigtimedwait(&set, NULL, &two);
+        if (sig == SIGINT || sig == SIGTERM)
+            return CLI_EXIT_OK;
+    }
+}

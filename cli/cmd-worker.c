@@ -1,0 +1,195 @@
+/* cmd-worker.c: `spottrain worker --coordinator ADDR ...` — run a worker's control-plane agent.
+ *
+ * One idea: the command is only glue — worker id from the state directory, token from a file,
+ * and a command handler — around worker/agent.c, which does the talking and reconnecting.
+ * Until the engine is wired in (end-to-end issue), the handler applies a command by printing
+ * it as one parseable line (`worker command id=N epoch=E kind=K ...`) and acknowledging it. */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+#include "common.h"
+#include "coordinator.h" /* coord_token_read */
+#include "worker.h"      /* worker_agent_* */
+
+static int print_command(struct worker_agent *a, const Spottrain__V1__Command *cmd, char *err,
+                         size_t errsz, void *userdata) {
+    (void)a;
+    (void)err;
+    (void)errsz;
+    (void)userdata;
+    unsigned long long id = (unsigned long long)cmd->id, ep = (unsigned long long)cmd->epoch;
+    switch (cmd->body_case) {
+    case SPOTTRAIN__V1__COMMAND__BODY_CONFIGURE: {
+        const Spottrain__V1__Configure *c = cmd->configure;
+        printf("worker command id=%llu epoch=%llu kind=configure dp=%u pp=%u stage=%u "
+               "replica=%u layers=%u-%u peers=%zu rendezvous=%s\n",
+               id, ep, c->shape ? c->shape->dp : 0, c->shape ? c->shape->pp : 0, c->stage,
+               c->replica, c->layer_begin, c->layer_end, c->n_peers, c->rendezvous);
+        break;
+    }
+    case SPOTTRAIN__V1__COMMAND__BODY_MIGRATE:
+        printf("worker command id=%llu epoch=%llu kind=migrate transfers=%zu at_step=%llu\n", id,
+               ep, cmd->migrate->n_transfers, (unsigned long long)cmd->migrate->at_step);
+        break;
+    case SPOTTRAIN__V1__COMMAND__BODY_CHECKPOINT:
+        printf("worker command id=%llu epoch=%llu kind=checkpoint dir=%s\n", id, ep,
+               cmd->checkpoint->dir);
+        break;
+    case SPOTTRAIN__V1__COMMAND__BODY_STOP:
+        printf("worker command id=%llu epoch=%llu kind=stop reason=%s\n", id, ep,
+               cmd->stop->reason);
+        break;
+    default:
+        printf("worker command id=%llu epoch=%llu kind=unknown\n", id, ep);
+        break;
+    }
+    fflush(stdout);
+    return 0;
+}
+
+int cli_cmd_worker(int argc, char **argv) {
+    static const struct option opts[] = {
+        {"coordinator", required_argument, NULL, 'c'},
+        {"token-file", required_argument, NULL, 't'},
+        {"id", required_argument, NULL, 'i'},
+        {"state-dir", required_argument, NULL, 'd'},
+        {"data-addr", required_argument, NULL, 'a'},
+        {"zone", required_argument, NULL, 'z'},
+        {"instance-id", required_argument, NULL, 'I'},
+        {"instance-type", required_argument, NULL, 'T'},
+        {"gpus", required_argument, NULL, 'g'},
+        {NULL, 0, NULL, 0},
+    };
+    struct worker_agent_config cfg;
+    const char *token_file = NULL, *want_id = NULL;
+    int opt;
+
+    worker_agent_config_init(&cfg);
+    optind = 1;
+    opterr = 0;
+    while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        const char *v = optarg;
+        switch (opt) {
+        case 'c':
+            if (!*v || strlen(v) >= sizeof(cfg.coordinator) || !strchr(v, ':'))
+                return cli_usage_error("worker", "bad --coordinator '%s' (want HOST:PORT)", v);
+            snprintf(cfg.coordinator, sizeof(cfg.coordinator), "%s", v);
+            break;
+        case 't': token_file = v; break;
+        case 'i':
+            if (!st_uuid_valid(v))
+                return cli_usage_error("worker", "--id '%s' is not a UUID", v);
+            want_id = v;
+            break;
+        case 'd':
+            if (strlen(v) >= sizeof(cfg.state_dir))
+                return cli_usage_error("worker", "--state-dir is too long");
+            snprintf(cfg.state_dir, sizeof(cfg.state_dir), "%s", v);
+            break;
+        case 'a':
+            if (strlen(v) >= sizeof(cfg.data_addr) || !strchr(v, ':'))
+                return cli_usage_error("worker", "bad --data-addr '%s' (want HOST:PORT)", v);
+            snprintf(cfg.data_addr, sizeof(cfg.data_addr), "%s", v);
+            break;
+        case 'z':
+            if (strlen(v) >= sizeof(cfg.zone))
+                return cli_usage_error("worker", "--zone is too long");
+            snprintf(cfg.zone, sizeof(cfg.zone), "%s", v);
+            break;
+        case 'I':
+            if (strlen(v) >= sizeof(cfg.instance_id))
+                return cli_usage_error("worker", "--instance-id is too long");
+            snprintf(cfg.instance_id, sizeof(cfg.instance_id), "%s", v);
+            break;
+        case 'T':
+            if (strlen(v) >= sizeof(cfg.instance_type))
+                return cli_usage_error("worker", "--instance-type is too long");
+            snprintf(cfg.instance_type, sizeof(cfg.instance_type), "%s", v);
+            break;
+        case 'g': {
+            char *end = NULL;
+            long g = strtol(v, &end, 10);
+            if (!*v || *end || g < 0 || g > 1024)
+                return cli_usage_error("worker", "bad --gpus '%s' (0..1024)", v);
+            cfg.gpus = (int)g;
+            break;
+        }
+        default:
+            return cli_usage_error("worker", "unknown option '%s'", argv[optind - 1]);
+        }
+    }
+    if (optind < argc)
+        return cli_usage_error("worker", "unexpected argument '%s'", argv[optind]);
+    if (!cfg.coordinator[0])
+        return cli_usage_error("worker", "--coordinator HOST:PORT is required");
+    if (token_file) {
+        char why[512];
+        if (coord_token_read(token_file, cfg.token, sizeof(cfg.token), why, sizeof(why)) < 0) {
+            fprintf(stderr, "spottrain worker: %s\n", why);
+            return CLI_EXIT_INPUT;
+        }
+    }
+    int r = worker_agent_id_load(cfg.state_dir, want_id, cfg.id);
+    if (r < 0) {
+        fprintf(stderr, "spottrain worker: cannot load or save the worker id in '%s': %s\n",
+                cfg.state_dir, st_strerror(r));
+        return r == -EINVAL ? CLI_EXIT_INPUT : CLI_EXIT_FAILURE;
+    }
+    st_log_set_role("worker", cfg.id);
+
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    struct worker_agent_ops ops = {print_command, NULL};
+    struct worker_agent *a = NULL;
+    r = worker_agent_new(&cfg, &ops, &a);
+    if (r < 0) {
+        fprintf(stderr, "spottrain worker: bad configuration: %s\n", st_strerror(r));
+        return CLI_EXIT_INPUT;
+    }
+    printf("worker id=%s coordinator=%s\n", cfg.id, cfg.coordinator);
+    fflush(stdout);
+    r = worker_agent_start(a);
+    int ret = CLI_EXIT_FAILURE;
+    if (r < 0) {
+        fprintf(stderr, "spottrain worker: cannot start: %s\n", st_strerror(r));
+        goto out;
+    }
+    /* Wait for a signal, a Stop, or a fatal refusal, whichever comes first. */
+    struct timespec tick = {0, 200 * 1000 * 1000};
+    for (;;) {
+        int sig = sigtimedwait(&set, NULL, &tick);
+        if (sig == SIGTERM || sig == SIGINT) {
+            ret = CLI_EXIT_OK;
+            printf("worker stopped by signal %d\n", sig);
+            break;
+        }
+        r = worker_agent_wait(a, 0);
+        if (r == 1) {
+            ret = CLI_EXIT_OK;
+            printf("worker stopped by the coordinator\n");
+            break;
+        }
+        if (r < 0) {
+            fprintf(stderr, "spottrain worker: %s\n",
+                    r == -EACCES ? "the coordinator rejected the token (wrong or missing "
+                                   "--token-file)"
+                                 : st_strerror(r));
+            ret = CLI_EXIT_FAILURE;
+            break;
+        }
+    }
+    fflush(stdout);
+out:
+    worker_agent_free(a);
+    return ret;
+}

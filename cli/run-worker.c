@@ -1,0 +1,213 @@
+/* run-worker.c: `spottrain worker --job JOB.yaml ...` — a training worker under a coordinator.
+ *
+ * One idea: glue only. The flags become a worker_runner_config (worker/runner.c does the
+ * work), and the cloud's interruption notice is polled with cloud/'s IMDSv2 client — the same
+ * libcurl code that runs on EC2 — at the endpoint AWS_EC2_METADATA_SERVICE_ENDPOINT names
+ * (the sim provider sets it for every instance). Without that variable no notice is polled. */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "cloud.h"
+#include "common.h"
+#include "coordinator.h" /* coord_token_read */
+#include "run-worker.h"
+#include "worker.h"
+#include "worker-runner.h"
+
+static int poll_imds(void *userdata, char *kind, size_t kindsz, double *ret_at) {
+    struct cloud_notice_client *c = userdata;
+    struct cloud_notice n;
+    int r = cloud_notice_client_poll(c, &n);
+    if (r <= 0)
+        return r;
+    if (n.kind != CLOUD_NOTICE_TERMINATE && n.kind != CLOUD_NOTICE_STOP &&
+        n.kind != CLOUD_NOTICE_HIBERNATE)
+        return 0;
+    snprintf(kind, kindsz, "terminate");
+    *ret_at = n.time;
+    return 1;
+}
+
+static int parse_int(const char *flag, const char *s, int lo, int hi, int *ret) {
+    char *e;
+    long v = strtol(s, &e, 10);
+    if (!*s || *e || v < lo || v > hi)
+        return cli_usage_error("worker", "invalid %s '%s' (expected %d..%d)", flag, s, lo, hi);
+    *ret = (int)v;
+    return 0;
+}
+
+/* See run-worker.h. */
+int cli_worker_job_main(int argc, char **argv) {
+    static const struct option opts[] = {
+        {"coordinator", required_argument, NULL, 'c'},
+        {"token-file", required_argument, NULL, 't'},
+        {"id", required_argument, NULL, 'i'},
+        {"state-dir", required_argument, NULL, 'd'},
+        {"data-addr", required_argument, NULL, 'a'},
+        {"zone", required_argument, NULL, 'z'},
+        {"instance-id", required_argument, NULL, 'I'},
+        {"instance-type", required_argument, NULL, 'T'},
+        {"gpus", required_argument, NULL, 'g'},
+        {"job", required_argument, NULL, 'j'},
+        {"steps", required_argument, NULL, 's'},
+        {"threads", required_argument, NULL, 'k'},
+        {"timeout", required_argument, NULL, 'o'},
+        {NULL, 0, NULL, 0},
+    };
+    struct worker_runner_config *cfg = st_calloc(1, sizeof(*cfg));
+    struct cloud_notice_client *nc = NULL;
+    const char *token_file = NULL, *want_id = NULL, *job = NULL;
+    int opt, ret = CLI_EXIT_INPUT;
+
+    if (!cfg) {
+        fprintf(stderr, "spottrain worker: out of memory\n");
+        return CLI_EXIT_FAILURE;
+    }
+    worker_runner_config_init(cfg);
+    optind = 1;
+    opterr = 0;
+    while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        const char *v = optarg;
+        switch (opt) {
+        case 'c':
+            if (!*v || strlen(v) >= sizeof(cfg->agent.coordinator) || !strchr(v, ':')) {
+                cli_usage_error("worker", "bad --coordinator '%s' (want HOST:PORT)", v);
+                goto out;
+            }
+            snprintf(cfg->agent.coordinator, sizeof(cfg->agent.coordinator), "%s", v);
+            break;
+        case 't': token_file = v; break;
+        case 'i':
+            if (!st_uuid_valid(v)) {
+                cli_usage_error("worker", "--id '%s' is not a UUID", v);
+                goto out;
+            }
+            want_id = v;
+            break;
+        case 'd':
+            if (strlen(v) >= sizeof(cfg->agent.state_dir)) {
+                cli_usage_error("worker", "--state-dir is too long");
+                goto out;
+            }
+            snprintf(cfg->agent.state_dir, sizeof(cfg->agent.state_dir), "%s", v);
+            break;
+        case 'a': {
+            const char *colon = strrchr(v, ':');
+            char *e;
+            long port = colon ? strtol(colon + 1, &e, 10) : -1;
+            if (!colon || colon == v || (size_t)(colon - v) >= sizeof(cfg->bind_host) ||
+                !colon[1] || *e || port < 0 || port > 65535) {
+                cli_usage_error("worker", "bad --data-addr '%s' (want HOST:PORT)", v);
+                goto out;
+            }
+            snprintf(cfg->bind_host, sizeof(cfg->bind_host), "%.*s", (int)(colon - v), v);
+            cfg->port = (int)port;
+            break;
+        }
+        case 'z':
+            snprintf(cfg->agent.zone, sizeof(cfg->agent.zone), "%s", v);
+            break;
+        case 'I':
+            snprintf(cfg->agent.instance_id, sizeof(cfg->agent.instance_id), "%s", v);
+            break;
+        case 'T':
+            snprintf(cfg->agent.instance_type, sizeof(cfg->agent.instance_type), "%s", v);
+            break;
+        case 'g':
+            if (parse_int("--gpus", v, 0, 1024, &cfg->agent.gpus) < 0)
+                goto out;
+            break;
+        case 'j': job = v; break;
+        case 's':
+            if (parse_int("--steps", v, 1, 100000000, &cfg->steps) < 0)
+                goto out;
+            break;
+        case 'k':
+            if (parse_int("--threads", v, 1, 1024, &cfg->threads) < 0)
+                goto out;
+            break;
+        case 'o':
+            if (st_parse_duration(v, &cfg->timeout) < 0 || cfg->timeout <= 0) {
+                cli_usage_error("worker", "invalid --timeout '%s'", v);
+                goto out;
+            }
+            break;
+        default:
+            cli_usage_error("worker", "unknown option '%s'", argv[optind - 1]);
+            goto out;
+        }
+    }
+    if (optind < argc) {
+        cli_usage_error("worker", "unexpected argument '%s'", argv[optind]);
+        goto out;
+    }
+    if (!cfg->agent.coordinator[0]) {
+        cli_usage_error("worker", "--coordinator HOST:PORT is required");
+        goto out;
+    }
+    if (!job) {
+        cli_usage_error("worker", "--job JOB.yaml is required to train");
+        goto out;
+    }
+    struct st_error errs[8];
+    size_t nerrs = 0;
+    int r = st_spec_load(job, &cfg->spec, errs, ST_ARRAY_SIZE(errs), &nerrs);
+    if (r < 0) {
+        for (size_t i = 0; i < ST_MIN(nerrs, ST_ARRAY_SIZE(errs)); i++) {
+            char buf[1024];
+            st_error_format(&errs[i], buf, sizeof(buf));
+            fprintf(stderr, "%s\n", buf);
+        }
+        if (nerrs == 0)
+            fprintf(stderr, "spottrain worker: cannot load '%s': %s\n", job, st_strerror(r));
+        ret = r == -EINVAL ? CLI_EXIT_INPUT : CLI_EXIT_FAILURE;
+        goto out;
+    }
+    if (token_file) {
+        char why[512];
+        if (coord_token_read(token_file, cfg->agent.token, sizeof(cfg->agent.token), why,
+                             sizeof(why)) < 0) {
+            fprintf(stderr, "spottrain worker: %s\n", why);
+            goto out;
+        }
+    }
+    r = worker_agent_id_load(cfg->agent.state_dir, want_id, cfg->agent.id);
+    if (r < 0) {
+        fprintf(stderr, "spottrain worker: cannot load or save the worker id in '%s': %s\n",
+                cfg->agent.state_dir, st_strerror(r));
+        ret = r == -EINVAL ? CLI_EXIT_INPUT : CLI_EXIT_FAILURE;
+        goto out;
+    }
+    st_log_set_role("worker", cfg->agent.id);
+    signal(SIGPIPE, SIG_IGN);
+    if (getenv("AWS_EC2_METADATA_SERVICE_ENDPOINT")) {
+        struct cloud_notice_config ncfg;
+        memset(&ncfg, 0, sizeof(ncfg));
+        ncfg.timeout_ms = 500;
+        r = cloud_notice_client_new("aws", &ncfg, &nc);
+        if (r < 0)
+            st_log(ST_LOG_WARN, "worker", "No interruption-notice client (%s), ignoring",
+                   st_strerror(r));
+        else {
+            cfg->poll_notice = poll_imds;
+            cfg->notice_userdata = nc;
+        }
+    }
+    r = worker_runner_run(cfg);
+    if (r < 0) {
+        fprintf(stderr, "spottrain worker: %s\n",
+                r == -EACCES ? "the coordinator rejected the token" : st_strerror(r));
+        ret = CLI_EXIT_FAILURE;
+        goto out;
+    }
+    ret = CLI_EXIT_OK;
+out:
+    cloud_notice_client_free(nc);
+    st_free(cfg);
+    return ret;
+}

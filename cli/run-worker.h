@@ -1,0 +1,14 @@
+/* run-worker.h: `spottrain worker ... --job JOB.yaml` — a training worker under a coordinator
+ * (the worker/ runner with the cloud's notice client), shared by cmd-worker.c and cmd-run.c. */
+#ifndef ST_CLI_RUN_WORKER_H
+#define ST_CLI_RUN_WORKER_H
+
+/* Runs `spottrain worker` with --job: the same flags as the agent-only worker plus
+ *   --job JOB.yaml   the job to train (model, data, optimizer)
+ *   --steps N        total steps (replaces training.steps, as `train --steps` does)
+ *   --threads K      kernel threads (default 1)
+ *   --timeout S      data-plane no-progress limit (default 20 s)
+ * argv[0] is the subcommand name. Returns an exit code (CLI_EXIT_*). */
+int cli_worker_job_main(int argc, char **argv);
+
+#endif

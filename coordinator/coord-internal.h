@@ -1,0 +1,152 @@
+/* coord-internal.h: internal to coordinator/ — the coordinator object shared by state.c
+ * (tables, commands, liveness, policy), grpc-server.c (RPCs), rest.c (HTTP) and
+ * validate.c (message checks).
+ *
+ * One idea: one lock (c->lock) guards every table and the journal; the gRPC thread and the
+ * HTTP thread take it per request, and hooks are queued as notes under the lock and run
+ * after it is released. */
+#ifndef ST_COORD_INTERNAL_H
+#define ST_COORD_INTERNAL_H
+
+#include <grpc/grpc.h>
+#include <pthread.h>
+
+#include "control.pb-c.h" /* Spottrain__V1__* messages */
+#include "coordinator.h"
+#include "journal.h"
+
+#define COORD_MAGIC 0x434f4f52u /* "COOR" */
+#define COORD_MAX_WORKERS 100000
+#define COORD_MAX_TRANSFERS 1000000
+#define COORD_MAX_NOTICES 64
+#define COORD_MAX_ACKS 1024
+#define COORD_MAX_PEERS 65536
+
+struct coord_watch;
+
+/* A worker in memory: the public row plus what only the server needs. */
+struct coord_wk {
+    struct coord_worker pub;    /* pub.last_seen_ago is computed on copy */
+    double last_seen;           /* st_now() of its last authenticated RPC */
+    uint64_t next_command;      /* id the next command gets */
+    struct coord_watch *watch;  /* open Watch stream, or NULL */
+};
+
+enum coord_note_type { COORD_NOTE_JOINED, COORD_NOTE_REJOINED, COORD_NOTE_LOST,
+                       COORD_NOTE_MEMBERSHIP, COORD_NOTE_ACK };
+
+/* A hook call waiting for the lock to be released. */
+struct coord_note {
+    enum coord_note_type type;
+    struct coord_worker w;
+    uint64_t command_id;
+    bool ok;
+    char error[128];
+};
+
+/* A packed command waiting to be pushed on a worker's stream after its commit. */
+struct coord_outgoing {
+    struct coord_wk *wk;
+    void *data;
+    size_t len;
+};
+
+struct coord {
+    uint32_t magic;
+    struct coord_config cfg;
+    struct st_spec spec;
+    struct coord_hooks hooks;
+    pthread_mutex_t lock;
+    struct coord_journal *journal;
+
+    struct coord_job_row job;
+    bool job_dirty;              /* progress not yet flushed to the journal */
+    struct coord_wk **workers;   /* join order */
+    size_t nworkers, capworkers;
+    int next_order;
+    bool membership_dirty;
+    double membership_at;        /* st_now() of the last membership change */
+    bool waiting_logged;         /* "not enough workers" event already recorded */
+
+    struct coord_note *notes;
+    size_t nnotes, capnotes;
+
+    /* metrics (memory only; the journal keeps the job's progress) */
+    uint64_t mig_count[COORD_MIG_NKINDS], mig_bytes[COORD_MIG_NKINDS];
+    double mig_stall[COORD_MIG_NKINDS];
+    double stall_total, predicted, actual, spend;
+    uint64_t reports, rejected_auth, rejected_invalid, commands_sent;
+    char *plan_detail;           /* JSON object text or NULL */
+
+    /* gRPC */
+    grpc_server *server;
+    grpc_completion_queue *cq;
+    void *m_join, *m_watch, *m_report;
+    pthread_t cq_thread;
+    bool cq_started;
+    bool shutting_down;
+    bool shut;
+    double last_tick, last_flush;
+    char grpc_addr[COORD_ADDR_MAX];
+
+    /* REST */
+    struct MHD_Daemon *mhd;
+    char rest_addr[COORD_ADDR_MAX];
+};
+
+/* ---- state.c (all called with c->lock held unless said otherwise) ------------------- */
+
+struct coord_wk *coord__worker_find(struct coord *c, const char *id);
+/* Heartbeat deadline in seconds and the Report interval it implies. */
+double coord__deadline(const struct coord *c);
+double coord__heartbeat_interval(const struct coord *c);
+/* Queues a hook call. */
+void coord__note(struct coord *c, enum coord_note_type type, const struct coord_worker *w);
+/* Runs queued hooks; called WITHOUT the lock (takes it to pop notes). */
+void coord__run_notes(struct coord *c);
+/* Applies a validated Join; fills the response fields. */
+int coord__apply_join(struct coord *c, const Spottrain__V1__JoinRequest *req, bool *ret_rejoined);
+/* Applies a validated Report of a known worker: -ENOENT when unknown. */
+int coord__apply_report(struct coord *c, const Spottrain__V1__ReportRequest *req);
+/* Liveness, settle-then-replan, progress flush, stopped detection. Called on the cq thread. */
+void coord__tick(struct coord *c, double now);
+/* Public-row copy with last_seen_ago filled in. */
+void coord__worker_copy(const struct coord *c, const struct coord_wk *wk, struct coord_worker *out);
+/* Appends the redelivery set (last Configure + unacked) to a fresh stream. */
+int coord__watch_fill(struct coord *c, struct coord_wk *wk, struct coord_watch *w);
+/* Counts workers by state into counts[COORD_WORKER_NSTATES]. */
+void coord__count_states(const struct coord *c, size_t counts[COORD_WORKER_NSTATES]);
+/* Event with the lock held. */
+int64_t coord__event_locked(struct coord *c, const char *kind, const char *worker_id,
+                            const char *fmt, ...) ST_PRINTF(4, 5);
+
+/* ---- grpc-server.c ------------------------------------------------------------------ */
+
+int coord__grpc_start(struct coord *c);
+void coord__grpc_stop(struct coord *c);
+/* Queues a packed Command (copied) on a stream and starts writing it; lock held. */
+int coord__watch_push(struct coord *c, struct coord_watch *w, const void *data, size_t len);
+/* Ends a stream with a status (superseded, stop); lock held. */
+void coord__watch_end(struct coord *c, struct coord_watch *w, grpc_status_code code,
+                      const char *why);
+/* True when "authorization: Bearer <token>" matches (constant-time compare). */
+bool coord__auth_ok(const struct coord *c, const grpc_metadata_array *md);
+
+/* ---- rest.c -------------------------------------------------------------------------- */
+
+int coord__rest_start(struct coord *c);
+void coord__rest_stop(struct coord *c);
+/* The Prometheus text of /metrics (lock held). Caller frees with st_free(). */
+char *coord__metrics_text(struct coord *c);
+
+/* ---- validate.c ---------------------------------------------------------------------- */
+
+/* Checks a decoded message before it may touch state: ids are UUIDs, strings bounded and
+ * printable, counts bounded, numbers finite. Returns 0 or -EINVAL with a reason in why. */
+int coord__validate_join(const Spottrain__V1__JoinRequest *m, char *why, size_t whysz);
+int coord__validate_watch(const Spottrain__V1__WatchRequest *m, char *why, size_t whysz);
+int coord__validate_report(const Spottrain__V1__ReportRequest *m, char *why, size_t whysz);
+/* Checks "HOST:PORT" (port 0..65535, host non-empty). */
+int coord__parse_hostport(const char *s, char *ret_host, size_t hostsz, int *ret_port);
+
+#endif

@@ -1,0 +1,155 @@
+/* coord-loop.h: the coordinator's planning loop (part of coordinator/'s public interface).
+ *
+ * One idea: the loop is a state machine ticked from one thread. Each tick it reads signals
+ * (the cloud provider's grants, notices and losses; the coordinator's worker table; the
+ * workers' notices relayed by hooks), and in the RUNNING phase decides — forecast, liveput,
+ * migration plan — and orders the next epoch at a step boundary it controls: workers only run
+ * the steps the loop has leased them (a Migrate with no transfers and no peers), so the
+ * boundary of a reconfiguration is simply the lease already granted. When some state has no
+ * live copy it falls back to the newest valid checkpoint. docs/live-migration.md has the
+ * protocol and the failure cases.
+ *
+ * Threads: coord_loop_tick() from one thread; the hooks from coord_loop_hooks() run on the
+ * coordinator's completion-queue thread and only touch the loop's own locked tables. */
+#ifndef ST_COORD_LOOP_H
+#define ST_COORD_LOOP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common.h"
+#include "coordinator.h" /* struct coord_transfer */
+
+struct coord;
+struct coord_hooks;
+struct cloud_provider;
+struct plan_cost;
+struct coord_loop;
+
+#define COORD_LOOP_MAX_FORCED 64
+#define COORD_LOOP_MAX_RECORDS 256
+#define COORD_LOOP_MAX_SHAPES 64
+
+/* A member of a migration's communicator (Migrate.peers): rank = index in the list. stage -1
+ * marks a worker that only sends (it holds state but gets no position). */
+struct coord_peer {
+    char worker_id[ST_UUID_STR_LEN];
+    int stage, replica;
+};
+
+/* coord_migrate() with the epoch's communicator: the coordinator fills each peer's data-plane
+ * address from its table. Returns 0 and the command id (may be NULL), -ENOENT (unknown
+ * worker), -EINVAL (bad transfer or peer). */
+int coord_migrate_peers(struct coord *c, const char *worker_id, const struct coord_transfer *t,
+                        size_t n, uint64_t at_step, const struct coord_peer *peers,
+                        size_t npeers, uint64_t *ret_command_id);
+
+/* Summary kinds: the planner's migration classes, plus checkpoint restores. dp resharding is
+ * counted apart (a migration that changes dp is also one of the classes). */
+enum coord_loop_kind {
+    COORD_LOOP_INTRA = 0,
+    COORD_LOOP_INTER,
+    COORD_LOOP_PIPELINE,
+    COORD_LOOP_DP_RESHARD,
+    COORD_LOOP_RESTORE,
+    COORD_LOOP_NKINDS
+};
+const char *coord_loop_kind_name(enum coord_loop_kind k);
+
+/* Finds the newest valid checkpoint under root: fills dir and *ret_step; returns 0, -ENOENT
+ * when none is valid, or another negative errno. Injected by the caller (the coordinator does
+ * not read checkpoints itself). */
+typedef int coord_ckpt_latest_fn(void *userdata, const char *root, char *dir, size_t dirsz,
+                                 uint64_t *ret_step);
+
+/* A forced shape: from step `step` on, run (dp, pp) (tests and demos; bypasses the planner). */
+struct coord_loop_forced {
+    uint64_t step;
+    int dp, pp;
+};
+
+struct coord_loop_config {
+    struct st_spec spec;            /* the job (copied) */
+    int steps;                      /* total steps; <= 0 = spec.training.steps */
+    double time_scale;              /* wall seconds per trace second; <= 0 = spec's */
+    char ckpt_root[ST_SPEC_PATH_MAX]; /* periodic checkpoints: ROOT/step-N; "" = none */
+    double ckpt_interval;           /* wall seconds between checkpoints; 0 = none */
+    char save_dir[ST_SPEC_PATH_MAX]; /* final checkpoint at the end; "" = none */
+    struct cloud_provider *provider; /* borrowed; NULL = workers come and go by themselves */
+    const struct plan_cost *cost;   /* borrowed; NULL = simple policy (fill the fleet) */
+    coord_ckpt_latest_fn *ckpt_latest; /* required for restores */
+    void *ckpt_userdata;
+    struct coord_loop_forced forced[COORD_LOOP_MAX_FORCED]; /* sorted by step */
+    int nforced;
+    double reconfig_timeout;        /* wall seconds a reconfiguration may take; 0 = 30 */
+    double lease_seconds;           /* steps leased ahead, in seconds of training; 0 = 0.5 */
+    int expect_workers;             /* workers to wait for before the first epoch; 0 = 1 */
+    double first_wait;              /* longest wait for them, seconds; 0 = 20 */
+};
+
+/* One reconfiguration, as the summary lists it. */
+struct coord_loop_record {
+    uint64_t epoch, at_step;
+    enum coord_loop_kind kind;     /* class (restores: COORD_LOOP_RESTORE) */
+    bool dp_reshard;               /* dp changed */
+    int from_dp, from_pp, to_dp, to_pp;
+    uint64_t planned_bytes;        /* the plan's bytes_moved */
+    uint64_t moved_bytes;          /* bytes the workers reported receiving */
+    double stall_seconds;          /* longest stall of a participant */
+    double seconds;                /* order to last "reconfigured" */
+    bool ok;
+    char reason[96];
+};
+
+struct coord_loop_summary {
+    uint64_t steps;                /* steps committed */
+    uint64_t samples;              /* samples committed */
+    double final_loss;             /* NaN when unknown */
+    double wall_seconds;
+    uint64_t count[COORD_LOOP_NKINDS], bytes[COORD_LOOP_NKINDS];
+    double stall[COORD_LOOP_NKINDS];
+    int nrecords;
+    struct coord_loop_record records[COORD_LOOP_MAX_RECORDS];
+    int nshapes;
+    struct { int dp, pp; double seconds; } shapes[COORD_LOOP_MAX_SHAPES];
+    double instance_hours;         /* trace-time instance hours the fleet was up */
+    double spot_dollars, on_demand_dollars;
+    bool finished;                 /* every step done (and saved, with save_dir) */
+};
+
+/* A short description of what the loop is doing, for status lines. */
+struct coord_loop_status {
+    uint64_t epoch, step, total;
+    double loss, samples_per_s;
+    int dp, pp;
+    int alive, forecast;           /* instances alive; predicted for the next interval */
+    char phase[24];
+    char last_event[160];
+};
+
+/* Creates a loop. Returns 0 and *ret, -EINVAL for a bad config, -ENOMEM. Caller frees with
+ * coord_loop_free() (after coord_free() of the coordinator it was attached to). */
+int coord_loop_new(const struct coord_loop_config *cfg, struct coord_loop **ret);
+/* Fills the hooks the loop needs (on_report, on_worker_lost, on_membership). */
+void coord_loop_hooks(struct coord_loop *L, struct coord_hooks *h);
+/* Attaches the coordinator (created with those hooks). Reads its journal state: a job that
+ * already has an epoch resumes (the loop first waits for the workers to settle on their
+ * lease). */
+int coord_loop_attach(struct coord_loop *L, struct coord *c);
+/* Sets the cloud provider the loop reads signals from (borrowed; NULL = none). The provider
+ * usually needs the coordinator's address, so it is created after the loop. */
+void coord_loop_set_provider(struct coord_loop *L, struct cloud_provider *p);
+/* One tick at monotonic time now. Returns 1 when the job is over (finished or given up: see
+ * the summary), 0 to go on, negative errno on an internal failure. */
+int coord_loop_tick(struct coord_loop *L, double now);
+/* Asks the loop to stop the job at the next tick (Ctrl-C). */
+void coord_loop_cancel(struct coord_loop *L);
+void coord_loop_summary(struct coord_loop *L, struct coord_loop_summary *ret);
+void coord_loop_status(struct coord_loop *L, struct coord_loop_status *ret);
+struct coord_loop *coord_loop_free(struct coord_loop *L);
+
+/* Parses "STEP:DPxPP,STEP:DPxPP,..." (steps increasing). Returns the count or -EINVAL. */
+int coord_loop_parse_forced(const char *s, struct coord_loop_forced *ret, int max);
+
+#endif

@@ -1,0 +1,248 @@
+/* coordinator.h: the public header of coordinator/ — the job's one stateful process.
+ *
+ * One idea: every change of job state (a worker joins, a command is issued, an ack arrives, a
+ * worker is lost, an epoch begins) is committed to the SQLite journal *before* it is visible
+ * to anyone, under one lock. Workers talk gRPC (proto/control.proto), people talk REST; both
+ * read the same in-memory tables, so a `kill -9` followed by a restart on the same state
+ * directory resumes exactly what was committed.
+ *
+ * Threads: coord_start() starts one gRPC completion-queue thread (all RPCs, liveness ticks,
+ * hook calls) and libmicrohttpd's own thread (REST). Every function below takes the
+ * coordinator lock itself and may be called from any thread, including from inside a hook:
+ * hooks run on the completion-queue thread with the lock *released*.
+ *
+ * Driving workers (the planner loop of the end-to-end issue lives in coordinator/ too):
+ *   - read the worker table with coord_workers_get();
+ *   - decide a shape and call coord_configure() with one assignment per worker: it opens a
+ *     new epoch, journals one Configure per worker (with every peer's data-plane address) and
+ *     pushes them on the workers' Watch streams;
+ *   - order transfers with coord_migrate(), durable checkpoints with coord_checkpoint(),
+ *     and the end with coord_stop();
+ *   - learn what happens through struct coord_hooks (joins, losses, reports, notices, acks,
+ *     ticks).
+ * Without an on_membership hook, a built-in policy keeps the job configured: when the set of
+ * live workers changes it assigns dp x pp with pp from spec.planner.pp (else 1) and
+ * dp = live / pp (capped by spec.fleet.max / pp), even layer split; extra workers are spares. */
+#ifndef ST_COORDINATOR_H
+#define ST_COORDINATOR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common.h" /* struct st_spec, ST_UUID_STR_LEN */
+
+struct coord;
+
+#define COORD_ADDR_MAX 128
+#define COORD_MAX_MESSAGE_DEFAULT (4 << 20) /* bytes; larger gRPC messages: RESOURCE_EXHAUSTED */
+
+enum coord_worker_state {
+    COORD_WORKER_JOINED = 0, /* known and alive, no role in the current epoch yet */
+    COORD_WORKER_ACTIVE,     /* has a role (stage, replica) in the current epoch */
+    COORD_WORKER_SPARE,      /* alive, deliberately left out of the current epoch */
+    COORD_WORKER_LOST,       /* silent past the heartbeat deadline */
+    COORD_WORKER_STOPPED,    /* acknowledged Stop */
+    COORD_WORKER_NSTATES
+};
+
+enum coord_job_state {
+    COORD_JOB_PENDING = 0, /* no epoch configured yet */
+    COORD_JOB_RUNNING,
+    COORD_JOB_STOPPING, /* Stop sent, waiting for acks */
+    COORD_JOB_STOPPED
+};
+
+/* Kinds of state a Migrate transfer moves (proto StateKind). */
+enum coord_state_kind { COORD_KIND_PARAM = 0, COORD_KIND_ADAM_M, COORD_KIND_ADAM_V };
+
+/* Migration kinds counted in /metrics (spottrain_migrations_total{kind=...}). */
+enum coord_migration_kind {
+    COORD_MIG_INTRA_STAGE = 0,
+    COORD_MIG_INTER_STAGE,
+    COORD_MIG_PIPELINE,
+    COORD_MIG_CHECKPOINT_RESTORE,
+    COORD_MIG_NKINDS
+};
+
+/* One row of the worker table (a copy; the caller owns the array). */
+struct coord_worker {
+    char id[ST_UUID_STR_LEN];
+    char instance_id[64];
+    char zone[32];
+    char instance_type[64];
+    int gpus;
+    char data_addr[COORD_ADDR_MAX];
+    enum coord_worker_state state;
+    uint64_t epoch;      /* epoch of its last Configure; 0 = never configured */
+    int stage, replica;  /* role in that epoch; -1 when none */
+    int layer_begin, layer_end;
+    uint64_t acked_command; /* highest command id it acknowledged */
+    uint64_t step;          /* last step it reported */
+    double loss;            /* loss of that step */
+    double joined;          /* wall-clock seconds (Unix) of its first Join */
+    double last_seen_ago;   /* seconds since its last RPC */
+    bool watching;          /* has an open Watch stream */
+    int order;              /* join order, stable across restarts */
+};
+
+/* One worker's role in a coord_configure() call. */
+struct coord_assignment {
+    char worker_id[ST_UUID_STR_LEN];
+    int stage, replica;
+    int layer_begin, layer_end; /* [begin, end) */
+};
+
+/* A Migrate transfer (proto Transfer). */
+struct coord_transfer {
+    char src_worker_id[ST_UUID_STR_LEN];
+    char dst_worker_id[ST_UUID_STR_LEN];
+    int layer;
+    enum coord_state_kind kind;
+    uint64_t offset, count; /* elements */
+};
+
+/* A notice a worker relayed in a Report. */
+struct coord_notice {
+    const char *kind;   /* "terminate", "rebalance", ... */
+    double at;          /* Unix seconds when it takes effect */
+    const char *detail;
+};
+
+/* A Report as hooks see it; pointers valid only during the hook call. */
+struct coord_report {
+    const char *worker_id;
+    uint64_t epoch, step, samples;
+    double loss, step_seconds, stall_seconds;
+    const char *state;
+    const struct coord_notice *notices;
+    size_t nnotices;
+};
+
+/* Hooks (all optional). Called on the completion-queue thread with the coordinator lock
+ * released, so they may call any coord_* function. They must not block for long: RPCs wait. */
+struct coord_hooks {
+    void *userdata;
+    /* A worker joined or re-joined (rejoined = its id was known). */
+    void (*on_worker_joined)(struct coord *c, const struct coord_worker *w, bool rejoined,
+                             void *userdata);
+    /* A worker was declared lost (silence past the heartbeat deadline). */
+    void (*on_worker_lost)(struct coord *c, const struct coord_worker *w, void *userdata);
+    /* The set of live workers changed (after the settle delay). When set, the built-in
+     * policy is off and this hook decides (typically calls coord_configure()). */
+    void (*on_membership)(struct coord *c, void *userdata);
+    /* Every Report, after it was applied. */
+    void (*on_report)(struct coord *c, const struct coord_report *r, void *userdata);
+    /* A command was acknowledged (ok = the worker applied it). */
+    void (*on_ack)(struct coord *c, const char *worker_id, uint64_t command_id, bool ok,
+                   const char *error, void *userdata);
+    /* Periodic, every config.tick seconds. */
+    void (*on_tick)(struct coord *c, double now, void *userdata);
+};
+
+struct coord_config {
+    const struct st_spec *spec;     /* required; copied */
+    char listen[COORD_ADDR_MAX];      /* gRPC HOST:PORT; "" = spec.coordinator.listen */
+    char status_listen[COORD_ADDR_MAX]; /* REST HOST:PORT; "" = spec.status.listen; "-" = off */
+    char token[256];                  /* bearer token; "" = no authentication */
+    char state_dir[ST_SPEC_PATH_MAX]; /* journal directory (created); required */
+    double heartbeat_deadline;        /* seconds; 0 = spec.coordinator.heartbeat_deadline */
+    double settle;                    /* seconds membership must be stable before re-planning;
+                                         0 = min(1, deadline / 4) */
+    double tick;                      /* seconds between on_tick calls; 0 = 0.25 */
+    size_t max_message;               /* bytes; 0 = COORD_MAX_MESSAGE_DEFAULT */
+};
+
+/* Fills defaults (everything "" / 0). */
+void coord_config_init(struct coord_config *cfg);
+
+/* Opens (or creates) the journal in cfg->state_dir and loads the job it holds, or creates a
+ * new job from the spec. Does not listen yet. Returns 0 and *ret_c, -EINVAL for a bad config,
+ * -EEXIST when the state directory holds a different job (name mismatch), -EIO/-EACCES/
+ * -ENOTDIR... for an unusable state directory or a corrupt journal (logged with the path).
+ * hooks may be NULL; it is copied. Caller frees with coord_free(). */
+int coord_new(const struct coord_config *cfg, const struct coord_hooks *hooks,
+              struct coord **ret_c);
+
+/* Binds the gRPC and REST ports and starts serving. Returns 0, or negative errno (port in
+ * use, bad address) with nothing left running. */
+int coord_start(struct coord *c);
+
+/* The bound addresses ("127.0.0.1:41234"), valid after coord_start(); "" when off. */
+const char *coord_grpc_addr(const struct coord *c);
+const char *coord_rest_addr(const struct coord *c);
+
+/* Stops serving: ends every RPC, joins the threads, flushes the journal. Idempotent; safe to
+ * call from another thread than the one that calls coord_free() (never from a hook). */
+void coord_shutdown(struct coord *c);
+
+/* coord_shutdown() if needed, then releases everything. NULL-safe; returns NULL. */
+struct coord *coord_free(struct coord *c);
+
+/* ---- reading state ------------------------------------------------------------------ */
+
+/* Copies the worker table (ordered by join order). Caller frees *ret_workers with st_free().
+ * Returns 0 or -ENOMEM. */
+int coord_workers_get(struct coord *c, struct coord_worker **ret_workers, size_t *ret_n);
+
+/* Job identity and progress. Any pointer may be NULL. */
+void coord_job_get(struct coord *c, char ret_job_id[ST_UUID_STR_LEN], uint64_t *ret_epoch,
+                   int *ret_dp, int *ret_pp, enum coord_job_state *ret_state, uint64_t *ret_step);
+
+/* ---- driving workers ---------------------------------------------------------------- */
+
+/* Opens epoch current+1 with shape dp x pp and sends each assigned worker a Configure with
+ * its role, every peer's data-plane address and `rendezvous` (NULL = "tcp"); start_step is the
+ * step the new epoch begins at. Workers of the table that are alive and not assigned become
+ * SPARE. Everything is journaled in one transaction before anything is sent.
+ * Returns 0 and *ret_epoch (may be NULL); -EINVAL when an assignment names an unknown or lost
+ * worker, a stage/replica outside dp x pp, a duplicate role or worker, or an empty layer
+ * range; -ESHUTDOWN when the job is stopping. Nothing changes on error. */
+int coord_configure(struct coord *c, int dp, int pp, const struct coord_assignment *assign,
+                    size_t n, const char *rendezvous, uint64_t start_step, const char *reason,
+                    uint64_t *ret_epoch);
+
+/* Sends worker `worker_id` a Migrate (in the current epoch) with its transfers, to run at
+ * step boundary at_step. Returns 0 and the command id (may be NULL); -ENOENT unknown worker,
+ * -EINVAL bad transfer (unknown worker ids, count 0). */
+int coord_migrate(struct coord *c, const char *worker_id, const struct coord_transfer *t,
+                  size_t n, uint64_t at_step, uint64_t *ret_command_id);
+
+/* Sends a Checkpoint (dir, at_step) to every ACTIVE worker. Returns the number of workers
+ * addressed, or negative errno. */
+int coord_checkpoint(struct coord *c, const char *dir, uint64_t at_step);
+
+/* Stops the job: state STOPPING, a Stop to every live worker, an event. Idempotent.
+ * The job becomes STOPPED when no live worker is left without having acknowledged it. */
+int coord_stop(struct coord *c, const char *reason);
+
+/* Records an event (kind: short word, message: free text; worker_id may be NULL) in the
+ * journal; it shows in /v1/events. Returns the event's sequence number or negative errno. */
+int64_t coord_event(struct coord *c, const char *kind, const char *worker_id, const char *fmt,
+                    ...) ST_PRINTF(4, 5);
+
+/* Replaces the JSON object served as "detail" by GET /v1/plan (the planner's reasoning).
+ * json must be a JSON object text; NULL clears. Returns 0 or -EINVAL. */
+int coord_plan_detail_set(struct coord *c, const char *json);
+
+/* ---- metrics the end-to-end loop feeds (all start at 0 so /metrics names are stable) --- */
+
+void coord_metrics_add_migration(struct coord *c, enum coord_migration_kind kind,
+                                 uint64_t bytes, double stall_seconds);
+void coord_metrics_set_instances(struct coord *c, double predicted, double actual);
+void coord_metrics_add_spend(struct coord *c, double dollars);
+
+/* ---- helpers shared by the CLI commands --------------------------------------------- */
+
+/* Reads a bearer token file: one line of printable ASCII (1..255 bytes, no spaces), trailing
+ * newline and whitespace ignored. Returns 0 and fills buf, -EINVAL (with why filled) for an
+ * empty or malformed token, or the negative errno of reading the file. */
+int coord_token_read(const char *path, char *buf, size_t size, char *why, size_t whysz);
+
+/* ---- names ---------------------------------------------------------------------------- */
+
+const char *coord_worker_state_name(enum coord_worker_state s);
+const char *coord_job_state_name(enum coord_job_state s);
+const char *coord_migration_kind_name(enum coord_migration_kind k);
+
+#endif

@@ -1,0 +1,1282 @@
+/* loop.c: the coordinator's planning loop (coord-loop.h) — signals, forecast, liveput,
+ * migration plan, commands, checkpoints, and the fallback to a checkpoint.
+ *
+ * The one idea: the loop owns the step boundary. Workers of an epoch only train the steps
+ * leased to them, so when the loop decides to reconfigure, the boundary is the lease already
+ * granted: no worker can be past it, every worker will reach it, and no extra round trip is
+ * needed to agree on it. Everything else is bookkeeping: who is alive, who was noticed, who
+ * reported "reconfigured" for the new epoch, and a deadline on every wait. */
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h" /* TRY */
+#include "cloud.h"
+#include "common.h"
+#include "coord-loop.h"
+#include "coordinator.h"
+#include "planner.h"
+
+#define LOOP_MAGIC 0x4c4f4f50u /* "LOOP" */
+#define LOOP_MAX_HIST 4096
+#define LOOP_SPARE_STAGE (-1)
+
+enum loop_phase {
+    PH_WAIT_FIRST = 0, /* no epoch yet: waiting for the first workers */
+    PH_RESYNC,         /* after a coordinator restart: learning where the workers stopped */
+    PH_RUNNING,
+    PH_RECONF,         /* an epoch was ordered; waiting for its participants */
+    PH_FINISH_SAVE,    /* every step done; the final checkpoint was ordered */
+    PH_STOPPING,
+    PH_DONE,
+};
+
+static const char *phase_name(enum loop_phase p) {
+    static const char *const n[] = {"waiting", "resync", "training", "reconfiguring",
+                                    "saving", "stopping", "done"};
+    return n[p];
+}
+
+/* What the loop learned about one worker from its notices (hooks). */
+struct lworker {
+    char id[ST_UUID_STR_LEN];
+    bool terminate;            /* relayed a cloud interruption notice */
+    uint64_t reconf_epoch;     /* last epoch it reported "reconfigured" for */
+    uint64_t reconf_fail_epoch;
+    uint64_t recv, sent;       /* bytes of that reconfiguration */
+    double stall;
+    uint64_t fail_epoch;       /* epoch in which a step or checkpoint failed; 0 = none */
+    uint64_t ckpt_step;        /* last checkpoint written */
+    char ckpt_dir[ST_SPEC_PATH_MAX];
+};
+
+/* A cloud instance as the provider reported it. */
+struct linst {
+    char name[CLOUD_NAME_MAX];
+    bool noticed, dead;
+    double deadline;
+};
+
+/* A worker as one tick sees it. */
+struct wv {
+    struct coord_worker w;
+    bool dead, leaving, failed, positioned;
+};
+
+struct reconf {
+    uint64_t epoch, at;
+    bool restore;
+    double started;
+    size_t npart;
+    char (*part)[ST_UUID_STR_LEN];
+    struct coord_loop_record rec;
+    int dp, pp;
+    int split[PLAN_MIG_MAX_STAGES + 1];
+};
+
+struct coord_loop {
+    uint32_t magic;
+    struct coord_loop_config cfg;
+    struct coord *c;
+    pthread_mutex_t lock; /* lw, events from hooks */
+    struct lworker *lw;
+    size_t nlw, caplw;
+    bool membership;
+
+    struct linst *inst;
+    size_t ninst, capinst;
+
+    enum loop_phase phase;
+    uint64_t epoch;
+    int dp, pp;
+    int split[PLAN_MIG_MAX_STAGES + 1];
+    uint64_t lease, total;
+    int nlayers;
+    uint64_t layer_params[PLAN_MIG_MAX_LAYERS];
+    struct reconf rc;
+    int restore_tries;
+    bool need_restore;        /* a restore is owed once workers are available */
+
+    double t0, last_tick, next_plan, last_ckpt, last_grant, shape_since;
+    double resync_since, resync_changed;
+    uint64_t resync_step;
+    int hist[LOOP_MAX_HIST];
+    int nhist;
+    int planned_avail;        /* available workers at the last decision */
+    double rate_t;
+    uint64_t rate_step;
+    double steps_per_s;
+    bool save_ordered, cancel;
+    double stop_at;
+    int forecast;
+
+    struct coord_loop_summary sum;
+    struct coord_loop_status st;
+};
+
+/* See coord-loop.h. */
+const char *coord_loop_kind_name(enum coord_loop_kind k) {
+    static const char *const n[] = {"intra-stage", "inter-stage", "pipeline", "dp-resharding",
+                                    "checkpoint-restore"};
+    return (unsigned)k < COORD_LOOP_NKINDS ? n[k] : "?";
+}
+
+static void set_event(struct coord_loop *L, const char *fmt, ...) ST_PRINTF(2, 3);
+static void set_event(struct coord_loop *L, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(L->st.last_event, sizeof(L->st.last_event), fmt, ap);
+    va_end(ap);
+    st_log(ST_LOG_NOTICE, "loop", "%s", L->st.last_event);
+    if (L->c)
+        (void)coord_event(L->c, "loop", NULL, "%s", L->st.last_event);
+}
+
+/* ---- hooks (completion-queue thread) ------------------------------------------------------ */
+
+static struct lworker *lw_get(struct coord_loop *L, const char *id) {
+    for (size_t i = 0; i < L->nlw; i++)
+        if (!strcmp(L->lw[i].id, id))
+            return &L->lw[i];
+    if (L->nlw == L->caplw) {
+        size_t cap = L->caplw ? 2 * L->caplw : 16;
+        struct lworker *v = st_realloc(L->lw, cap * sizeof(*v));
+        if (!v)
+            return NULL;
+        L->lw = v;
+        L->caplw = cap;
+    }
+    struct lworker *w = &L->lw[L->nlw++];
+    memset(w, 0, sizeof(*w));
+    snprintf(w->id, sizeof(w->id), "%s", id);
+    return w;
+}
+
+/* Value of "key=" in a notice's detail (space-separated key=value words). */
+static bool kv(const char *s, const char *key, char *out, size_t size) {
+    size_t k = strlen(key);
+    for (const char *p = s; p && *p;) {
+        if (!strncmp(p, key, k) && p[k] == '=' && (p == s || p[-1] == ' ')) {
+            const char *v = p + k + 1, *e = strchr(v, ' ');
+            size_t n = e ? (size_t)(e - v) : strlen(v);
+            if (!strcmp(key, "dir"))
+                n = strlen(v); /* last, may hold spaces */
+            if (n >= size)
+                return false;
+            memcpy(out, v, n);
+            out[n] = '\0';
+            return true;
+        }
+        p = strchr(p, ' ');
+        if (p)
+            p++;
+    }
+    return false;
+}
+
+static uint64_t kv_u64(const char *s, const char *key) {
+    char b[32];
+    return kv(s, key, b, sizeof(b)) ? strtoull(b, NULL, 10) : 0;
+}
+
+static double kv_f(const char *s, const char *key) {
+    char b[32];
+    return kv(s, key, b, sizeof(b)) ? strtod(b, NULL) : 0.0;
+}
+
+static void hook_report(struct coord *c, const struct coord_report *r, void *userdata) {
+    struct coord_loop *L = userdata;
+    (void)c;
+    if (r->nnotices == 0)
+        return;
+    pthread_mutex_lock(&L->lock);
+    struct lworker *w = lw_get(L, r->worker_id);
+    for (size_t i = 0; w && i < r->nnotices; i++) {
+        const char *k = r->notices[i].kind, *d = r->notices[i].detail ? r->notices[i].detail : "";
+        if (!strcmp(k, "terminate")) {
+            w->terminate = true;
+        } else if (!strcmp(k, "reconfigured")) {
+            w->reconf_epoch = kv_u64(d, "epoch");
+            w->recv = kv_u64(d, "recv");
+            w->sent = kv_u64(d, "sent");
+            w->stall = kv_f(d, "stall");
+        } else if (!strcmp(k, "reconfig-failed")) {
+            w->reconf_fail_epoch = kv_u64(d, "epoch");
+        } else if (!strcmp(k, "step-failed")) {
+            uint64_t e = kv_u64(d, "epoch");
+            w->fail_epoch = e ? e : UINT64_MAX; /* UINT64_MAX: whatever epoch is current */
+        } else if (!strcmp(k, "checkpointed")) {
+            w->ckpt_step = kv_u64(d, "step");
+            if (!kv(d, "dir", w->ckpt_dir, sizeof(w->ckpt_dir)))
+                w->ckpt_dir[0] = '\0';
+        }
+    }
+    pthread_mutex_unlock(&L->lock);
+}
+
+static void hook_membership(struct coord *c, void *userdata) {
+    struct coord_loop *L = userdata;
+    (void)c;
+    pthread_mutex_lock(&L->lock);
+    L->membership = true;
+    pthread_mutex_unlock(&L->lock);
+}
+
+/* See coord-loop.h. */
+void coord_loop_hooks(struct coord_loop *L, struct coord_hooks *h) {
+    memset(h, 0, sizeof(*h));
+    h->userdata = L;
+    h->on_report = hook_report;
+    h->on_membership = hook_membership;
+}
+
+/* ---- helpers -------------------------------------------------------------------------------- */
+
+static struct linst *inst_find(struct coord_loop *L, const char *name) {
+    for (size_t i = 0; i < L->ninst; i++)
+        if (!strcmp(L->inst[i].name, name))
+            return &L->inst[i];
+    return NULL;
+}
+
+static struct linst *inst_get(struct coord_loop *L, const char *name) {
+    struct linst *x = inst_find(L, name);
+    if (x)
+        return x;
+    if (L->ninst == L->capinst) {
+        size_t cap = L->capinst ? 2 * L->capinst : 16;
+        struct linst *v = st_realloc(L->inst, cap * sizeof(*v));
+        if (!v)
+            return NULL;
+        L->inst = v;
+        L->capinst = cap;
+    }
+    x = &L->inst[L->ninst++];
+    memset(x, 0, sizeof(*x));
+    snprintf(x->name, sizeof(x->name), "%s", name);
+    return x;
+}
+
+static int poll_provider(struct coord_loop *L, double now) {
+    if (!L->cfg.provider)
+        return 0;
+    struct cloud_signal sig[64];
+    size_t n;
+    do {
+        TRY(cloud_provider_poll(L->cfg.provider, now, sig, ST_ARRAY_SIZE(sig), &n));
+        for (size_t i = 0; i < n; i++) {
+            struct linst *x = inst_get(L, sig[i].instance);
+            if (!x)
+                return -ENOMEM;
+            switch (sig[i].kind) {
+            case CLOUD_SIG_NOTICE:
+                x->noticed = true;
+                x->deadline = sig[i].deadline;
+                set_event(L, "notice: %s (%s) goes in %.1f s", sig[i].instance, sig[i].node,
+                          sig[i].deadline - now);
+                break;
+            case CLOUD_SIG_LOST:
+                x->dead = true;
+                set_event(L, "lost: %s (%s, %s)", sig[i].instance, sig[i].node,
+                          cloud_loss_reason_name(sig[i].reason));
+                break;
+            case CLOUD_SIG_GRANTED:
+                set_event(L, "granted: %s (%s)", sig[i].instance, sig[i].node);
+                break;
+            default:
+                break;
+            }
+        }
+    } while (n == ST_ARRAY_SIZE(sig));
+    return 0;
+}
+
+static int alive_instances(struct coord_loop *L) {
+    if (!L->cfg.provider)
+        return -1;
+    size_t n = 0;
+    if (cloud_provider_instances(L->cfg.provider, NULL, 0, &n) < 0)
+        return -1;
+    return (int)n;
+}
+
+/* The worker table as this tick sees it. Caller frees *ret with st_free(). */
+static int view_get(struct coord_loop *L, struct wv **ret, size_t *ret_n) {
+    struct coord_worker *w = NULL;
+    size_t n = 0;
+    TRY(coord_workers_get(L->c, &w, &n));
+    struct wv *v = st_calloc(n + 1, sizeof(*v));
+    if (!v) {
+        st_free(w);
+        return -ENOMEM;
+    }
+    pthread_mutex_lock(&L->lock);
+    for (size_t i = 0; i < n; i++) {
+        v[i].w = w[i];
+        struct linst *x = w[i].instance_id[0] ? inst_find(L, w[i].instance_id) : NULL;
+        struct lworker *lw = lw_get(L, w[i].id);
+        v[i].dead = w[i].state == COORD_WORKER_LOST || w[i].state == COORD_WORKER_STOPPED ||
+                    (x && x->dead);
+        v[i].leaving = (x && x->noticed) || (lw && lw->terminate);
+        v[i].positioned = w[i].state == COORD_WORKER_ACTIVE && w[i].epoch == L->epoch &&
+                          L->epoch > 0;
+        v[i].failed = v[i].positioned && lw &&
+                      (lw->fail_epoch == L->epoch || lw->fail_epoch == UINT64_MAX);
+    }
+    pthread_mutex_unlock(&L->lock);
+    st_free(w);
+    *ret = v;
+    *ret_n = n;
+    return 0;
+}
+
+static bool engine_shape_ok(const struct coord_loop *L, int dp, int pp) {
+    const struct st_spec *s = &L->cfg.spec;
+    if (dp < 1 || pp < 1 || pp > L->nlayers || dp * pp > PLAN_MIG_MAX_POSITIONS)
+        return false;
+    if (s->training.global_batch % (dp * s->training.micro_batch) != 0)
+        return false;
+    if ((s->planner.dp_min > 0 && dp < s->planner.dp_min) ||
+        (s->planner.dp_max > 0 && dp > s->planner.dp_max) ||
+        (s->planner.pp_min > 0 && pp < s->planner.pp_min) ||
+        (s->planner.pp_max > 0 && pp > s->planner.pp_max))
+        return false;
+    return true;
+}
+
+/* Best engine-feasible shape near (dp, pp) within n workers: keep pp if possible (largest
+ * feasible dp), else the largest usable shape. {0,0} when nothing fits. */
+static void clamp_shape(const struct coord_loop *L, int n, int *dp, int *pp) {
+    int want_pp = *pp > 0 ? *pp : 1;
+    for (int p = want_pp; p >= 1; p--)
+        for (int d = ST_MIN(*dp > 0 ? *dp : n, n / p); d >= 1; d--)
+            if (engine_shape_ok(L, d, p)) {
+                *dp = d;
+                *pp = p;
+                return;
+            }
+    int best = 0, bd = 0, bp = 0;
+    for (int p = 1; p <= L->nlayers; p++)
+        for (int d = 1; d * p <= n; d++)
+            if (engine_shape_ok(L, d, p) && d * p > best) {
+                best = d * p;
+                bd = d;
+                bp = p;
+            }
+    *dp = bd;
+    *pp = bp;
+}
+
+static const struct coord_loop_forced *forced_at(const struct coord_loop *L, uint64_t step) {
+    const struct coord_loop_forced *f = NULL;
+    for (int i = 0; i < L->cfg.nforced; i++)
+        if (L->cfg.forced[i].step <= step)
+            f = &L->cfg.forced[i];
+    return f;
+}
+
+/* First forced change strictly after `step`, or 0. */
+static uint64_t forced_next(const struct coord_loop *L, uint64_t step) {
+    for (int i = 0; i < L->cfg.nforced; i++)
+        if (L->cfg.forced[i].step > step)
+            return L->cfg.forced[i].step;
+    return 0;
+}
+
+/* The shape for n available workers at boundary `at`: forced, else the liveput planner, else
+ * the simple policy; always engine-feasible. */
+static void choose_shape(struct coord_loop *L, int n, uint64_t at, const struct wv *v,
+                         size_t nv, double now, int *ret_dp, int *ret_pp, char *why,
+                         size_t whysz) {
+    const struct st_spec *s = &L->cfg.spec;
+    int dp = s->planner.dp > 0 ? s->planner.dp : 0, pp = s->planner.pp > 0 ? s->planner.pp : 0;
+    const struct coord_loop_forced *f = forced_at(L, at);
+    snprintf(why, whysz, "fill the fleet");
+    if (f) {
+        dp = f->dp;
+        pp = f->pp;
+        snprintf(why, whysz, "forced %dx%d from step %" PRIu64, f->dp, f->pp, f->step);
+    } else if (L->cfg.cost && (dp == 0 || pp == 0)) {
+        struct plan_notice notices[PLAN_MAX_NOTICES];
+        int nn = 0;
+        for (size_t i = 0; i < nv && nn < PLAN_MAX_NOTICES; i++) {
+            if (v[i].dead || !v[i].leaving)
+                continue;
+            struct linst *x = inst_find(L, v[i].w.instance_id);
+            double left = x && x->deadline > now ? (x->deadline - now) : 0.0;
+            notices[nn].instance = (int)i;
+            notices[nn].seconds = left / (L->cfg.time_scale > 0 ? L->cfg.time_scale : 1);
+            nn++;
+        }
+        int total = 0;
+        for (size_t i = 0; i < nv; i++)
+            total += !v[i].dead;
+        int hist[LOOP_MAX_HIST + 1];
+        int nh = L->nhist;
+        memcpy(hist, L->hist, (size_t)nh * sizeof(int));
+        hist[nh++] = total;
+        struct plan_situation sit = {
+            .cur = {L->epoch ? L->dp : 0, L->epoch ? L->pp : 0},
+            .n_before = nh >= 2 ? hist[nh - 2] : total,
+            .n_in = 0,
+            .n_out = 0,
+            .hist = hist,
+            .nhist = nh,
+            .notices = notices,
+            .nnotices = nn,
+        };
+        if (nh >= 2) {
+            int d = hist[nh - 1] - hist[nh - 2];
+            sit.n_in = d > 0 ? d : 0;
+            sit.n_out = d < 0 ? -d : 0;
+        }
+        struct plan_options o;
+        plan_options_init(&o);
+        o.lookahead = s->planner.lookahead > 0 ? ST_MIN(s->planner.lookahead,
+                                                        PLAN_MAX_LOOKAHEAD) : 12;
+        enum plan_predictor pr;
+        if (plan_predictor_parse(s->planner.predictor, &pr) == 0)
+            o.predictor = pr;
+        o.pp_min = s->planner.pp_min;
+        o.pp_max = s->planner.pp_max ? ST_MIN(s->planner.pp_max, L->nlayers) : L->nlayers;
+        o.dp_min = s->planner.dp_min;
+        o.dp_max = s->planner.dp_max;
+        struct plan_decision d;
+        if (plan_decide(L->cfg.cost, &sit, &o, &d) == 0 && d.shape.dp > 0) {
+            dp = dp ? dp : d.shape.dp;
+            pp = pp ? pp : d.shape.pp;
+            L->forecast = d.npred > 0 ? d.pred_n[0] : n;
+            snprintf(why, whysz, "liveput: %s", d.reason);
+        }
+    }
+    if (pp == 0)
+        pp = L->epoch ? L->pp : 1;
+    clamp_shape(L, n, &dp, &pp);
+    *ret_dp = dp;
+    *ret_pp = pp;
+}
+
+static int split_for(struct coord_loop *L, int pp, int *ret) {
+    uint32_t lo[PLAN_MIG_MAX_STAGES + 1];
+    TRY(plan_stage_split((uint32_t)L->nlayers, L->layer_params, (uint32_t)pp, lo));
+    for (int s = 0; s <= pp; s++)
+        ret[s] = (int)lo[s];
+    return 0;
+}
+
+static void rendezvous(char *buf, size_t size, const char *mode, const int *split, int pp,
+                       const char *dir) {
+    size_t k = (size_t)snprintf(buf, size, "tcp;mode=%s;split=", mode);
+    for (int s = 0; s <= pp && k < size; s++)
+        k += (size_t)snprintf(buf + k, size - k, "%s%d", s ? "," : "", split[s]);
+    if (dir && k < size)
+        snprintf(buf + k, size - k, ";dir=%s", dir);
+}
+
+static void shape_time(struct coord_loop *L, double now) {
+    if (!L->epoch || L->dp <= 0)
+        return;
+    double dt = now - L->shape_since;
+    L->shape_since = now;
+    struct coord_loop_summary *S = &L->sum;
+    for (int i = 0; i < S->nshapes; i++)
+        if (S->shapes[i].dp == L->dp && S->shapes[i].pp == L->pp) {
+            S->shapes[i].seconds += dt;
+            return;
+        }
+    if (S->nshapes < COORD_LOOP_MAX_SHAPES) {
+        S->shapes[S->nshapes].dp = L->dp;
+        S->shapes[S->nshapes].pp = L->pp;
+        S->shapes[S->nshapes].seconds = dt;
+        S->nshapes++;
+    }
+}
+
+static int rc_set_participants(struct coord_loop *L, char (*ids)[ST_UUID_STR_LEN], size_t n) {
+    st_free(L->rc.part);
+    L->rc.part = st_calloc(n + 1, sizeof(*L->rc.part));
+    if (!L->rc.part)
+        return -ENOMEM;
+    memcpy(L->rc.part, ids, n * sizeof(*ids));
+    L->rc.npart = n;
+    return 0;
+}
+
+/* ---- ordering epochs ---------------------------------------------------------------------- */
+
+/* Orders a fresh start (mode=init at step 0) or a restore from the newest checkpoint onto the
+ * available workers. */
+static int start_restore(struct coord_loop *L, const struct wv *v, size_t nv, double now,
+                         const char *reason) {
+    char (*ids)[ST_UUID_STR_LEN] = NULL;
+    struct coord_assignment *as = NULL;
+    int r = 0, n = 0;
+    for (size_t i = 0; i < nv; i++)
+        n += !v[i].dead && !v[i].leaving && v[i].w.state != COORD_WORKER_STOPPED;
+    int dp = 0, pp = 0;
+    char why[200];
+    uint64_t step = 0;
+    char dir[ST_SPEC_PATH_MAX] = "";
+    bool restore = L->epoch > 0 || L->need_restore;
+    if (restore && L->cfg.ckpt_latest && L->cfg.ckpt_root[0]) {
+        int k = L->cfg.ckpt_latest(L->cfg.ckpt_userdata, L->cfg.ckpt_root, dir, sizeof(dir),
+                                   &step);
+        if (k < 0) {
+            dir[0] = '\0';
+            step = 0;
+        }
+    }
+    choose_shape(L, n, step, v, nv, now, &dp, &pp, why, sizeof(why));
+    if (dp < 1) {
+        L->need_restore = restore;
+        L->phase = PH_WAIT_FIRST;
+        return 0; /* nobody to run on yet */
+    }
+    int split[PLAN_MIG_MAX_STAGES + 1];
+    TRY(split_for(L, pp, split));
+    as = st_calloc((size_t)(dp * pp), sizeof(*as));
+    ids = st_calloc((size_t)(dp * pp), sizeof(*ids));
+    if (!as || !ids)
+        TRY_GOTO(-ENOMEM, r, out);
+    int k = 0;
+    for (size_t i = 0; i < nv && k < dp * pp; i++) {
+        if (v[i].dead || v[i].leaving || v[i].w.state == COORD_WORKER_STOPPED)
+            continue;
+        int s = k / dp, rep = k % dp;
+        snprintf(as[k].worker_id, sizeof(as[k].worker_id), "%s", v[i].w.id);
+        as[k].stage = s;
+        as[k].replica = rep;
+        as[k].layer_begin = split[s];
+        as[k].layer_end = split[s + 1];
+        snprintf(ids[k], sizeof(ids[k]), "%s", v[i].w.id);
+        k++;
+    }
+    char rdv[1024];
+    rendezvous(rdv, sizeof(rdv), dir[0] ? "restore" : "init", split, pp, dir[0] ? dir : NULL);
+    uint64_t epoch = 0;
+    char rs[200];
+    snprintf(rs, sizeof(rs), "%s: %s", dir[0] ? "restore" : (restore ? "restart" : "start"),
+             reason);
+    TRY_GOTO(coord_configure(L->c, dp, pp, as, (size_t)(dp * pp), rdv, step, rs, &epoch), r, out);
+    shape_time(L, now);
+    memset(&L->rc.rec, 0, sizeof(L->rc.rec));
+    L->rc.rec.epoch = epoch;
+    L->rc.rec.at_step = step;
+    L->rc.rec.kind = COORD_LOOP_RESTORE;
+    L->rc.rec.from_dp = L->epoch ? L->dp : 0;
+    L->rc.rec.from_pp = L->epoch ? L->pp : 0;
+    L->rc.rec.to_dp = dp;
+    L->rc.rec.to_pp = pp;
+    snprintf(L->rc.rec.reason, sizeof(L->rc.rec.reason), "%s", reason);
+    L->rc.epoch = epoch;
+    L->rc.at = step;
+    L->rc.restore = restore;
+    L->rc.started = now;
+    L->rc.dp = dp;
+    L->rc.pp = pp;
+    memcpy(L->rc.split, split, sizeof(split));
+    TRY_GOTO(rc_set_participants(L, ids, (size_t)k), r, out);
+    L->phase = PH_RECONF;
+    L->need_restore = false;
+    set_event(L, "epoch %" PRIu64 ": %s %dx%d from step %" PRIu64 "%s%s (%s; %s)", epoch,
+              dir[0] ? "restore" : (restore ? "restart from scratch" : "start"), dp, pp, step,
+              dir[0] ? " of " : "", dir, reason, why);
+out:
+    st_free(as);
+    st_free(ids);
+    return r;
+}
+
+/* Sends one participant its part of the migration with the epoch's communicator. */
+static int order_migrate(struct coord_loop *L, const char *id, const struct coord_transfer *t,
+                         size_t n, uint64_t at, const struct coord_peer *peers, size_t npeers) {
+    return coord_migrate_peers(L->c, id, t, n, at, peers, npeers, NULL);
+}
+
+/* Orders a live migration to (dp, pp) at the lease boundary; falls back to a restore when
+ * some state has no live copy. */
+static int start_migrate(struct coord_loop *L, const struct wv *v, size_t nv, int dp, int pp,
+                         double now, const char *reason) {
+    struct plan_mig_worker *pw = st_calloc(nv + 1, sizeof(*pw));
+    struct plan_mig_layout *ol = st_calloc(1, sizeof(*ol)), *nl = st_calloc(1, sizeof(*nl));
+    struct plan_migration *plan = NULL;
+    struct coord_assignment *as = NULL;
+    struct coord_transfer *tr = NULL;
+    struct coord_peer *peers = NULL;
+    char (*ids)[ST_UUID_STR_LEN] = NULL;
+    int r = 0;
+    char err[256] = "";
+
+    if (!pw || !ol || !nl)
+        TRY_GOTO(-ENOMEM, r, out);
+    uint32_t olo[PLAN_MIG_MAX_STAGES + 1], nlo[PLAN_MIG_MAX_STAGES + 1];
+    int split[PLAN_MIG_MAX_STAGES + 1];
+    for (int s = 0; s <= L->pp; s++)
+        olo[s] = (uint32_t)L->split[s];
+    TRY_GOTO(split_for(L, pp, split), r, out);
+    for (int s = 0; s <= pp; s++)
+        nlo[s] = (uint32_t)split[s];
+    TRY_GOTO(plan_mig_layout_init((uint32_t)L->nlayers, L->layer_params, (uint32_t)L->dp,
+                                  (uint32_t)L->pp, olo, ol), r, out);
+    TRY_GOTO(plan_mig_layout_add_tied(ol, PLAN_MIG_STAGE_LAST, 0), r, out);
+    TRY_GOTO(plan_mig_layout_init((uint32_t)L->nlayers, L->layer_params, (uint32_t)dp,
+                                  (uint32_t)pp, nlo, nl), r, out);
+    TRY_GOTO(plan_mig_layout_add_tied(nl, PLAN_MIG_STAGE_LAST, 0), r, out);
+    for (size_t i = 0; i < nv; i++) {
+        snprintf(pw[i].id, sizeof(pw[i].id), "%.*s", (int)sizeof(pw[i].id) - 1, v[i].w.id);
+        pw[i].stage = v[i].positioned ? v[i].w.stage : -1;
+        pw[i].replica = v[i].positioned ? v[i].w.replica : 0;
+        pw[i].alive = !v[i].dead && !v[i].failed && v[i].w.state != COORD_WORKER_STOPPED;
+        pw[i].leaving = pw[i].alive && v[i].leaving;
+    }
+    struct plan_mig_request req = {
+        .nlayers = (uint32_t)L->nlayers,
+        .layer_params = L->layer_params,
+        .old_layout = ol,
+        .new_layout = nl,
+        .workers = pw,
+        .nworkers = (uint32_t)nv,
+        .validate = true,
+    };
+    r = plan_migration_new(&req, &plan, err, sizeof(err));
+    if (r == -ENODATA || r == -ENOSPC) {
+        char why[300];
+        snprintf(why, sizeof(why), "%s; no live copy (%s)", reason, err);
+        r = start_restore(L, v, nv, now, why);
+        goto out;
+    }
+    if (r < 0) {
+        st_log(ST_LOG_ERR, "loop", "Migration plan to %dx%d failed: %s (%s)", dp, pp,
+               st_strerror(r), err);
+        goto out;
+    }
+    size_t npos = (size_t)(dp * pp);
+    as = st_calloc(npos, sizeof(*as));
+    peers = st_calloc(nv + 1, sizeof(*peers));
+    ids = st_calloc(nv + 1, sizeof(*ids));
+    tr = st_calloc(plan->ntransfers + 1, sizeof(*tr));
+    if (!as || !peers || !ids || !tr)
+        TRY_GOTO(-ENOMEM, r, out);
+    size_t np = 0;
+    for (size_t p = 0; p < npos; p++) {
+        uint32_t w = plan->position_worker[p];
+        int s = (int)(p / (size_t)dp), rep = (int)(p % (size_t)dp);
+        snprintf(as[p].worker_id, sizeof(as[p].worker_id), "%s", v[w].w.id);
+        as[p].stage = s;
+        as[p].replica = rep;
+        as[p].layer_begin = split[s];
+        as[p].layer_end = split[s + 1];
+        snprintf(peers[np].worker_id, sizeof(peers[np].worker_id), "%s", v[w].w.id);
+        peers[np].stage = s;
+        peers[np].replica = rep;
+        np++;
+    }
+    /* Send-only participants: alive workers without a new position that send something. */
+    for (size_t i = 0; i < nv; i++) {
+        if (plan->worker_stage[i] >= 0 || plan->sent_bytes[i] == 0)
+            continue;
+        snprintf(peers[np].worker_id, sizeof(peers[np].worker_id), "%s", v[i].w.id);
+        peers[np].stage = LOOP_SPARE_STAGE;
+        peers[np].replica = LOOP_SPARE_STAGE;
+        np++;
+    }
+    for (size_t k = 0; k < np; k++)
+        snprintf(ids[k], sizeof(ids[k]), "%s", peers[k].worker_id);
+    uint64_t at = L->lease;
+    char rdv[1024];
+    rendezvous(rdv, sizeof(rdv), "migrate", split, pp, NULL);
+    uint64_t epoch = 0;
+    char rs[200];
+    snprintf(rs, sizeof(rs), "%s migration: %s", plan_mig_class_name(plan->cls), reason);
+    TRY_GOTO(coord_configure(L->c, dp, pp, as, npos, rdv, at, rs, &epoch), r, out);
+    for (size_t k = 0; k < np; k++) {
+        size_t nt = 0;
+        uint32_t wi = 0;
+        for (size_t i = 0; i < nv; i++)
+            if (!strcmp(v[i].w.id, peers[k].worker_id))
+                wi = (uint32_t)i;
+        for (size_t t = 0; t < plan->ntransfers; t++) {
+            const struct plan_mig_transfer *x = &plan->transfers[t];
+            if (x->src != wi && x->dst != wi)
+                continue;
+            snprintf(tr[nt].src_worker_id, sizeof(tr[nt].src_worker_id), "%s", v[x->src].w.id);
+            snprintf(tr[nt].dst_worker_id, sizeof(tr[nt].dst_worker_id), "%s", v[x->dst].w.id);
+            tr[nt].layer = (int)x->layer;
+            tr[nt].kind = (enum coord_state_kind)x->kind;
+            tr[nt].offset = x->offset;
+            tr[nt].count = x->count;
+            nt++;
+        }
+        r = order_migrate(L, peers[k].worker_id, tr, nt, at, peers, np);
+        if (r < 0) {
+            st_log(ST_LOG_ERR, "loop", "Cannot send the migration order to %s: %s",
+                   peers[k].worker_id, st_strerror(r));
+            goto out;
+        }
+    }
+    shape_time(L, now);
+    enum coord_loop_kind kind = plan->cls == PLAN_MIGCLASS_PIPELINE  ? COORD_LOOP_PIPELINE
+                                : plan->cls == PLAN_MIGCLASS_INTER_STAGE ? COORD_LOOP_INTER
+                                                                         : COORD_LOOP_INTRA;
+    memset(&L->rc.rec, 0, sizeof(L->rc.rec));
+    L->rc.rec.epoch = epoch;
+    L->rc.rec.at_step = at;
+    L->rc.rec.kind = kind;
+    L->rc.rec.dp_reshard = dp != L->dp;
+    L->rc.rec.from_dp = L->dp;
+    L->rc.rec.from_pp = L->pp;
+    L->rc.rec.to_dp = dp;
+    L->rc.rec.to_pp = pp;
+    L->rc.rec.planned_bytes = plan->bytes_moved;
+    snprintf(L->rc.rec.reason, sizeof(L->rc.rec.reason), "%s", reason);
+    L->rc.epoch = epoch;
+    L->rc.at = at;
+    L->rc.restore = false;
+    L->rc.started = now;
+    L->rc.dp = dp;
+    L->rc.pp = pp;
+    memcpy(L->rc.split, split, sizeof(split));
+    TRY_GOTO(rc_set_participants(L, ids, np), r, out);
+    L->phase = PH_RECONF;
+    set_event(L, "epoch %" PRIu64 ": %s migration %dx%d -> %dx%d at step %" PRIu64
+              ", %" PRIu64 " bytes planned (%s)", epoch, plan_mig_class_name(plan->cls),
+              L->dp, L->pp, dp, pp, at, plan->bytes_moved, reason);
+out:
+    plan_migration_free(plan);
+    st_free(pw);
+    st_free(ol);
+    st_free(nl);
+    st_free(as);
+    st_free(tr);
+    st_free(peers);
+    st_free(ids);
+    return r;
+}
+
+/* ---- phases --------------------------------------------------------------------------------- */
+
+static void record_done(struct coord_loop *L, bool ok, uint64_t moved, double stall,
+                        double now) {
+    struct coord_loop_record *rec = &L->rc.rec;
+    rec->ok = ok;
+    rec->moved_bytes = moved;
+    rec->stall_seconds = stall;
+    rec->seconds = now - L->rc.started;
+    struct coord_loop_summary *S = &L->sum;
+    if (S->nrecords < COORD_LOOP_MAX_RECORDS)
+        S->records[S->nrecords++] = *rec;
+    if (!ok)
+        return;
+    bool first = rec->kind == COORD_LOOP_RESTORE && !L->rc.restore;
+    if (!first) {
+        S->count[rec->kind]++;
+        S->bytes[rec->kind] += moved;
+        S->stall[rec->kind] += stall;
+        if (rec->dp_reshard) {
+            S->count[COORD_LOOP_DP_RESHARD]++;
+            S->bytes[COORD_LOOP_DP_RESHARD] += moved;
+            S->stall[COORD_LOOP_DP_RESHARD] += stall;
+        }
+        enum coord_migration_kind mk = rec->kind == COORD_LOOP_RESTORE
+                                           ? COORD_MIG_CHECKPOINT_RESTORE
+                                       : rec->kind == COORD_LOOP_PIPELINE ? COORD_MIG_PIPELINE
+                                       : rec->kind == COORD_LOOP_INTER ? COORD_MIG_INTER_STAGE
+                                                                       : COORD_MIG_INTRA_STAGE;
+        coord_metrics_add_migration(L->c, mk, moved, stall);
+    }
+}
+
+static void phase_reconf(struct coord_loop *L, const struct wv *v, size_t nv, double now) {
+    size_t done = 0;
+    bool failed = false;
+    uint64_t moved = 0;
+    double stall = 0;
+    char bad[160] = "";
+    pthread_mutex_lock(&L->lock);
+    for (size_t k = 0; k < L->rc.npart; k++) {
+        struct lworker *w = lw_get(L, L->rc.part[k]);
+        const struct wv *x = NULL;
+        for (size_t i = 0; i < nv; i++)
+            if (!strcmp(v[i].w.id, L->rc.part[k]))
+                x = &v[i];
+        if (!w || !x || x->dead) {
+            failed = true;
+            snprintf(bad, sizeof(bad), "participant %.8s lost", L->rc.part[k]);
+            continue;
+        }
+        if (w->reconf_fail_epoch == L->rc.epoch) {
+            failed = true;
+            snprintf(bad, sizeof(bad), "participant %.8s failed", L->rc.part[k]);
+        } else if (w->reconf_epoch == L->rc.epoch) {
+            done++;
+            moved += w->recv;
+            stall = ST_MAX(stall, w->stall);
+        }
+    }
+    pthread_mutex_unlock(&L->lock);
+    if (!failed && done < L->rc.npart && now - L->rc.started > L->cfg.reconfig_timeout) {
+        failed = true;
+        snprintf(bad, sizeof(bad), "timed out after %.0f s", now - L->rc.started);
+    }
+    if (failed) {
+        record_done(L, false, moved, stall, now);
+        set_event(L, "epoch %" PRIu64 " failed: %s", L->rc.epoch, bad);
+        L->epoch = L->rc.epoch; /* the workers left the old epoch (or will, and fail) */
+        L->dp = L->rc.dp;
+        L->pp = L->rc.pp;
+        if (++L->restore_tries > 20) {
+            set_event(L, "giving up after %d failed reconfigurations", L->restore_tries);
+            L->phase = PH_STOPPING;
+            L->stop_at = now;
+            (void)coord_stop(L->c, "too many failed reconfigurations");
+            return;
+        }
+        L->need_restore = true;
+        L->phase = PH_WAIT_FIRST;
+        return;
+    }
+    if (done < L->rc.npart)
+        return;
+    record_done(L, true, moved, stall, now);
+    L->restore_tries = 0;
+    L->epoch = L->rc.epoch;
+    L->dp = L->rc.dp;
+    L->pp = L->rc.pp;
+    memcpy(L->split, L->rc.split, sizeof(L->split));
+    L->lease = L->rc.at;
+    L->last_grant = 0;
+    L->shape_since = now;
+    L->phase = PH_RUNNING;
+    set_event(L, "epoch %" PRIu64 " running %dx%d from step %" PRIu64 " (%s, %" PRIu64
+              " bytes moved of %" PRIu64 " planned, stall %.3f s)", L->epoch, L->dp, L->pp,
+              L->lease, coord_loop_kind_name(L->rc.rec.kind), moved, L->rc.rec.planned_bytes,
+              stall);
+}
+
+static void grant(struct coord_loop *L, const struct wv *v, size_t nv, uint64_t to) {
+    for (size_t i = 0; i < nv; i++)
+        if (v[i].positioned && !v[i].dead)
+            (void)coord_migrate(L->c, v[i].w.id, NULL, 0, to, NULL);
+    L->lease = to;
+}
+
+static void phase_running(struct coord_loop *L, const struct wv *v, size_t nv, double now) {
+    uint64_t minstep = UINT64_MAX, maxstep = 0;
+    int navail = 0, npos = 0;
+    bool dead = false, leaving = false;
+    for (size_t i = 0; i < nv; i++) {
+        if (!v[i].dead && !v[i].leaving && v[i].w.state != COORD_WORKER_STOPPED)
+            navail++;
+        if (!v[i].positioned)
+            continue;
+        npos++;
+        if (v[i].dead || v[i].failed)
+            dead = true;
+        else if (v[i].leaving)
+            leaving = true;
+        minstep = ST_MIN(minstep, v[i].w.step);
+        maxstep = ST_MAX(maxstep, v[i].w.step);
+        if (v[i].w.stage == L->pp - 1 && v[i].w.replica == 0 && v[i].w.step > 0) {
+            L->st.loss = v[i].w.loss;
+            L->sum.final_loss = v[i].w.loss;
+        }
+    }
+    if (npos == 0)
+        minstep = 0;
+    L->st.step = minstep;
+    L->sum.steps = minstep;
+    /* throughput estimate */
+    if (minstep > L->rate_step && now > L->rate_t) {
+        double inst = (double)(minstep - L->rate_step) / (now - L->rate_t);
+        L->steps_per_s = L->steps_per_s > 0 ? 0.7 * L->steps_per_s + 0.3 * inst : inst;
+        L->rate_step = minstep;
+        L->rate_t = now;
+    }
+    L->st.samples_per_s = L->steps_per_s * L->cfg.spec.training.global_batch;
+    if (dead) {
+        (void)start_restore(L, v, nv, now, "a worker holding state was lost");
+        return;
+    }
+    if (minstep >= L->total) {
+        if (L->cfg.save_dir[0] && !L->save_ordered) {
+            (void)coord_checkpoint(L->c, L->cfg.save_dir, L->total);
+            L->save_ordered = true;
+            L->phase = PH_FINISH_SAVE;
+            L->stop_at = now;
+            set_event(L, "all %" PRIu64 " steps done; saving to '%s'", L->total,
+                      L->cfg.save_dir);
+            return;
+        }
+        set_event(L, "all %" PRIu64 " steps done", L->total);
+        L->sum.finished = true;
+        shape_time(L, now);
+        (void)coord_stop(L->c, "job finished");
+        L->phase = PH_STOPPING;
+        L->stop_at = now;
+        return;
+    }
+    if (L->cancel) {
+        shape_time(L, now);
+        (void)coord_stop(L->c, "cancelled");
+        L->phase = PH_STOPPING;
+        L->stop_at = now;
+        return;
+    }
+    /* Re-plan: a noticed worker (immediately), a forced change reached, a new interval, or a
+     * changed membership. The boundary is the lease already granted. */
+    uint64_t fnext = forced_next(L, L->lease > 0 ? L->lease - 1 : 0);
+    bool forced_due = L->cfg.nforced > 0 && forced_at(L, L->lease) &&
+                      (forced_at(L, L->lease)->dp != L->dp || forced_at(L, L->lease)->pp != L->pp);
+    bool interval = now >= L->next_plan;
+    pthread_mutex_lock(&L->lock);
+    bool member = L->membership || navail != L->planned_avail;
+    L->membership = false;
+    pthread_mutex_unlock(&L->lock);
+    if (leaving || forced_due || ((interval || member) && L->cfg.nforced == 0)) {
+        if (interval)
+            L->next_plan = now + L->cfg.spec.planner.interval * L->cfg.time_scale;
+        L->planned_avail = navail;
+        int dp, pp;
+        char why[200];
+        choose_shape(L, navail, L->lease, v, nv, now, &dp, &pp, why, sizeof(why));
+        if (dp >= 1 && (leaving || dp != L->dp || pp != L->pp)) {
+            (void)start_migrate(L, v, nv, dp, pp, now,
+                                leaving ? "a worker was noticed" : why);
+            return;
+        }
+    }
+    /* Durable checkpoint at the lease boundary. */
+    if (L->cfg.ckpt_interval > 0 && L->cfg.ckpt_root[0] && now - L->last_ckpt >=
+        L->cfg.ckpt_interval && L->lease > 0 && L->lease < L->total && L->lease > minstep) {
+        char dir[ST_SPEC_PATH_MAX + 32];
+        snprintf(dir, sizeof(dir), "%s/step-%" PRIu64, L->cfg.ckpt_root, L->lease);
+        if (coord_checkpoint(L->c, dir, L->lease) > 0)
+            set_event(L, "checkpoint at step %" PRIu64 " ordered", L->lease);
+        L->last_ckpt = now;
+    }
+    /* Lease: about lease_seconds of steps ahead of the slowest worker. */
+    if (now - L->last_grant >= 0.05) {
+        uint64_t w = (uint64_t)ceil(L->steps_per_s * L->cfg.lease_seconds);
+        w = ST_MAX(w, 2);
+        uint64_t to = ST_MIN(L->total, minstep + w);
+        if (fnext && to > fnext)
+            to = fnext;
+        if (to > L->lease) {
+            grant(L, v, nv, to);
+            L->last_grant = now;
+        }
+    }
+}
+
+/* After a coordinator restart: the workers stop at the lease the previous incarnation granted.
+ * Wait until every positioned worker reports the same step for a while; that step is the
+ * lease. */
+static void phase_resync(struct coord_loop *L, const struct wv *v, size_t nv, double now) {
+    uint64_t lo = UINT64_MAX, hi = 0;
+    bool dead = false;
+    int npos = 0;
+    for (size_t i = 0; i < nv; i++) {
+        if (!v[i].positioned)
+            continue;
+        npos++;
+        if (v[i].dead || v[i].failed || v[i].w.last_seen_ago > 2.0)
+            dead = v[i].dead || v[i].failed;
+        lo = ST_MIN(lo, v[i].w.step);
+        hi = ST_MAX(hi, v[i].w.step);
+    }
+    if (dead || npos == 0 || now - L->resync_since > L->cfg.reconfig_timeout) {
+        set_event(L, "resync after restart failed; restoring");
+        L->need_restore = true;
+        L->phase = PH_WAIT_FIRST;
+        return;
+    }
+    if (lo != hi || lo != L->resync_step) {
+        L->resync_step = lo == hi ? lo : UINT64_MAX;
+        L->resync_changed = now;
+        return;
+    }
+    if (now - L->resync_changed < 1.5)
+        return;
+    L->lease = lo;
+    L->rate_step = lo;
+    L->rate_t = now;
+    L->shape_since = now;
+    L->phase = PH_RUNNING;
+    set_event(L, "resumed epoch %" PRIu64 " (%dx%d) at step %" PRIu64 " after a restart",
+              L->epoch, L->dp, L->pp, lo);
+}
+
+static void phase_wait_first(struct coord_loop *L, const struct wv *v, size_t nv, double now) {
+    int n = 0;
+    for (size_t i = 0; i < nv; i++)
+        n += !v[i].dead && !v[i].leaving && v[i].w.state != COORD_WORKER_STOPPED;
+    if (L->cancel) {
+        (void)coord_stop(L->c, "cancelled");
+        L->phase = PH_STOPPING;
+        L->stop_at = now;
+        return;
+    }
+    if (n == 0)
+        return;
+    if (!L->need_restore && L->epoch == 0 && n < L->cfg.expect_workers &&
+        now - L->t0 < L->cfg.first_wait)
+        return;
+    L->planned_avail = n;
+    (void)start_restore(L, v, nv, now, L->need_restore ? "state lost" : "first epoch");
+}
+
+static void phase_stopping(struct coord_loop *L, const struct wv *v, size_t nv, double now) {
+    bool all = true;
+    for (size_t i = 0; i < nv; i++)
+        if (!v[i].dead && v[i].w.state != COORD_WORKER_STOPPED)
+            all = false;
+    if (all || now - L->stop_at > 15.0)
+        L->phase = PH_DONE;
+}
+
+static void phase_finish_save(struct coord_loop *L, const struct wv *v, size_t nv,
+                              double now) {
+    bool all = true, dead = false;
+    pthread_mutex_lock(&L->lock);
+    for (size_t i = 0; i < nv; i++) {
+        if (!v[i].positioned)
+            continue;
+        if (v[i].dead || v[i].failed)
+            dead = true;
+        struct lworker *w = lw_get(L, v[i].w.id);
+        if (!w || w->ckpt_step != L->total || strcmp(w->ckpt_dir, L->cfg.save_dir))
+            all = false;
+    }
+    pthread_mutex_unlock(&L->lock);
+    if (dead) {
+        L->save_ordered = false;
+        (void)start_restore(L, v, nv, now, "a worker was lost while saving");
+        return;
+    }
+    if (!all && now - L->stop_at < L->cfg.reconfig_timeout)
+        return;
+    L->sum.finished = all;
+    set_event(L, all ? "saved '%s'; stopping" : "saving '%s' timed out; stopping",
+              L->cfg.save_dir);
+    shape_time(L, now);
+    (void)coord_stop(L->c, "job finished");
+    L->phase = PH_STOPPING;
+    L->stop_at = now;
+}
+
+/* ---- public --------------------------------------------------------------------------------- */
+
+/* PEERS-PENDING: until Migrate carries peers (proto), the order goes without them. */
+int coord_migrate_peers(struct coord *c, const char *worker_id, const struct coord_transfer *t,
+                        size_t n, uint64_t at_step, const struct coord_peer *peers,
+                        size_t npeers, uint64_t *ret_command_id) {
+    (void)peers;
+    (void)npeers;
+    return coord_migrate(c, worker_id, t, n, at_step, ret_command_id);
+}
+
+/* See coord-loop.h. */
+int coord_loop_tick(struct coord_loop *L, double now) {
+    struct wv *v = NULL;
+    size_t nv = 0;
+    if (!L || L->magic != LOOP_MAGIC || !L->c)
+        return -EINVAL;
+    if (L->t0 == 0) {
+        L->t0 = now;
+        L->next_plan = now + L->cfg.spec.planner.interval * L->cfg.time_scale;
+        L->last_ckpt = now;
+        L->rate_t = now;
+    }
+    int alive = alive_instances(L);
+    if (L->last_tick > 0 && alive > 0) {
+        double hours = (now - L->last_tick) / L->cfg.time_scale / 3600.0 * alive;
+        L->sum.instance_hours += hours;
+        L->sum.spot_dollars += hours * L->cfg.spec.fleet.spot_price;
+        L->sum.on_demand_dollars += hours * L->cfg.spec.fleet.on_demand_price;
+        coord_metrics_add_spend(L->c, hours * L->cfg.spec.fleet.spot_price);
+    }
+    L->last_tick = now;
+    TRY(poll_provider(L, now));
+    TRY(view_get(L, &v, &nv));
+    /* History of live counts, one per planning interval. */
+    int live = 0;
+    for (size_t i = 0; i < nv; i++)
+        live += !v[i].dead;
+    double interval = L->cfg.spec.planner.interval * L->cfg.time_scale;
+    int want = (int)((now - L->t0) / (interval > 0 ? interval : 1)) + 1;
+    while (L->nhist < want && L->nhist < LOOP_MAX_HIST)
+        L->hist[L->nhist++] = alive >= 0 ? alive : live;
+    L->st.alive = alive >= 0 ? alive : live;
+    coord_metrics_set_instances(L->c, L->forecast > 0 ? L->forecast : L->st.alive, L->st.alive);
+
+    switch (L->phase) {
+    case PH_WAIT_FIRST: phase_wait_first(L, v, nv, now); break;
+    case PH_RESYNC: phase_resync(L, v, nv, now); break;
+    case PH_RUNNING: phase_running(L, v, nv, now); break;
+    case PH_RECONF: phase_reconf(L, v, nv, now); break;
+    case PH_FINISH_SAVE: phase_finish_save(L, v, nv, now); break;
+    case PH_STOPPING: phase_stopping(L, v, nv, now); break;
+    case PH_DONE: break;
+    }
+    st_free(v);
+    L->sum.wall_seconds = now - L->t0;
+    L->sum.samples = L->sum.steps * (uint64_t)L->cfg.spec.training.global_batch;
+    L->st.epoch = L->epoch;
+    L->st.total = L->total;
+    L->st.dp = L->dp;
+    L->st.pp = L->pp;
+    L->st.forecast = L->forecast > 0 ? L->forecast : L->st.alive;
+    snprintf(L->st.phase, sizeof(L->st.phase), "%s", phase_name(L->phase));
+    return L->phase == PH_DONE ? 1 : 0;
+}
+
+/* See coord-loop.h. */
+int coord_loop_new(const struct coord_loop_config *cfg, struct coord_loop **ret) {
+    if (!cfg || !ret)
+        return -EINVAL;
+    struct coord_loop *L = st_calloc(1, sizeof(*L));
+    if (!L)
+        return -ENOMEM;
+    L->magic = LOOP_MAGIC;
+    L->cfg = *cfg;
+    if (L->cfg.steps > 0)
+        L->cfg.spec.training.steps = L->cfg.steps;
+    if (L->cfg.time_scale <= 0)
+        L->cfg.time_scale = L->cfg.spec.fleet.time_scale > 0 ? L->cfg.spec.fleet.time_scale : 1;
+    if (L->cfg.reconfig_timeout <= 0)
+        L->cfg.reconfig_timeout = 30;
+    if (L->cfg.lease_seconds <= 0)
+        L->cfg.lease_seconds = 0.5;
+    if (L->cfg.expect_workers <= 0)
+        L->cfg.expect_workers = 1;
+    if (L->cfg.first_wait <= 0)
+        L->cfg.first_wait = 20;
+    if (L->cfg.spec.planner.interval <= 0)
+        L->cfg.spec.planner.interval = PLAN_INTERVAL_S;
+    L->total = (uint64_t)L->cfg.spec.training.steps;
+    const struct st_spec_model *m = &L->cfg.spec.model;
+    int nl = plan_mig_gpt_layer_params((uint32_t)m->layers, (uint32_t)m->hidden,
+                                       (uint32_t)m->vocab, (uint32_t)m->seq_len, L->layer_params);
+    if (nl < 0 || L->total == 0 || L->cfg.nforced < 0 || L->cfg.nforced > COORD_LOOP_MAX_FORCED) {
+        st_free(L);
+        return -EINVAL;
+    }
+    L->nlayers = nl;
+    L->sum.final_loss = NAN;
+    L->st.loss = NAN;
+    pthread_mutex_init(&L->lock, NULL);
+    *ret = L;
+    return 0;
+}
+
+/* See coord-loop.h. */
+int coord_loop_attach(struct coord_loop *L, struct coord *c) {
+    if (!L || L->magic != LOOP_MAGIC || !c)
+        return -EINVAL;
+    L->c = c;
+    uint64_t epoch = 0, step = 0;
+    int dp = 0, pp = 0;
+    enum coord_job_state js;
+    coord_job_get(c, NULL, &epoch, &dp, &pp, &js, &step);
+    if (epoch > 0 && dp > 0 && pp > 0) {
+        /* A restarted coordinator: the epoch in force and its split come from the journal. */
+        struct coord_worker *w = NULL;
+        size_t n = 0;
+        TRY(coord_workers_get(c, &w, &n));
+        for (int s = 0; s <= pp; s++)
+            L->split[s] = -1;
+        L->split[pp] = L->nlayers;
+        for (size_t i = 0; i < n; i++)
+            if (w[i].state == COORD_WORKER_ACTIVE && w[i].epoch == epoch && w[i].stage >= 0 &&
+                w[i].stage < pp)
+                L->split[w[i].stage] = w[i].layer_begin;
+        st_free(w);
+        bool ok = L->split[0] == 0;
+        for (int s = 1; s < pp; s++)
+            ok = ok && L->split[s] > L->split[s - 1];
+        L->epoch = epoch;
+        L->dp = dp;
+        L->pp = pp;
+        if (!ok) {
+            split_for(L, pp, L->split);
+            L->need_restore = true;
+            L->phase = PH_WAIT_FIRST;
+        } else {
+            L->phase = PH_RESYNC;
+            L->resync_since = st_now();
+            L->resync_step = UINT64_MAX;
+        }
+        L->planned_avail = -1;
+    }
+    return 0;
+}
+
+/* See coord-loop.h. */
+void coord_loop_set_provider(struct coord_loop *L, struct cloud_provider *p) {
+    if (L)
+        L->cfg.provider = p;
+}
+
+/* See coord-loop.h. */
+void coord_loop_cancel(struct coord_loop *L) {
+    if (L)
+        L->cancel = true;
+}
+
+/* See coord-loop.h. */
+void coord_loop_summary(struct coord_loop *L, struct coord_loop_summary *ret) {
+    *ret = L->sum;
+}
+
+/* See coord-loop.h. */
+void coord_loop_status(struct coord_loop *L, struct coord_loop_status *ret) {
+    *ret = L->st;
+}
+
+/* See coord-loop.h. */
+struct coord_loop *coord_loop_free(struct coord_loop *L) {
+    if (!L)
+        return NULL;
+    pthread_mutex_destroy(&L->lock);
+    st_free(L->lw);
+    st_free(L->inst);
+    st_free(L->rc.part);
+    L->magic = 0;
+    st_free(L);
+    return NULL;
+}
+
+/* See coord-loop.h. */
+int coord_loop_parse_forced(const char *s, struct coord_loop_forced *ret, int max) {
+    int n = 0;
+    const char *p = s;
+    if (!s || !*s)
+        return -EINVAL;
+    while (*p) {
+        char *e;
+        unsigned long long step = strtoull(p, &e, 10);
+        if (e == p || *e != ':' || n >= max)
+            return -EINVAL;
+        p = e + 1;
+        long dp = strtol(p, &e, 10);
+        if (e == p || (*e != 'x' && *e != 'X') || dp < 1 || dp > 4096)
+            return -EINVAL;
+        p = e + 1;
+        long pp = strtol(p, &e, 10);
+        if (e == p || pp < 1 || pp > 4096 || (*e && *e != ','))
+            return -EINVAL;
+        if (n > 0 && step <= ret[n - 1].step)
+            return -EINVAL;
+        ret[n].step = step;
+        ret[n].dp = (int)dp;
+        ret[n].pp = (int)pp;
+        n++;
+        p = *e ? e + 1 : e;
+        if (*e == ',' && !*p)
+            return -EINVAL;
+    }
+    return n;
+}

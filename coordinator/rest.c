@@ -1,0 +1,435 @@
+/* rest.c: the coordinator's REST status API and Prometheus /metrics on libmicrohttpd.
+ *
+ * One idea: every answer is built under the coordinator lock into a jansson object (or the
+ * metrics text), then sent after the lock is released; every error is JSON
+ * {"code": ..., "message": ...}. The routes and shapes are exactly those of
+ * docs/openapi.yaml, which schemathesis checks against this code. */
+#include <arpa/inet.h>
+#include <jansson.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "check.h"
+#include "coord-internal.h"
+
+#define REST_MAX_BODY 65536
+#define EVENTS_MAX_LIMIT 1000
+
+/* Per-connection state, to swallow (bounded) request bodies. */
+struct rest_req {
+    size_t body;
+    bool too_big;
+};
+
+static enum MHD_Result send_text(struct MHD_Connection *conn, unsigned status, const char *ctype,
+                                 char *text, const char *allow) {
+    struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(text), text,
+                                                                MHD_RESPMEM_MUST_FREE);
+    if (!resp) {
+        free(text);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, "Content-Type", ctype);
+    if (allow)
+        MHD_add_response_header(resp, "Allow", allow);
+    if (status == MHD_HTTP_UNAUTHORIZED)
+        MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
+    enum MHD_Result r = MHD_queue_response(conn, status, resp);
+    MHD_destroy_response(resp);
+    return r;
+}
+
+/* Takes a reference to j. MHD frees the text with free(): jansson allocates with malloc. */
+static enum MHD_Result send_json(struct MHD_Connection *conn, unsigned status, json_t *j,
+                                 const char *allow) {
+    char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    if (!text)
+        return MHD_NO;
+    size_t n = strlen(text);
+    char *t2 = realloc(text, n + 2);
+    if (!t2) {
+        free(text);
+        return MHD_NO;
+    }
+    t2[n] = '\n';
+    t2[n + 1] = '\0';
+    return send_text(conn, status, "application/json", t2, allow);
+}
+
+static enum MHD_Result send_error(struct MHD_Connection *conn, unsigned status, const char *code,
+                                  const char *allow, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    return send_json(conn, status, json_pack("{s:s, s:s}", "code", code, "message", msg), allow);
+}
+
+static json_t *job_json(struct coord *c) {
+    size_t counts[COORD_WORKER_NSTATES];
+    coord__count_states(c, counts);
+    json_t *ws = json_object();
+    for (int s = 0; s < COORD_WORKER_NSTATES; s++)
+        json_object_set_new(ws, coord_worker_state_name((enum coord_worker_state)s),
+                            json_integer((json_int_t)counts[s]));
+    return json_pack("{s:s, s:s, s:s, s:I, s:{s:i, s:i}, s:I, s:I, s:f, s:f, s:o, s:I}",
+                     "id", c->job.id, "name", c->job.name, "state",
+                     coord_job_state_name(c->job.state), "epoch", (json_int_t)c->job.epoch,
+                     "shape", "dp", c->job.dp, "pp", c->job.pp, "step", (json_int_t)c->job.step,
+                     "samples", (json_int_t)c->job.samples, "loss", c->job.loss,
+                     "created", c->job.created, "workers", ws, "target_steps",
+                     (json_int_t)c->spec.training.steps);
+}
+
+static json_t *worker_json(const struct coord_worker *w) {
+    return json_pack("{s:s, s:s, s:s, s:s, s:i, s:s, s:s, s:I, s:i, s:i, s:i, s:i, s:I, s:I,"
+                     " s:f, s:f, s:f, s:b}",
+                     "id", w->id, "instance_id", w->instance_id, "zone", w->zone,
+                     "instance_type", w->instance_type, "gpus", w->gpus, "data_addr",
+                     w->data_addr, "state", coord_worker_state_name(w->state), "epoch",
+                     (json_int_t)w->epoch, "stage", w->stage, "replica", w->replica,
+                     "layer_begin", w->layer_begin, "layer_end", w->layer_end, "acked_command",
+                     (json_int_t)w->acked_command, "step", (json_int_t)w->step, "loss", w->loss,
+                     "joined", w->joined, "last_seen_seconds_ago", w->last_seen_ago,
+                     "watching", w->watching);
+}
+
+static int event_to_json(int64_t seq, double time, const char *kind, const char *worker_id,
+                         const char *message, void *userdata) {
+    json_t *arr = userdata;
+    json_t *e = json_pack("{s:I, s:f, s:s, s:s?, s:s}", "seq", (json_int_t)seq, "time", time,
+                          "kind", kind, "worker_id", worker_id, "message", message);
+    if (!e)
+        return -ENOMEM;
+    if (!worker_id)
+        json_object_set_new(e, "worker_id", json_null());
+    return json_array_append_new(arr, e) == 0 ? 0 : -ENOMEM;
+}
+
+/* Parses a non-negative decimal integer query parameter. */
+static int parse_nonneg(const char *s, long long max, long long *ret) {
+    if (!s || !*s)
+        return -EINVAL;
+    for (const char *p = s; *p; p++)
+        if (*p < '0' || *p > '9')
+            return -EINVAL;
+    if (strlen(s) > 18)
+        return -ERANGE;
+    long long v = strtoll(s, NULL, 10);
+    if (v > max)
+        return -ERANGE;
+    *ret = v;
+    return 0;
+}
+
+static bool http_auth_ok(struct coord *c, struct MHD_Connection *conn) {
+    if (!c->cfg.token[0])
+        return true;
+    const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
+    if (!h)
+        return false;
+    char want[sizeof(c->cfg.token) + 8];
+    int wlen = snprintf(want, sizeof(want), "Bearer %s", c->cfg.token);
+    if (strlen(h) != (size_t)wlen)
+        return false;
+    unsigned char diff = 0;
+    for (int i = 0; i < wlen; i++)
+        diff |= (unsigned char)(h[i] ^ want[i]);
+    return diff == 0;
+}
+
+static void metric(char **buf, size_t *len, size_t *cap, const char *fmt, ...) ST_PRINTF(4, 5);
+static void metric(char **buf, size_t *len, size_t *cap, const char *fmt, ...) {
+    if (!*buf)
+        return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(*buf + *len, *cap - *len, fmt, ap);
+        va_end(ap);
+        if (n < 0)
+            return;
+        if ((size_t)n < *cap - *len) {
+            *len += (size_t)n;
+            return;
+        }
+        char *b = st_realloc(*buf, *cap * 2 + (size_t)n);
+        if (!b) {
+            st_free(*buf);
+            *buf = NULL;
+            return;
+        }
+        *buf = b;
+        *cap = *cap * 2 + (size_t)n;
+    }
+}
+
+char *coord__metrics_text(struct coord *c) {
+    size_t cap = 8192, len = 0;
+    char *b = st_malloc(cap);
+    if (!b)
+        return NULL;
+    b[0] = '\0';
+    size_t counts[COORD_WORKER_NSTATES];
+    coord__count_states(c, counts);
+#define M(...) metric(&b, &len, &cap, __VA_ARGS__)
+    M("# HELP spottrain_steps_total Training steps the job has completed.\n"
+      "# TYPE spottrain_steps_total counter\nspottrain_steps_total %llu\n",
+      (unsigned long long)c->job.step);
+    M("# HELP spottrain_samples_total Training samples committed.\n"
+      "# TYPE spottrain_samples_total counter\nspottrain_samples_total %llu\n",
+      (unsigned long long)c->job.samples);
+    M("# HELP spottrain_loss Loss of the last completed step.\n"
+      "# TYPE spottrain_loss gauge\nspottrain_loss %.9g\n", c->job.loss);
+    M("# HELP spottrain_epoch Current job epoch (configurations so far).\n"
+      "# TYPE spottrain_epoch gauge\nspottrain_epoch %llu\n", (unsigned long long)c->job.epoch);
+    M("# HELP spottrain_shape_dp Data-parallel replicas of the current epoch.\n"
+      "# TYPE spottrain_shape_dp gauge\nspottrain_shape_dp %d\n", c->job.dp);
+    M("# HELP spottrain_shape_pp Pipeline stages of the current epoch.\n"
+      "# TYPE spottrain_shape_pp gauge\nspottrain_shape_pp %d\n", c->job.pp);
+    M("# HELP spottrain_workers Workers by state.\n# TYPE spottrain_workers gauge\n");
+    for (int s = 0; s < COORD_WORKER_NSTATES; s++)
+        M("spottrain_workers{state=\"%s\"} %zu\n",
+          coord_worker_state_name((enum coord_worker_state)s), counts[s]);
+    M("# HELP spottrain_migrations_total Migrations executed, by kind.\n"
+      "# TYPE spottrain_migrations_total counter\n");
+    for (int k = 0; k < COORD_MIG_NKINDS; k++)
+        M("spottrain_migrations_total{kind=\"%s\"} %llu\n",
+          coord_migration_kind_name((enum coord_migration_kind)k),
+          (unsigned long long)c->mig_count[k]);
+    M("# HELP spottrain_migration_bytes_total Bytes moved by migrations, by kind.\n"
+      "# TYPE spottrain_migration_bytes_total counter\n");
+    for (int k = 0; k < COORD_MIG_NKINDS; k++)
+        M("spottrain_migration_bytes_total{kind=\"%s\"} %llu\n",
+          coord_migration_kind_name((enum coord_migration_kind)k),
+          (unsigned long long)c->mig_bytes[k]);
+    double stall = c->stall_total;
+    for (int k = 0; k < COORD_MIG_NKINDS; k++)
+        stall += c->mig_stall[k];
+    M("# HELP spottrain_stall_seconds_total Seconds training stalled (migrations, rendezvous).\n"
+      "# TYPE spottrain_stall_seconds_total counter\nspottrain_stall_seconds_total %.6f\n",
+      stall);
+    M("# HELP spottrain_instances_predicted Instances the forecast expects for the next "
+      "interval.\n# TYPE spottrain_instances_predicted gauge\nspottrain_instances_predicted "
+      "%.6g\n", c->predicted);
+    M("# HELP spottrain_instances_actual Instances alive now.\n"
+      "# TYPE spottrain_instances_actual gauge\nspottrain_instances_actual %.6g\n", c->actual);
+    M("# HELP spottrain_spend_dollars_total Dollars spent on instances.\n"
+      "# TYPE spottrain_spend_dollars_total counter\nspottrain_spend_dollars_total %.6f\n",
+      c->spend);
+    M("# HELP spottrain_reports_total Reports (heartbeats) accepted.\n"
+      "# TYPE spottrain_reports_total counter\nspottrain_reports_total %llu\n",
+      (unsigned long long)c->reports);
+    M("# HELP spottrain_commands_total Commands issued to workers.\n"
+      "# TYPE spottrain_commands_total counter\nspottrain_commands_total %llu\n",
+      (unsigned long long)c->commands_sent);
+    M("# HELP spottrain_rpc_rejected_total RPCs rejected, by reason.\n"
+      "# TYPE spottrain_rpc_rejected_total counter\n"
+      "spottrain_rpc_rejected_total{reason=\"unauthenticated\"} %llu\n"
+      "spottrain_rpc_rejected_total{reason=\"invalid_argument\"} %llu\n",
+      (unsigned long long)c->rejected_auth, (unsigned long long)c->rejected_invalid);
+#undef M
+    return b;
+}
+
+static json_t *plan_json(struct coord *c) {
+    json_t *as = json_array();
+    for (size_t k = 0; k < c->nworkers; k++) {
+        const struct coord_worker *w = &c->workers[k]->pub;
+        if (w->state != COORD_WORKER_ACTIVE || w->epoch != c->job.epoch)
+            continue;
+        json_array_append_new(as, json_pack("{s:s, s:i, s:i, s:i, s:i, s:s}", "worker_id", w->id,
+                                            "stage", w->stage, "replica", w->replica,
+                                            "layer_begin", w->layer_begin, "layer_end",
+                                            w->layer_end, "data_addr", w->data_addr));
+    }
+    json_t *detail = NULL;
+    if (c->plan_detail)
+        detail = json_loads(c->plan_detail, 0, NULL);
+    return json_pack("{s:I, s:{s:i, s:i}, s:o, s:o}", "epoch", (json_int_t)c->job.epoch, "shape",
+                     "dp", c->job.dp, "pp", c->job.pp, "assignments", as, "detail",
+                     detail ? detail : json_null());
+}
+
+static enum MHD_Result route(struct coord *c, struct MHD_Connection *conn, const char *url,
+                             const char *method) {
+    bool get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
+    bool post = strcmp(method, "POST") == 0;
+
+    if (strcmp(url, "/v1/job:stop") == 0) {
+        if (!post)
+            return send_error(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed", "POST",
+                              "%s is not allowed on %s", method, url);
+        if (!http_auth_ok(c, conn))
+            return send_error(conn, MHD_HTTP_UNAUTHORIZED, "unauthenticated", NULL,
+                              "missing or wrong bearer token");
+        int r = coord_stop(c, "stopped over REST");
+        if (r < 0)
+            return send_error(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal", NULL,
+                              "stopping failed: %s", st_strerror(r));
+        pthread_mutex_lock(&c->lock);
+        json_t *j = job_json(c);
+        pthread_mutex_unlock(&c->lock);
+        return send_json(conn, MHD_HTTP_OK, j, NULL);
+    }
+    static const char *const gets[] = {"/healthz", "/v1/job", "/v1/workers", "/v1/events",
+                                       "/v1/plan", "/metrics"};
+    bool known = false;
+    for (size_t i = 0; i < ST_ARRAY_SIZE(gets); i++)
+        known |= strcmp(url, gets[i]) == 0;
+    if (!known)
+        return send_error(conn, MHD_HTTP_NOT_FOUND, "not_found", NULL, "no route %s", url);
+    if (!get)
+        return send_error(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed", "GET, HEAD",
+                          "%s is not allowed on %s", method, url);
+
+    if (strcmp(url, "/healthz") == 0)
+        return send_json(conn, MHD_HTTP_OK, json_pack("{s:s}", "status", "ok"), NULL);
+    if (strcmp(url, "/metrics") == 0) {
+        pthread_mutex_lock(&c->lock);
+        char *t = coord__metrics_text(c);
+        pthread_mutex_unlock(&c->lock);
+        if (!t)
+            return send_error(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal", NULL,
+                              "out of memory");
+        char *m = strdup(t); /* MHD frees with free() */
+        st_free(t);
+        if (!m)
+            return MHD_NO;
+        return send_text(conn, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8", m, NULL);
+    }
+    if (strcmp(url, "/v1/events") == 0) {
+        long long since = 0, limit = 100;
+        const char *s = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "since");
+        const char *l = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "limit");
+        if (s && parse_nonneg(s, (1LL << 53), &since) < 0)
+            return send_error(conn, MHD_HTTP_BAD_REQUEST, "invalid_argument", NULL,
+                              "'since' must be a non-negative integer");
+        if (l && (parse_nonneg(l, EVENTS_MAX_LIMIT, &limit) < 0 || limit < 1))
+            return send_error(conn, MHD_HTTP_BAD_REQUEST, "invalid_argument", NULL,
+                              "'limit' must be an integer in 1..%d", EVENTS_MAX_LIMIT);
+        json_t *arr = json_array();
+        pthread_mutex_lock(&c->lock);
+        int r = coord__journal_events(c->journal, since, (int)limit, event_to_json, arr);
+        pthread_mutex_unlock(&c->lock);
+        if (r < 0) {
+            json_decref(arr);
+            return send_error(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal", NULL,
+                              "reading events failed: %s", st_strerror(r));
+        }
+        long long next = since;
+        size_t n = json_array_size(arr);
+        if (n > 0)
+            next = (long long)json_integer_value(
+                json_object_get(json_array_get(arr, n - 1), "seq"));
+        return send_json(conn, MHD_HTTP_OK,
+                         json_pack("{s:o, s:I}", "events", arr, "next", (json_int_t)next), NULL);
+    }
+    json_t *j = NULL;
+    pthread_mutex_lock(&c->lock);
+    if (strcmp(url, "/v1/job") == 0) {
+        j = job_json(c);
+    } else if (strcmp(url, "/v1/plan") == 0) {
+        j = plan_json(c);
+    } else {
+        json_t *arr = json_array();
+        for (size_t k = 0; k < c->nworkers; k++) {
+            struct coord_worker w;
+            coord__worker_copy(c, c->workers[k], &w);
+            json_array_append_new(arr, worker_json(&w));
+        }
+        j = json_pack("{s:o}", "workers", arr);
+    }
+    pthread_mutex_unlock(&c->lock);
+    if (!j)
+        return send_error(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal", NULL,
+                          "out of memory");
+    return send_json(conn, MHD_HTTP_OK, j, NULL);
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                  const char *method, const char *version,
+                                  const char *upload_data, size_t *upload_data_size,
+                                  void **con_cls) {
+    struct coord *c = cls;
+    (void)version;
+    (void)upload_data;
+    struct rest_req *rq = *con_cls;
+    if (!rq) {
+        rq = calloc(1, sizeof(*rq));
+        if (!rq)
+            return MHD_NO;
+        *con_cls = rq;
+        return MHD_YES;
+    }
+    if (*upload_data_size > 0) {
+        rq->body += *upload_data_size;
+        if (rq->body > REST_MAX_BODY)
+            rq->too_big = true;
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
+    if (rq->too_big)
+        return send_error(conn, MHD_HTTP_CONTENT_TOO_LARGE, "payload_too_large", NULL,
+                          "request body over %d bytes", REST_MAX_BODY);
+    return route(c, conn, url, method);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                         enum MHD_RequestTerminationCode toe) {
+    (void)cls;
+    (void)conn;
+    (void)toe;
+    free(*con_cls);
+    *con_cls = NULL;
+}
+
+int coord__rest_start(struct coord *c) {
+    char host[COORD_ADDR_MAX], portstr[16];
+    int port;
+    struct addrinfo hints, *ai = NULL;
+
+    c->rest_addr[0] = '\0';
+    if (strcmp(c->cfg.status_listen, "-") == 0)
+        return 0;
+    TRY(coord__parse_hostport(c->cfg.status_listen, host, sizeof(host), &port));
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    snprintf(portstr, sizeof(portstr), "%d", port);
+    if (getaddrinfo(host, portstr, &hints, &ai) != 0 || !ai)
+        return st_log_errno(-EADDRNOTAVAIL, "Cannot resolve status address '%s'",
+                            c->cfg.status_listen);
+    unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ITC;
+    if (ai->ai_family == AF_INET6)
+        flags |= MHD_USE_IPv6;
+    c->mhd = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, c,
+                              MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT,
+                              (unsigned)256, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30,
+                              MHD_OPTION_NOTIFY_COMPLETED, on_completed, c, MHD_OPTION_END);
+    freeaddrinfo(ai);
+    if (!c->mhd)
+        return st_log_errno(-EADDRINUSE, "Cannot listen for REST on '%s' (in use or not a "
+                            "local address)", c->cfg.status_listen);
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(c->mhd, MHD_DAEMON_INFO_BIND_PORT);
+    int bound = info ? (int)info->port : port;
+    if (strchr(host, ':'))
+        snprintf(c->rest_addr, sizeof(c->rest_addr), "[%s]:%d", host, bound);
+    else
+        snprintf(c->rest_addr, sizeof(c->rest_addr), "%s:%d", host, bound);
+    return 0;
+}
+
+void coord__rest_stop(struct coord *c) {
+    if (c->mhd)
+        MHD_stop_daemon(c->mhd);
+    c->mhd = NULL;
+}

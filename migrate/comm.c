@@ -1,0 +1,154 @@
+/* comm.c: the communicator front end — argument checks, the transport table, point-to-point
+ * calls and statistics. Transports live in tcp.c and nccl.c, collectives in coll.c.
+ *
+ * The one idea: every public entry point validates its arguments and the comm's magic (NCCL
+ * PtrCheck/startMagic) before a transport sees them, so transports trust their inputs. */
+#include <string.h>
+
+#include "check.h" /* TRY */
+#include "migrate-internal.h"
+
+static const struct mig_transport_ops *const transports[] = {
+    &mig__tcp_ops,
+#ifdef MIG_HAVE_NCCL
+    &mig__nccl_ops,
+#endif
+};
+
+static const struct mig_transport_ops *transport_find(const char *name) {
+    for (size_t i = 0; name && i < ST_ARRAY_SIZE(transports); i++)
+        if (strcmp(transports[i]->name, name) == 0)
+            return transports[i];
+    return NULL;
+}
+
+/* See migrate.h. */
+bool mig_transport_available(const char *name) {
+    return transport_find(name) != NULL;
+}
+
+/* See migrate.h. */
+size_t mig_dtype_size(enum mig_dtype t) {
+    switch (t) {
+    case MIG_F32:
+        return 4;
+    case MIG_F64:
+        return 8;
+    case MIG_BYTES:
+        return 1;
+    }
+    return 0;
+}
+
+/* See migrate-internal.h. */
+int mig__comm_new_ops(const struct mig_transport_ops *ops, struct mig_endpoint *ep,
+                      uint64_t epoch, int rank, int nranks, const char *const *peer_addrs,
+                      double timeout_s, struct mig_comm **ret) {
+    struct mig_comm *c;
+    int r;
+
+    if (!ops || !ret || nranks < 1 || nranks > MIG_MAX_RANKS || rank < 0 || rank >= nranks ||
+        !(timeout_s > 0) || (nranks > 1 && (!ep || !peer_addrs)))
+        return -EINVAL;
+    c = st_calloc(1, sizeof(*c));
+    if (!c)
+        return -ENOMEM;
+    c->magic = MIG__COMM_MAGIC;
+    c->ops = ops;
+    c->ep = ep;
+    c->epoch = epoch;
+    c->rank = rank;
+    c->nranks = nranks;
+    c->timeout_s = timeout_s;
+    r = ops->init(c, peer_addrs);
+    if (r < 0) {
+        mig_comm_free(c);
+        return r;
+    }
+    st_log(ST_LOG_DEBUG, "migrate", "rank %d/%d: %s comm of epoch %llu ready", rank, nranks,
+           ops->name, (unsigned long long)epoch);
+    *ret = c;
+    return 0;
+}
+
+/* See migrate.h. */
+int mig_comm_new(const char *transport, struct mig_endpoint *ep, uint64_t epoch, int rank,
+                 int nranks, const char *const *peer_addrs, double timeout_s,
+                 struct mig_comm **ret) {
+    const struct mig_transport_ops *ops = transport_find(transport);
+    if (!transport || !ret)
+        return -EINVAL;
+    if (!ops)
+        return strcmp(transport, "nccl") == 0 ? -EOPNOTSUPP : -EINVAL;
+    return mig__comm_new_ops(ops, ep, epoch, rank, nranks, peer_addrs, timeout_s, ret);
+}
+
+/* See migrate.h. */
+struct mig_comm *mig_comm_free(struct mig_comm *c) {
+    if (!c)
+        return NULL;
+    if (c->ops && c->ops->fini)
+        c->ops->fini(c);
+    c->magic = 0;
+    st_free(c);
+    return NULL;
+}
+
+static bool comm_ok(const struct mig_comm *c) {
+    return c && c->magic == MIG__COMM_MAGIC;
+}
+
+/* See migrate.h. */
+int mig_comm_rank(const struct mig_comm *c) {
+    return comm_ok(c) ? c->rank : -EINVAL;
+}
+
+/* See migrate.h. */
+int mig_comm_size(const struct mig_comm *c) {
+    return comm_ok(c) ? c->nranks : -EINVAL;
+}
+
+/* See migrate.h. */
+uint64_t mig_comm_epoch(const struct mig_comm *c) {
+    return comm_ok(c) ? c->epoch : 0;
+}
+
+/* See migrate.h. */
+const char *mig_comm_transport(const struct mig_comm *c) {
+    return comm_ok(c) ? c->ops->name : NULL;
+}
+
+/* See migrate.h. */
+void mig_comm_stats(const struct mig_comm *c, uint64_t *ret_sent, uint64_t *ret_recv) {
+    if (!comm_ok(c))
+        return;
+    if (ret_sent)
+        *ret_sent = c->sent;
+    if (ret_recv)
+        *ret_recv = c->recvd;
+}
+
+/* See migrate.h. */
+int mig_batch(struct mig_comm *c, struct mig_op *ops, size_t n) {
+    if (!comm_ok(c) || (n && !ops))
+        return -EINVAL;
+    for (size_t i = 0; i < n; i++)
+        if (ops[i].peer < 0 || ops[i].peer >= c->nranks || ops[i].peer == c->rank ||
+            (ops[i].bytes && !ops[i].buf))
+            return -EINVAL;
+    if (n == 0)
+        return 0;
+    return c->ops->batch(c, ops, n);
+}
+
+/* See migrate.h. */
+int mig_send(struct mig_comm *c, int peer, const void *buf, size_t bytes) {
+    struct mig_op op = {.peer = peer, .send = true, .buf = (void *)buf, .bytes = bytes};
+    return mig_batch(c, &op, 1);
+}
+
+/* See migrate.h. */
+int mig_recv(struct mig_comm *c, int peer, void *buf, size_t bytes) {
+    struct mig_op op = {.peer = peer, .send = false, .buf = buf, .bytes = bytes};
+    return mig_batch(c, &op, 1);
+}

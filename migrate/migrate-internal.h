@@ -1,0 +1,69 @@
+/* migrate-internal.h: internal header of migrate/ — the transport vtable, the communicator's
+ * common fields and the XXH64 stream. No other part may include it.
+ *
+ * The one idea: the collectives (coll.c) are written once over a transport's concurrent
+ * point-to-point batch with host-side sums in a fixed order; a transport that has its own
+ * collectives (NCCL) fills the optional entries of its ops table instead (NCCL ncclNet_t). */
+#ifndef ST_MIGRATE_INTERNAL_H
+#define ST_MIGRATE_INTERNAL_H
+
+#include "common.h" /* st_log, st_malloc, ST_MIN */
+#include "config.h" /* HAVE_CUDA */
+#include "migrate.h"
+
+#define MIG__COMM_MAGIC 0x4d4947434f4d4d31ULL /* "MIGCOMM1" */
+
+/* A transport: "tcp" or "nccl". init fills c->priv from the peer list; fini frees it (and may
+ * be called after a failed init with c->priv NULL). batch moves messages. The collectives
+ * (coll.c) are generic over batch; they touch buffers only through the memory hooks, which are
+ * NULL for host memory (tcp) and set by transports whose buffers live elsewhere (nccl: device
+ * memory, cudaMalloc/cudaMemcpy/cuBLAS axpy). Every hook is synchronous. */
+struct mig_transport_ops {
+    const char *name;
+    int (*init)(struct mig_comm *c, const char *const *peer_addrs);
+    void (*fini)(struct mig_comm *c);
+    int (*batch)(struct mig_comm *c, struct mig_op *ops, size_t n);
+    /* Optional memory hooks (all or none). */
+    void *(*mem_alloc)(struct mig_comm *c, size_t bytes);
+    void (*mem_free)(struct mig_comm *c, void *p);
+    int (*mem_copy)(struct mig_comm *c, void *dst, const void *src, size_t bytes); /* memmove */
+    /* acc[i] = acc[i] + x[i] for i < count, in t's precision, no FMA with anything else. */
+    int (*mem_sum)(struct mig_comm *c, void *acc, const void *x, size_t count, enum mig_dtype t);
+};
+
+extern const struct mig_transport_ops mig__tcp_ops;
+#ifdef MIG_HAVE_NCCL
+extern const struct mig_transport_ops mig__nccl_ops;
+#endif
+
+struct mig_comm {
+    uint64_t magic; /* MIG__COMM_MAGIC while alive */
+    const struct mig_transport_ops *ops;
+    struct mig_endpoint *ep; /* borrowed */
+    uint64_t epoch;
+    int rank, nranks;
+    double timeout_s;  /* seconds without progress before -ETIMEDOUT */
+    uint64_t sent;     /* payload bytes */
+    uint64_t recvd;
+    void *priv;        /* the transport's state */
+};
+
+/* Builds a communicator on the given transport ops (used by mig_comm_new and by the NCCL
+ * transport to bootstrap over tcp). */
+int mig__comm_new_ops(const struct mig_transport_ops *ops, struct mig_endpoint *ep,
+                      uint64_t epoch, int rank, int nranks, const char *const *peer_addrs,
+                      double timeout_s, struct mig_comm **ret);
+
+/* Streaming XXH64 (xxh64.c). */
+struct mig__xxh64 {
+    uint64_t v[4];
+    uint64_t seed;
+    uint64_t total;
+    unsigned char buf[32];
+    size_t buffered;
+};
+void mig__xxh64_init(struct mig__xxh64 *s, uint64_t seed);
+void mig__xxh64_update(struct mig__xxh64 *s, const void *data, size_t len);
+uint64_t mig__xxh64_digest(const struct mig__xxh64 *s);
+
+#endif

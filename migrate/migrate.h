@@ -1,0 +1,251 @@
+/* migrate.h: the public header of migrate/ — the data plane (point-to-point transfers and
+ * collectives between the workers of one epoch, over TCP or NCCL) and the checkpoint format.
+ *
+ * The one idea: a group of workers is rebuilt for every epoch (every change of shape). An
+ * endpoint (a listening socket) lives for the whole life of a worker; a communicator
+ * (struct mig_comm) lives for one epoch and is built from the endpoint plus the list of the
+ * epoch's peer addresses. Connections carry the epoch in their handshake and every message
+ * carries it in its header, so bytes from a worker still living in an older epoch can never be
+ * mistaken for current data.
+ *
+ * Errors are negative errno: -EINVAL bad argument, -ENOMEM, -ETIMEDOUT (no progress for
+ * timeout_s), -ECONNRESET (a peer died or closed), -EPROTO (message header does not match what
+ * the receiver posted: size, sequence or epoch), -ESTALE (our handshake was rejected because
+ * the peer is in a newer epoch), -EIO/-EBADMSG (checkpoint files).
+ *
+ * Threading: a struct mig_comm and a struct mig_endpoint are used by one thread at a time.
+ * Checkpoint functions are independent of each other and may run in any thread. */
+#ifndef ST_MIGRATE_H
+#define ST_MIGRATE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct st_error;
+
+/* ==== data plane ========================================================================= */
+
+enum mig_dtype {
+    MIG_F32 = 0, /* float, summed in float */
+    MIG_F64,     /* double, summed in double */
+    MIG_BYTES,   /* opaque bytes: valid for allgather and broadcast; not summable */
+};
+
+/* Size in bytes of one element of t (1 for MIG_BYTES); 0 for an unknown value. */
+size_t mig_dtype_size(enum mig_dtype t);
+
+#define MIG_MAX_RANKS 1024        /* upper bound on nranks of a communicator */
+#define MIG_ADDR_MAX 64           /* "host:port" strings, NUL included */
+
+/* A listening data-plane socket. It lives across epochs: connections that peers open for an
+ * epoch this worker has not reached yet wait in the listen backlog or are buffered by epoch,
+ * and are picked up by the mig_comm_new() of that epoch. */
+struct mig_endpoint;
+
+/* Binds and listens on bind_host (an IPv4 literal or a name; NULL = "127.0.0.1") and port
+ * (0 = any free port). Caller frees *ret with mig_endpoint_free(). */
+int mig_endpoint_new(const char *bind_host, int port, struct mig_endpoint **ret);
+/* "HOST:PORT" as peers should pass it to mig_comm_new(); owned by ep. */
+const char *mig_endpoint_addr(const struct mig_endpoint *ep);
+/* Port the endpoint listens on. */
+int mig_endpoint_port(const struct mig_endpoint *ep);
+/* Closes the listener and every buffered early connection. NULL-safe; returns NULL.
+ * Every communicator built on ep must be freed first. */
+struct mig_endpoint *mig_endpoint_free(struct mig_endpoint *ep);
+
+/* The group of one epoch: ranks 0..nranks-1 with their endpoint addresses. */
+struct mig_comm;
+
+/* Builds the communicator of `epoch` for `rank` of `nranks`. transport is "tcp" or "nccl"
+ * ("nccl" only in CUDA builds, else -EOPNOTSUPP; -ENODEV without a GPU; it bootstraps over
+ * the tcp transport on ep, its buffers are device pointers of the CUDA device current at this
+ * call, its collectives run the same fixed-order sums on the device, and it cannot detect a
+ * receiver posting another size than the sender). peer_addrs[i] is rank i's
+ * mig_endpoint_addr() (our own entry is ignored). Connections: each rank connects to every
+ * higher rank and accepts from every lower one, handshake (magic, epoch, from, to, nranks);
+ * a connection for an older epoch is rejected (the old peer gets -ESTALE), one for a newer
+ * epoch is kept on ep for later. Waits at most timeout_s for every peer (-ETIMEDOUT), and
+ * timeout_s is also the no-progress limit of every later call on the comm.
+ * ep stays owned by the caller and must outlive the comm; comms of different epochs may
+ * coexist on one ep (the old group can still move state while the new one is built). After a
+ * failed mig_comm_new, retry with a new epoch: peers may hold half-built connections of the
+ * failed one. Caller frees with mig_comm_free(). */
+int mig_comm_new(const char *transport, struct mig_endpoint *ep, uint64_t epoch, int rank,
+                 int nranks, const char *const *peer_addrs, double timeout_s,
+                 struct mig_comm **ret);
+/* Closes every connection of the epoch. NULL-safe; returns NULL. */
+struct mig_comm *mig_comm_free(struct mig_comm *c);
+
+int mig_comm_rank(const struct mig_comm *c);
+int mig_comm_size(const struct mig_comm *c);
+uint64_t mig_comm_epoch(const struct mig_comm *c);
+/* "tcp" or "nccl". */
+const char *mig_comm_transport(const struct mig_comm *c);
+
+/* Blocking point-to-point: one message of exactly `bytes` (0 allowed). The receiver must post
+ * the same size as the sender, else -EPROTO. Messages between a pair are matched in order.
+ * A send only completes locally (the bytes are in the socket), as MPI_Send does with eager
+ * buffers; two ranks sending large messages to each other at once need mig_batch(). */
+int mig_send(struct mig_comm *c, int peer, const void *buf, size_t bytes);
+int mig_recv(struct mig_comm *c, int peer, void *buf, size_t bytes);
+
+/* One operation of a batch. */
+struct mig_op {
+    int peer;     /* rank in the comm, != own rank */
+    bool send;    /* true: send buf to peer; false: receive into buf from peer */
+    void *buf;    /* host memory for tcp, device memory for nccl */
+    size_t bytes; /* message size; sender and receiver must agree */
+};
+
+/* Concurrent point-to-point batch: posts all sends and receives, progresses them together
+ * (one poll loop), returns 0 when all completed or the first error. Ops to the same peer in the
+ * same direction are sent/matched in array order. After an error, connections with unfinished
+ * operations are broken for the rest of the epoch (their byte streams are out of step): later
+ * calls on them return the same error. Used by migration (transfers between different pairs run
+ * concurrently) and by the pipeline schedule. */
+int mig_batch(struct mig_comm *c, struct mig_op *ops, size_t n);
+
+/* Collectives over a subgroup given as a list of ranks (the same list, in the same order, on
+ * every member; the caller must be a member; no duplicates). Sums are done in a FIXED order
+ * that depends only on the group list: element e of the result is
+ *     ((x[group[0]] + x[group[1]]) + x[group[2]]) + ... + x[group[n-1]]
+ * computed in the dtype's own precision (no FMA, no reassociation), whatever the timing, so
+ * results are bitwise reproducible and equal to that serial loop.
+ *
+ * allreduce: buf (count elements) is replaced by the sum on every member. F32/F64 only. */
+int mig_allreduce(struct mig_comm *c, const int *group, int n, void *buf, size_t count,
+                  enum mig_dtype t);
+/* reduce_scatter: `in` holds sum(counts) elements, as n contiguous segments; member i
+ * (position i in group) receives the sum of segment i into out (counts[i] elements). out may
+ * be in + offset of segment i (in place). F32/F64 only. */
+int mig_reduce_scatter(struct mig_comm *c, const int *group, int n, const void *in, void *out,
+                       const size_t *counts, enum mig_dtype t);
+/* allgather: member i contributes `in` (counts[i] elements); out receives the n segments
+ * contiguously in group order. in may be out + offset of segment i (in place). */
+int mig_allgather(struct mig_comm *c, const int *group, int n, const void *in, void *out,
+                  const size_t *counts, enum mig_dtype t);
+/* broadcast: root (a rank of the comm, member of group) sends buf to every member. */
+int mig_broadcast(struct mig_comm *c, const int *group, int n, int root, void *buf,
+                  size_t bytes);
+/* barrier: returns when every member has entered it. */
+int mig_barrier(struct mig_comm *c, const int *group, int n);
+
+/* Payload bytes sent and received on c since mig_comm_new (headers not counted). Either
+ * pointer may be NULL. */
+void mig_comm_stats(const struct mig_comm *c, uint64_t *ret_sent, uint64_t *ret_recv);
+
+/* True when the transport is compiled into this build ("tcp" always, "nccl" with CUDA). */
+bool mig_transport_available(const char *name);
+
+/* ==== checkpoints =========================================================================
+ * A checkpoint is a directory: one self-contained file per layer (layer-NNNN.bin: magic,
+ * version, sizes, names, float32 payload, XXH64 checksum over header+payload) and a
+ * manifest.json written LAST by atomic rename: the manifest is the commit point, a directory
+ * without it is torn. Layer 0 is the embeddings; the layout of the rest is the engine's.
+ * Every layer file holds PARAM, ADAM_M and ADAM_V of each of its tensors, full (unsharded), so
+ * a checkpoint loads into any (dp, pp). Format: docs/checkpoint-format.md. */
+
+enum mig_tensor_kind {
+    MIG_PARAM = 0,
+    MIG_ADAM_M = 1,
+    MIG_ADAM_V = 2,
+};
+#define MIG_TENSOR_KINDS 3
+#define MIG_TENSOR_NAME_MAX 128 /* bytes of a name, NUL excluded */
+#define MIG_CKPT_MAX_LAYERS 100000
+
+/* "param", "adam_m", "adam_v"; NULL for an unknown value. */
+const char *mig_tensor_kind_name(enum mig_tensor_kind k);
+
+/* A named float32 tensor. For writing, data is borrowed from the caller. */
+struct mig_tensor {
+    const char *name;          /* e.g. "wte", "h.3.attn.c_attn.weight" */
+    enum mig_tensor_kind kind;
+    size_t count;              /* elements */
+    float *data;
+};
+
+/* Writes layer files into one checkpoint directory. Holds only the directory name, so one
+ * writer per process (or per thread) can write its own layers; a background thread may run
+ * mig_ckpt_write_layer() on a snapshot of the tensors. */
+struct mig_ckpt_writer;
+
+/* Creates dir (mkdir -p). Caller frees with mig_ckpt_writer_free(). */
+int mig_ckpt_writer_new(const char *dir, struct mig_ckpt_writer **ret);
+struct mig_ckpt_writer *mig_ckpt_writer_free(struct mig_ckpt_writer *w);
+/* Writes layer-NNNN.bin atomically (temp file, fsync, rename). t[0..n-1]: names unique per
+ * (name, kind), at most MIG_TENSOR_NAME_MAX bytes. May be called from different processes for
+ * different layers of the same directory. The caller's buffers are only read. */
+int mig_ckpt_write_layer(struct mig_ckpt_writer *w, int layer, const struct mig_tensor *t,
+                         size_t n);
+
+/* Metadata of a checkpoint, written into manifest.json by mig_ckpt_commit(). */
+struct mig_ckpt_meta {
+    const char *model_json;     /* JSON object: the model config (required) */
+    uint64_t step;              /* steps completed */
+    uint64_t samples_committed; /* training samples consumed by those steps */
+    uint64_t data_position;     /* data loader position (e.g. next sample index) */
+    uint64_t data_seed;
+    uint64_t opt_step;          /* AdamW step count t (for bias correction) */
+    const char *extra_json;     /* any JSON object from the caller, or NULL */
+};
+
+/* Commits the checkpoint in dir: verifies that layer-0000.bin .. layer-(nlayers-1) exist and
+ * are valid (magic, version, sizes, checksum), then writes manifest.json (with each layer
+ * file's size and checksum) by atomic rename and fsyncs the directory. -EINVAL when model_json
+ * or extra_json is not a JSON object; -ENOENT/-EBADMSG (logged, naming the file) when a layer
+ * file is missing or invalid. */
+int mig_ckpt_commit(const char *dir, const struct mig_ckpt_meta *meta, int nlayers);
+
+/* An opened (committed) checkpoint. */
+struct mig_ckpt;
+
+/* Opens dir: reads and checks manifest.json (torn: "manifest.json missing") and the header of
+ * every layer file (magic, version, sizes, size recorded in the manifest). Checksums are
+ * checked when a layer is read, or by mig_ckpt_verify(). On failure returns -ENOENT, -EBADMSG,
+ * -EIO or -ENOMEM and, if err is non-NULL, fills err->file and err->message with the reason
+ * (e.g. "bad magic", "unsupported version 7 (this build reads 1)", "checksum mismatch",
+ * "truncated"). Caller frees with mig_ckpt_free(). */
+int mig_ckpt_open(const char *dir, struct mig_ckpt **ret, struct st_error *err);
+struct mig_ckpt *mig_ckpt_free(struct mig_ckpt *c);
+
+int mig_ckpt_nlayers(const struct mig_ckpt *c);
+/* Metadata from the manifest; the strings are owned by c (model_json, extra_json: compact
+ * JSON text; extra_json "{}" when none was given). */
+void mig_ckpt_get_meta(const struct mig_ckpt *c, struct mig_ckpt_meta *ret);
+/* Number of tensors (all kinds) and float elements of layer, or -EINVAL. */
+int mig_ckpt_layer_info(const struct mig_ckpt *c, int layer, size_t *ret_ntensors,
+                        uint64_t *ret_elements);
+
+/* One layer read back: ntensors tensors whose data live in one block owned by the layer. */
+struct mig_ckpt_layer {
+    int layer;
+    size_t ntensors;
+    struct mig_tensor *tensors;
+};
+
+/* Reads layer, checking its checksum. Errors as mig_ckpt_open (err may be NULL). Caller frees
+ * with mig_ckpt_layer_free(). */
+int mig_ckpt_read_layer(struct mig_ckpt *c, int layer, struct mig_ckpt_layer **ret,
+                        struct st_error *err);
+struct mig_ckpt_layer *mig_ckpt_layer_free(struct mig_ckpt_layer *l);
+/* The tensor (name, kind) of l, or NULL. */
+const struct mig_tensor *mig_ckpt_layer_find(const struct mig_ckpt_layer *l, const char *name,
+                                             enum mig_tensor_kind kind);
+
+/* Reads every layer file in full and checks its checksum against the file and the manifest.
+ * Returns 0 or the error of the first bad file (err filled as in mig_ckpt_open). */
+int mig_ckpt_verify(struct mig_ckpt *c, struct st_error *err);
+
+/* Writes into ret_dir the newest checkpoint directory under root that is committed and valid
+ * (fully verified): directories named step-<N> (N decimal), newest = largest N; torn or corrupt
+ * ones are skipped with a warning. -ENOENT when none is valid, -ENAMETOOLONG when size is too
+ * small. */
+int mig_ckpt_latest(const char *root, char *ret_dir, size_t size);
+
+/* 64-bit XXH64 (xxHash, seed) of data, as the checkpoint files use it. Exposed for tests and
+ * tools. */
+uint64_t mig_xxh64(const void *data, size_t len, uint64_t seed);
+
+#endif

@@ -1,0 +1,334 @@
+/* planner.h: the public header of planner/ — spot traces, the cost model, forecasts, the
+ * liveput optimizer and the trace simulator.
+ *
+ * planner/ is pure: no I/O, no clocks, no globals, no logging. Parsers take buffers (the CLI
+ * reads files with st_read_file) and return -EINVAL with a struct st_error naming the line
+ * and field. The cost model follows Parcae's (NSDI'24) published simulator so that decisions
+ * we export can be scored by it; docs/planner.md says where and why we differ. */
+#ifndef ST_PLANNER_H
+#define ST_PLANNER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct st_error;
+
+#define PLAN_INTERVAL_S 60.0    /* seconds per trace interval */
+#define PLAN_MAX_SHAPES 8192    /* (dp, pp) shapes a cost model may hold */
+#define PLAN_MAX_LAYERS 1024    /* layers a model may have */
+#define PLAN_MAX_LOOKAHEAD 64   /* intervals plan_decide may look ahead */
+#define PLAN_MAX_NOTICES 4096   /* noticed instances in one situation */
+
+/* ---- traces --------------------------------------------------------------------------- */
+
+/* One one-minute interval: an event at time t belongs to interval floor(t / 60 s). */
+struct plan_interval {
+    int n_before;      /* live instances before this interval's events */
+    int n_in, n_out;   /* instances added / removed at the start of the interval */
+    int first_in;      /* index into plan_trace.node_ids of the first added node (n_in of them) */
+    int first_out;     /* same for removed nodes; -1 when the trace names no nodes */
+    int ref_shape[3][2]; /* shapes recorded in replay files: throughput-opt, truth, predict;
+                          * {0,0} when absent */
+};
+
+struct plan_trace {
+    int nintervals;
+    struct plan_interval *iv;   /* nintervals entries */
+    int *node_ids;              /* node identities referenced by iv[].first_in/first_out */
+    int nnode_ids;
+    int nnames;                 /* distinct node names (ids are 0..nnames-1) */
+    bool named;                 /* events name their nodes */
+    bool has_ref;               /* ref_shape filled (replay JSON lines) */
+};
+
+/* Parses a trace in any supported format, detected from its content: events CSV
+ * (timestamp_ms,add|remove,node), counts CSV (timestamp_ms,N), replay JSON lines
+ * ([timestamp_ms, "add"|"remove"|"no-op", {"nodes": [...], ...}]) or the plain step format
+ * (seconds,N; two rows at the same second mark a change; '#' starts a comment line).
+ * `name` is used in error positions. Returns 0 and a heap trace (free with plan_trace_free),
+ * or -EINVAL with *err filled (line, field), or -ENOMEM. */
+int plan_trace_parse(const char *name, const char *text, size_t len, struct plan_trace **ret,
+                     struct st_error *err);
+/* Frees a trace; NULL-safe; returns NULL. */
+struct plan_trace *plan_trace_free(struct plan_trace *t);
+/* Live instances after interval i's events. */
+static inline int plan_trace_n_after(const struct plan_trace *t, int i) {
+    return t->iv[i].n_before + t->iv[i].n_in - t->iv[i].n_out;
+}
+
+/* ---- decisions files (Parcae's format) -------------------------------------------------- */
+
+/* Parcae's decisions file: a JSON list of {"interval": [N, in, out], "throughut-opt": [dp,pp],
+ * "liveput-truth": [dp,pp], "liveput-predict": [dp,pp]}. shapes[i][k] for k = 0 throughput-opt,
+ * 1 liveput-truth, 2 liveput-predict; intervals[i] = {N_before, n_in, n_out}. */
+struct plan_decisions {
+    int n;
+    int (*intervals)[3];
+    int (*shapes)[3][2];
+};
+/* Parses a decisions file. Returns 0 and a heap object (plan_decisions_free), or -EINVAL
+ * with *err filled, or -ENOMEM. */
+int plan_decisions_parse(const char *name, const char *text, size_t len,
+                         struct plan_decisions **ret, struct st_error *err);
+struct plan_decisions *plan_decisions_free(struct plan_decisions *d);
+
+/* ---- cost model ----------------------------------------------------------------------- */
+
+struct plan_shape {
+    int dp, pp;
+};
+
+enum plan_mig_kind {
+    PLAN_KIND_NONE = 0,
+    PLAN_KIND_INTRA,       /* intra-stage: communicator rebuild only */
+    PLAN_KIND_INTER,       /* inter-stage: a stage's weights + optimizer state over the link */
+    PLAN_KIND_REPARTITION, /* pipeline repartition: layers change owner, broadcast to replicas */
+    PLAN_KIND_GROWTH,      /* new instances join an unchanged-depth pipeline (inter-stage add) */
+    PLAN_KIND_RESTART,     /* checkpoint restart */
+    PLAN_KIND_NKINDS
+};
+/* "intra-stage", "inter-stage", ... */
+const char *plan_mig_kind_name(enum plan_mig_kind k);
+
+/* Parcae's per-model constants: which group-rebuild formula, process start time, whether an
+ * "add" restart pays restart_extra_ms. */
+enum plan_family { PLAN_FAMILY_GPT = 0, PLAN_FAMILY_VGG, PLAN_FAMILY_OTHER };
+
+/* A cost model. Built from a Parcae profile (plan_cost_from_profile) or analytically
+ * (plan_cost_analytic). Immutable once built; plan_decide and the simulator only read it. */
+struct plan_cost {
+    char model[64];              /* e.g. "gpt-1.5b" */
+    enum plan_family family;
+    double group_remove_ms;      /* ms per process group on removal (GPT family) */
+    int micro_batch, global_batch;
+    int nshapes;
+    struct plan_shape *shapes;   /* profiled / feasible shapes */
+    double *samples_per_s;       /* per shape */
+    int pp_min, pp_max;          /* pipeline-depth bounds (Parcae's per-model bounds) */
+    uint64_t pp_ignore;          /* bit pp set: depth never used (pp < 64) */
+    bool dp1_ignored;            /* Parcae ignores dp = 1 for VGG-19 */
+    int nlayers;
+    double *layer_params;        /* parameters per layer, pipeline order */
+    double *prefix;              /* prefix[i] = sum of layer_params[0..i) */
+    int np2p;
+    double p2p_bytes[64], p2p_us[64]; /* point-to-point time per message size */
+    double build_ms[PLAN_MAX_LAYERS + 1]; /* model build time per pp; <0 = unknown */
+    double restart_extra_ms;     /* extra restart time on "add" (0 when none) */
+    double proc_ms, rdzv_ms;     /* process start, rendezvous */
+    double ckpt_ms;              /* checkpoint save+load of the checkpoint-restart baseline */
+    double state_bytes_per_param; /* weights + Adam moments: 12 */
+    int max_n;                   /* largest instance count the shapes cover */
+    /* derived by the builders */
+    double *maxpart_params;      /* [pp]: parameters of the largest stage at depth pp */
+    int last_start[PLAN_MAX_LAYERS + 1]; /* [pp]: first layer of the last stage */
+    int *index;                  /* shape index by (dp, pp): index[pp * (max_n + 1) + dp] */
+};
+
+/* Reads Parcae's profile JSON as is (anchors/parcae-cost-profiles.json). `model` picks one
+ * entry of "models"; NULL or "" is allowed when the file holds exactly one. Returns 0 and a
+ * heap cost model (plan_cost_free), -ENOENT when the model is not in the file (err names the
+ * models), -EINVAL on malformed input, -ENOMEM. */
+int plan_cost_from_profile(const char *name, const char *text, size_t len, const char *model,
+                           struct plan_cost **ret, struct st_error *err);
+
+/* Analytic description of a model nobody profiled and the instances it runs on. */
+struct plan_model_desc {
+    int layers, hidden, seq, vocab;
+    int micro_batch, global_batch;
+    double gpu_tflops;   /* sustained TFLOP/s per instance */
+    double gpu_mem_gib;  /* memory per instance */
+    double net_gbps;     /* network Gb/s per instance */
+    int max_n;           /* largest instance count to plan for */
+};
+/* Builds a cost model from a description: 1F1B time with its bubble, DP all-reduce, and
+ * per-stage memory feasibility (weights, gradients, Adam state, activations). Shapes that do
+ * not fit in memory are left out. Returns 0, -EINVAL (bad description), -ENOMEM. */
+int plan_cost_analytic(const struct plan_model_desc *d, struct plan_cost **ret);
+struct plan_cost *plan_cost_free(struct plan_cost *c);
+
+/* Samples per second of a shape; 0 when the shape is not in the model. */
+double plan_cost_throughput(const struct plan_cost *c, int dp, int pp);
+/* Index of the shape in c->shapes, or -1. */
+int plan_cost_shape_index(const struct plan_cost *c, int dp, int pp);
+/* True when Parcae's planner may pick this shape (pp bounds, ignored depths/dp). */
+bool plan_cost_shape_allowed(const struct plan_cost *c, int dp, int pp);
+/* Best-throughput allowed-or-not shape with dp*pp <= n (Parcae's best_strategy, which looks at
+ * every profiled shape); {0,0} when none fits. */
+struct plan_shape plan_cost_best_shape(const struct plan_cost *c, int n);
+/* Point-to-point send time in ms for `bytes` (interpolated from the profile). */
+double plan_cost_p2p_ms(const struct plan_cost *c, double bytes);
+/* Restart time in ms (Parcae estimate_restart_cost); add = instances join. */
+double plan_cost_restart_ms(const struct plan_cost *c, int dp, int pp, bool add);
+/* Stage boundaries of the pipeline split: bounds[0..pp] (layers [bounds[s], bounds[s+1])).
+ * bounds must hold pp+1 ints. Returns 0 or -EINVAL (pp out of range). */
+int plan_cost_partition(const struct plan_cost *c, int pp, int *bounds);
+
+/* Cost of one reconfiguration, for a known set of victims. Instances are numbered as in
+ * Parcae: the first D*P are the grid (instance i is in stage i % P, replica i / P), the rest
+ * are spares. From shape (D, P) on N instances, n_in join and the instances victims[0..n_out)
+ * leave; the job moves to (dp, pp). D = P = 0 means no job yet. Returns the time in ms and
+ * the kind in *ret_kind (may be NULL). */
+double plan_cost_transition_ms(const struct plan_cost *c, int N, int D, int P, int n_in,
+                               const int *victims, int n_out, int dp, int pp,
+                               enum plan_mig_kind *ret_kind);
+/* The same averaged over victims drawn uniformly (Parcae's Monte Carlo), with `samples`
+ * deterministic draws from `seed`; exact (one evaluation) when n_out == 0. */
+double plan_cost_transition_expected_ms(const struct plan_cost *c, int N, int D, int P,
+                                        int n_in, int n_out, int dp, int pp, int samples,
+                                        uint64_t seed, enum plan_mig_kind *ret_kind);
+/* Fast planning estimate of the same expectation, O(1) after the partition: exact
+ * probability of staying intra-stage (hypergeometric over stages), victim-free repartition.
+ * Used inside plan_decide. */
+double plan_cost_transition_estimate_ms(const struct plan_cost *c, int N, int D, int P,
+                                        int n_in, int n_out, int dp, int pp,
+                                        enum plan_mig_kind *ret_kind);
+
+/* ---- forecast ------------------------------------------------------------------------- */
+
+enum plan_predictor {
+    PLAN_PRED_LAST = 0,   /* last value */
+    PLAN_PRED_ARIMA,      /* Parcae's ARIMA(1,1,0) with its pre/post-processing */
+    PLAN_PRED_DAMPED,     /* ours: damped trend, recent mean and last value, weighted by
+                           * each member's recent error */
+    PLAN_PRED_NOTICE,     /* ours: last value minus the instances already noticed to leave
+                           * (the forecast plan_decide uses; from history alone it is
+                           * last-value, notices enter through plan_situation) */
+    PLAN_PRED_NKINDS
+};
+const char *plan_predictor_name(enum plan_predictor p);
+/* Parses "last-value", "arima", "damped", "notice"; returns 0 or -EINVAL. */
+int plan_predictor_parse(const char *s, enum plan_predictor *ret);
+
+/* Predicts live instances for each of the next L intervals from hist[0..nhist) (counts after
+ * each past interval, oldest first; hist[nhist-1] = now). Writes ret_n[0..L). `seed` feeds
+ * the deterministic draw that replaces Parcae's Poisson sample. Returns 0 or -EINVAL. */
+int plan_forecast(enum plan_predictor p, const int *hist, int nhist, int L, int lo, int hi,
+                  uint64_t seed, int *ret_n);
+
+/* Mean absolute error of predictor p per horizon over a count series: a forecast is made
+ * after every interval t (history counts[0..t]) and compared with counts[t+1..t+L].
+ * For PLAN_PRED_NOTICE, n_out[] (removals per interval, may be NULL) within notice_s seconds
+ * of t are known losses. Writes ret_mae[0..L) and returns the number of forecasts, or -EINVAL. */
+int plan_forecast_eval(enum plan_predictor p, const int *counts, const int *n_out, int n, int L,
+                       int lo, int hi, double notice_s, double *ret_mae);
+
+/* ---- liveput optimizer ---------------------------------------------------------------- */
+
+struct plan_notice {
+    int instance;      /* instance id (position: grid index or spare, as in the cost model) */
+    double seconds;    /* seconds until it is lost */
+};
+
+/* What the coordinator knows at a decision point (the start of an interval). */
+struct plan_situation {
+    struct plan_shape cur;    /* shape running now; {0,0} when none */
+    int n_before;             /* instances live before this interval's events */
+    int n_in, n_out;          /* this interval's events (already happened) */
+    bool migrating;           /* a reconfiguration is still in progress */
+    double remain_ms;         /* its remaining time */
+    const int *hist;          /* live counts after each past interval, oldest first, */
+    int nhist;                /*   ending with the count after this interval's events */
+    const struct plan_notice *notices; /* announced losses (known victims) */
+    int nnotices;
+    const int *future;        /* when non-NULL: the true counts after each of the next */
+    int nfuture;              /*   intervals (oracle); the forecast is not used */
+};
+
+struct plan_options {
+    int lookahead;            /* L intervals (default 12) */
+    enum plan_predictor predictor;
+    int pp_min, pp_max;       /* extra bounds; 0 = the model's */
+    int dp_min, dp_max;
+    int spares;               /* instances kept out of the shape as spares */
+    bool on_demand_fallback;  /* when no spot shape fits, ask for on-demand instances */
+    double hysteresis;        /* a change must gain this fraction over staying (default 0.003) */
+    double defer;             /* and beat "stay now, best plan later" by this fraction: a
+                               * change that can wait, waits (default 0.003) */
+    double tail;              /* intervals after the window credited at each final shape's
+                               * throughput (the window does not end the job; default 0) */
+    uint64_t seed;
+};
+/* Fills the defaults above. */
+void plan_options_init(struct plan_options *o);
+
+struct plan_decision {
+    struct plan_shape shape;          /* run this shape during this interval */
+    enum plan_mig_kind kind;          /* migration kind the change needs (NONE when kept) */
+    double cost_ms;                   /* estimated migration time */
+    double expected_samples;          /* value of the plan over the window */
+    int npred;                        /* entries in pred_n */
+    int pred_n[PLAN_MAX_LOOKAHEAD];   /* predicted live instances after each interval */
+    bool need_on_demand;              /* no spot shape fits: fallback wanted */
+    char reason[160];                 /* one line: why this shape */
+};
+
+/* Chooses the shape for this interval: a dynamic program over the next L intervals whose
+ * states are shapes (dp, pp), whose value is the committed samples expected under the
+ * forecast (or the true future in s->future), and whose transitions are priced by the
+ * migration cost model. Noticed instances are counted as certain losses at their interval.
+ * A change is taken only if it pays for itself within the window by the hysteresis margin.
+ * Called by the simulator every interval and by the coordinator at each decision point.
+ * When no shape fits the live instances the decision is the idle shape {0,0} (and
+ * need_on_demand is set when o->on_demand_fallback). Returns 0 and fills *ret; -EINVAL on a
+ * bad situation (negative counts, more instances out than live, no history); -ENOMEM. */
+int plan_decide(const struct plan_cost *cost, const struct plan_situation *s,
+                const struct plan_options *o, struct plan_decision *ret);
+
+/* ---- simulator ------------------------------------------------------------------------ */
+
+enum plan_policy {
+    PLAN_POL_LIVEPUT = 0,
+    PLAN_POL_LIVEPUT_ORACLE,
+    PLAN_POL_REACTIVE,
+    PLAN_POL_CKPT_RESTART,
+    PLAN_POL_REDUNDANT,
+    PLAN_POL_PARCAE,
+    PLAN_POL_PARCAE_TRUTH,
+    PLAN_POL_IDEAL,
+    PLAN_POL_NKINDS
+};
+const char *plan_policy_name(enum plan_policy p);
+/* Returns 0 and the policy, or -EINVAL for an unknown name. */
+int plan_policy_parse(const char *s, enum plan_policy *ret);
+
+struct plan_sim_options {
+    double notice_s;          /* notice lead time (default 120) */
+    double unannounced;       /* fraction of removals without notice */
+    uint64_t seed;
+    int lookahead;
+    enum plan_predictor predictor;
+    double hysteresis, defer, tail; /* plan_options for the liveput policies */
+    bool named_victims;       /* charge the trace's named victims (default: Parcae's
+                               * expectation over uniformly drawn victims) */
+    int cost_samples;         /* draws for the expectation (default 256) */
+    double spot_price, on_demand_price; /* dollars per instance-hour */
+    const struct plan_decisions *decisions; /* for parcae / parcae-truth */
+};
+void plan_sim_options_init(struct plan_sim_options *o);
+
+struct plan_sim_result {
+    enum plan_policy policy;
+    double committed_samples;
+    double ideal_fraction;
+    int reconfigurations;
+    int by_kind[PLAN_KIND_NKINDS];
+    double seconds_lost;
+    double dollars;
+    double samples_per_dollar;
+    int n;                     /* intervals */
+    struct plan_shape *shape;  /* shape run in each interval (n entries) */
+    double *cum_samples;       /* cumulative samples after each interval */
+};
+
+/* Replays the trace under one policy. Returns 0 and fills *ret (free its arrays with
+ * plan_sim_result_done), -EINVAL (parcae policies without decisions, or decisions that do not
+ * match the trace), -ENOMEM. ideal_fraction is filled by the caller's ideal run; this sets it
+ * from its own ideal computation. */
+int plan_simulate(const struct plan_cost *cost, const struct plan_trace *t, enum plan_policy p,
+                  const struct plan_sim_options *o, struct plan_sim_result *ret);
+void plan_sim_result_done(struct plan_sim_result *r);
+
+#include "planner-migration.h" /* migration transfer plans (mig plan), owned separately */
+
+#endif

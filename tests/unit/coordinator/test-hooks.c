@@ -1,0 +1,245 @@
+/* test-hooks.c: the coordinator API as the end-to-end loop will use it, in one process —
+ * hooks (joined, membership, report, ack, lost, tick) deciding the shape with
+ * coord_configure(), orders with coord_migrate() and coord_stop(), and worker/agent.c on the
+ * other end, over real gRPC on loopback. Runs under ASan with leak checking. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <unistd.h>
+
+#include "coordinator.h"
+#include "test.h"
+#include "worker-agent.h"
+
+struct seen {
+    atomic_int joined, membership, reports, acks, acks_failed, lost, ticks;
+    atomic_int configures, migrates, stops, transfers;
+    atomic_int configure_err; /* r of coord_configure inside the hook */
+};
+
+static struct seen seen;
+
+static void on_joined(struct coord *c, const struct coord_worker *w, bool rejoined, void *u) {
+    (void)c;
+    (void)w;
+    (void)rejoined;
+    (void)u;
+    seen.joined++;
+}
+
+/* The planner's seat: configure every live worker as one pipeline stage each (dp = 1). */
+static void on_membership(struct coord *c, void *u) {
+    (void)u;
+    struct coord_worker *ws = NULL;
+    size_t n = 0, live = 0;
+    seen.membership++;
+    if (coord_workers_get(c, &ws, &n) < 0)
+        return;
+    struct coord_assignment a[8];
+    memset(a, 0, sizeof(a));
+    for (size_t i = 0; i < n && live < 8; i++) {
+        if (ws[i].state == COORD_WORKER_LOST || ws[i].state == COORD_WORKER_STOPPED)
+            continue;
+        snprintf(a[live].worker_id, sizeof(a[live].worker_id), "%s", ws[i].id);
+        a[live].stage = (int)live;
+        a[live].layer_begin = (int)live;
+        a[live].layer_end = (int)live + 1;
+        live++;
+    }
+    st_free(ws);
+    if (live > 0)
+        seen.configure_err = coord_configure(c, 1, (int)live, a, live, "tcp", 0, "hook", NULL);
+}
+
+static void on_report(struct coord *c, const struct coord_report *r, void *u) {
+    (void)c;
+    (void)r;
+    (void)u;
+    seen.reports++;
+}
+
+static void on_ack(struct coord *c, const char *wid, uint64_t id, bool ok, const char *err,
+                   void *u) {
+    (void)c;
+    (void)wid;
+    (void)id;
+    (void)err;
+    (void)u;
+    if (ok)
+        seen.acks++;
+    else
+        seen.acks_failed++;
+}
+
+static void on_lost(struct coord *c, const struct coord_worker *w, void *u) {
+    (void)c;
+    (void)w;
+    (void)u;
+    seen.lost++;
+}
+
+static void on_tick(struct coord *c, double now, void *u) {
+    (void)c;
+    (void)now;
+    (void)u;
+    seen.ticks++;
+}
+
+static int on_command(struct worker_agent *a, const Spottrain__V1__Command *cmd, char *err,
+                      size_t errsz, void *u) {
+    (void)a;
+    (void)u;
+    switch (cmd->body_case) {
+    case SPOTTRAIN__V1__COMMAND__BODY_CONFIGURE:
+        seen.configures++;
+        return 0;
+    case SPOTTRAIN__V1__COMMAND__BODY_MIGRATE:
+        seen.migrates++;
+        seen.transfers += (int)cmd->migrate->n_transfers;
+        if (cmd->migrate->n_transfers == 0) {
+            snprintf(err, errsz, "empty transfer list");
+            return -EINVAL;
+        }
+        return 0;
+    case SPOTTRAIN__V1__COMMAND__BODY_STOP:
+        seen.stops++;
+        return 0;
+    default:
+        return 0;
+    }
+}
+
+/* Bounded wait on a condition the threads change. */
+#define WAIT_FOR(cond, what)                                                       \
+    do {                                                                           \
+        double end_ = st_now() + 30;                                               \
+        while (!(cond) && st_now() < end_)                                         \
+            usleep(10000);                                                         \
+        if (!(cond))                                                               \
+            TEST_FAIL_("timed out waiting for %s", what);                          \
+    } while (0)
+
+static int test_hooks_and_agent(void) {
+    char dir[] = "/tmp/st-hooks-XXXXXX";
+    ASSERT_TRUE(mkdtemp(dir) != NULL);
+    struct st_spec spec;
+    st_spec_defaults(&spec);
+    snprintf(spec.name, sizeof(spec.name), "hooks");
+    spec.model.layers = 4;
+    struct coord_config cfg;
+    coord_config_init(&cfg);
+    cfg.spec = &spec;
+    snprintf(cfg.state_dir, sizeof(cfg.state_dir), "%s/state", dir);
+    snprintf(cfg.listen, sizeof(cfg.listen), "127.0.0.1:0");
+    snprintf(cfg.status_listen, sizeof(cfg.status_listen), "127.0.0.1:0");
+    snprintf(cfg.token, sizeof(cfg.token), "tok");
+    cfg.heartbeat_deadline = 1.0;
+    cfg.settle = 0.1;
+    cfg.tick = 0.05;
+    struct coord_hooks hooks = {NULL, on_joined, on_lost, on_membership, on_report, on_ack,
+                                on_tick};
+    struct coord *c = NULL;
+    ASSERT_OK(coord_new(&cfg, &hooks, &c));
+    ASSERT_OK(coord_start(c));
+    ASSERT_TRUE(strncmp(coord_grpc_addr(c), "127.0.0.1:", 10) == 0);
+    ASSERT_TRUE(strncmp(coord_rest_addr(c), "127.0.0.1:", 10) == 0);
+
+    struct worker_agent *ag[2] = {NULL, NULL};
+    struct worker_agent_ops ops = {on_command, NULL};
+    for (int i = 0; i < 2; i++) {
+        struct worker_agent_config wc;
+        worker_agent_config_init(&wc);
+        snprintf(wc.coordinator, sizeof(wc.coordinator), "%s", coord_grpc_addr(c));
+        snprintf(wc.token, sizeof(wc.token), "tok");
+        snprintf(wc.data_addr, sizeof(wc.data_addr), "127.0.0.1:%d", 7300 + i);
+        char sd[64];
+        snprintf(sd, sizeof(sd), "%s/w%d", dir, i);
+        ASSERT_OK(worker_agent_id_load(sd, NULL, wc.id));
+        char again[ST_UUID_STR_LEN];
+        ASSERT_OK(worker_agent_id_load(sd, NULL, again));
+        ASSERT_STREQ(again, wc.id); /* the UUID survives a restart */
+        ASSERT_OK(worker_agent_new(&wc, &ops, &ag[i]));
+        ASSERT_OK(worker_agent_start(ag[i]));
+    }
+    WAIT_FOR(seen.joined >= 2, "two joins");
+    WAIT_FOR(seen.configures >= 2 && worker_agent_epoch(ag[0]) >= 1 &&
+                 worker_agent_epoch(ag[1]) >= 1,
+             "both agents configured by the hook");
+    ASSERT_EQ(seen.configure_err, 0);
+    uint64_t epoch = 0;
+    int dp = 0, pp = 0;
+    coord_job_get(c, NULL, &epoch, &dp, &pp, NULL, NULL);
+    ASSERT_EQ(dp, 1);
+    ASSERT_EQ(pp, 2);
+    WAIT_FOR(seen.acks >= 2, "configure acks reach on_ack");
+
+    /* Progress and a notice travel in Reports. */
+    worker_agent_progress(ag[0], 5, 1.25, 40, 0.1, 0.5);
+    ASSERT_OK(worker_agent_notice(ag[0], "terminate", st_wall() + 120, "spot"));
+    ASSERT_ERR(worker_agent_notice(ag[0], "", 0, NULL), -EINVAL);
+    uint64_t step = 0;
+    WAIT_FOR((coord_job_get(c, NULL, NULL, NULL, NULL, NULL, &step), step == 5), "step 5");
+    ASSERT_TRUE(seen.reports > 0 && seen.ticks > 0);
+
+    /* A migration order: one good, one the worker refuses. */
+    struct coord_transfer t;
+    memset(&t, 0, sizeof(t));
+    snprintf(t.src_worker_id, sizeof(t.src_worker_id), "%s", worker_agent_id(ag[0]));
+    snprintf(t.dst_worker_id, sizeof(t.dst_worker_id), "%s", worker_agent_id(ag[1]));
+    t.layer = 1;
+    t.kind = COORD_KIND_PARAM;
+    t.count = 100;
+    uint64_t cid = 0;
+    ASSERT_OK(coord_migrate(c, worker_agent_id(ag[1]), &t, 1, 5, &cid));
+    ASSERT_OK(coord_migrate(c, worker_agent_id(ag[1]), NULL, 0, 5, &cid));
+    WAIT_FOR(seen.migrates == 2 && seen.acks_failed == 1, "migrate applied and one refused");
+    ASSERT_EQ(seen.transfers, 1);
+
+    /* A worker that goes silent is lost; the hook re-plans with the survivor. */
+    int membership_before = seen.membership;
+    ag[1] = worker_agent_free(ag[1]);
+    WAIT_FOR(seen.lost == 1, "on_worker_lost");
+    WAIT_FOR(seen.membership > membership_before, "on_membership after the loss");
+    coord_job_get(c, NULL, &epoch, &dp, &pp, NULL, NULL);
+    ASSERT_EQ(pp, 1);
+    WAIT_FOR(worker_agent_epoch(ag[0]) == epoch, "survivor configured in the new epoch");
+
+    /* Stop: the agent applies it, reports, and finishes. */
+    ASSERT_OK(coord_stop(c, "test over"));
+    ASSERT_EQ(worker_agent_wait(ag[0], 30), 1);
+    ASSERT_TRUE(seen.stops >= 1);
+    enum coord_job_state js = COORD_JOB_RUNNING;
+    WAIT_FOR((coord_job_get(c, NULL, NULL, NULL, NULL, &js, NULL), js == COORD_JOB_STOPPED),
+             "job stopped");
+    ag[0] = worker_agent_free(ag[0]);
+    c = coord_free(c);
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    ASSERT_EQ(system(cmd), 0);
+    return 0;
+}
+
+static int test_agent_bad_config(void) {
+    struct worker_agent_config wc;
+    struct worker_agent *a = NULL;
+    char id[ST_UUID_STR_LEN];
+    worker_agent_config_init(&wc);
+    ASSERT_ERR(worker_agent_new(&wc, NULL, &a), -EINVAL); /* no coordinator, no id */
+    snprintf(wc.coordinator, sizeof(wc.coordinator), "127.0.0.1:1");
+    ASSERT_ERR(worker_agent_new(&wc, NULL, &a), -EINVAL); /* no id */
+    ASSERT_ERR(worker_agent_id_load(NULL, "not-a-uuid", id), -EINVAL);
+    char dir[] = "/tmp/st-agentid-XXXXXX";
+    ASSERT_TRUE(mkdtemp(dir) != NULL);
+    char path[64];
+    snprintf(path, sizeof(path), "%s/worker-id", dir);
+    ASSERT_OK(st_write_file_atomic(path, "garbage\n", 8));
+    ASSERT_ERR(worker_agent_id_load(dir, NULL, id), -EINVAL); /* corrupt id file */
+    ASSERT_OK(worker_agent_id_load(dir, "0b8c3f4e-1a2b-4c3d-8e9f-0123456789ab", id));
+    ASSERT_OK(worker_agent_id_load(dir, NULL, id));
+    ASSERT_STREQ(id, "0b8c3f4e-1a2b-4c3d-8e9f-0123456789ab");
+    ASSERT_TRUE(a == NULL);
+    remove(path);
+    rmdir(dir);
+    return 0;
+}
+
+TEST_MAIN(TEST(test_hooks_and_agent), TEST(test_agent_bad_config))

@@ -1,0 +1,258 @@
+/* test-journal.c: the coordinator's SQLite journal — create, reopen, redelivery set, ack
+ * idempotence, and refusing corrupt, foreign or unusable state directories with a clear error.
+ * Also the coordinator API on top of it (coord_new/configure/migrate/stop, restart). */
+#include <sqlite3.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "coord-internal.h"
+#include "journal.h"
+#include "test.h"
+
+static char *tmpdir(void) {
+    static char buf[64];
+    snprintf(buf, sizeof(buf), "/tmp/st-journal-XXXXXX");
+    return mkdtemp(buf);
+}
+
+static int rm_rf(const char *d) {
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", d);
+    return system(cmd);
+}
+
+struct collect {
+    uint64_t ids[16];
+    int n;
+};
+
+static int collect_cmd(const struct coord_command_row *row, void *userdata) {
+    struct collect *c = userdata;
+    if (c->n < 16)
+        c->ids[c->n++] = row->id;
+    return 0;
+}
+
+static int count_worker(const struct coord_worker *w, uint64_t next, void *userdata) {
+    int *n = userdata;
+    (*n)++;
+    return w->state == COORD_WORKER_ACTIVE && next == 5 ? 0 : -EBADMSG;
+}
+
+static int test_create_reopen(void) {
+    char *d = tmpdir();
+    struct coord_journal *j = NULL;
+    struct coord_job_row job, back;
+    ASSERT_OK(coord__journal_open(d, &j));
+    ASSERT_ERR(coord__journal_job_load(j, &back), -ENOENT);
+    memset(&job, 0, sizeof(job));
+    st_uuid_new(job.id);
+    snprintf(job.name, sizeof(job.name), "t");
+    job.epoch = 3;
+    job.dp = 2;
+    job.pp = 4;
+    job.state = COORD_JOB_RUNNING;
+    ASSERT_OK(coord__journal_begin(j));
+    ASSERT_OK(coord__journal_job_save(j, &job));
+    struct coord_worker w;
+    memset(&w, 0, sizeof(w));
+    st_uuid_new(w.id);
+    w.state = COORD_WORKER_ACTIVE;
+    ASSERT_OK(coord__journal_worker_save(j, &w, 5));
+    ASSERT_OK(coord__journal_epoch_add(j, 3, 2, 4, "test", 1.0));
+    const char *kinds[] = {"configure", "migrate", "migrate", "configure", "migrate", "stop"};
+    for (int i = 0; i < 6; i++)
+        ASSERT_OK(coord__journal_command_add(j, w.id, (uint64_t)i + 1, 3, kinds[i], "x", 1, 1.0));
+    ASSERT_OK(coord__journal_commit(j));
+    ASSERT_EQ(coord__journal_event_add(j, 1.0, "a", NULL, "m"), 1);
+    ASSERT_EQ(coord__journal_event_add(j, 2.0, "b", w.id, "m"), 2);
+    /* Acks: 4 (the last configure) and 5; 6 stays pending. A repeated ack changes nothing. */
+    ASSERT_EQ(coord__journal_command_ack(j, w.id, 4, true, "", 2.0), 1);
+    ASSERT_EQ(coord__journal_command_ack(j, w.id, 5, true, "", 2.0), 1);
+    ASSERT_EQ(coord__journal_command_ack(j, w.id, 5, true, "", 3.0), 0);
+    ASSERT_EQ(coord__journal_command_ack(j, w.id, 99, true, "", 3.0), 0);
+    coord__journal_close(j);
+
+    j = NULL;
+    ASSERT_OK(coord__journal_open(d, &j));
+    ASSERT_OK(coord__journal_job_load(j, &back));
+    ASSERT_STREQ(back.id, job.id);
+    ASSERT_EQ(back.epoch, 3);
+    ASSERT_EQ(back.dp, 2);
+    ASSERT_EQ(back.pp, 4);
+    ASSERT_EQ(back.state, COORD_JOB_RUNNING);
+    int n = 0;
+    ASSERT_OK(coord__journal_workers_load(j, count_worker, &n));
+    ASSERT_EQ(n, 1);
+    ASSERT_EQ(coord__journal_epoch_count(j), 1);
+    ASSERT_EQ(coord__journal_command_count(j), 6);
+    struct collect col = {{0}, 0};
+    ASSERT_OK(coord__journal_commands_redeliver(j, w.id, collect_cmd, &col));
+    ASSERT_EQ(col.n, 2); /* the last Configure (4, acked) and the pending Stop (6) */
+    ASSERT_EQ(col.ids[0], 4);
+    ASSERT_EQ(col.ids[1], 6);
+    ASSERT_EQ(coord__journal_event_add(j, 3.0, "c", NULL, "m"), 3);
+    coord__journal_close(j);
+    rm_rf(d);
+    return 0;
+}
+
+static int test_corrupt(void) {
+    char *d = tmpdir(), path[128];
+    struct coord_journal *j = NULL;
+    snprintf(path, sizeof(path), "%s/%s", d, COORD_JOURNAL_FILE);
+    static const char junk[] = "this is not a sqlite database, not even close........"
+                               "...............................................";
+    ASSERT_OK(st_write_file_atomic(path, junk, sizeof(junk)));
+    ASSERT_ERR(coord__journal_open(d, &j), -EIO);
+    ASSERT_TRUE(j == NULL);
+    rm_rf(d);
+    return 0;
+}
+
+static int test_foreign(void) {
+    char *d = tmpdir(), path[128];
+    sqlite3 *db = NULL;
+    struct coord_journal *j = NULL;
+    snprintf(path, sizeof(path), "%s/%s", d, COORD_JOURNAL_FILE);
+    ASSERT_EQ(sqlite3_open(path, &db), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(db, "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+                               "INSERT INTO meta VALUES('magic', 'someone-else')",
+                           NULL, NULL, NULL),
+              SQLITE_OK);
+    sqlite3_close(db);
+    ASSERT_ERR(coord__journal_open(d, &j), -EPROTO);
+    /* Right magic, future version. */
+    ASSERT_EQ(sqlite3_open(path, &db), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(db, "UPDATE meta SET value='spottrain-journal' WHERE key='magic';"
+                               "INSERT INTO meta VALUES('version', '99')",
+                           NULL, NULL, NULL),
+              SQLITE_OK);
+    sqlite3_close(db);
+    ASSERT_ERR(coord__journal_open(d, &j), -EPROTO);
+    rm_rf(d);
+    return 0;
+}
+
+static int test_unusable_dir(void) {
+    char *d = tmpdir(), file[128], sub[160];
+    struct coord_journal *j = NULL;
+    snprintf(file, sizeof(file), "%s/plain-file", d);
+    ASSERT_OK(st_write_file_atomic(file, "x", 1));
+    /* A state "directory" that is a regular file, and one below a regular file. */
+    ASSERT_TRUE(coord__journal_open(file, &j) < 0);
+    snprintf(sub, sizeof(sub), "%s/below", file);
+    ASSERT_TRUE(coord__journal_open(sub, &j) < 0);
+    ASSERT_ERR(coord__journal_open("", &j), -EINVAL);
+    if (geteuid() != 0) { /* root ignores permissions */
+        char ro[160];
+        snprintf(ro, sizeof(ro), "%s/ro", d);
+        ASSERT_EQ(mkdir(ro, 0500), 0);
+        ASSERT_ERR(coord__journal_open(ro, &j), -EACCES);
+    }
+    ASSERT_TRUE(j == NULL);
+    rm_rf(d);
+    return 0;
+}
+
+/* ---- the coordinator API over the journal (no network: coord_start is not called) ---- */
+
+static int join(struct coord *c, const char *id) {
+    Spottrain__V1__JoinRequest req = SPOTTRAIN__V1__JOIN_REQUEST__INIT;
+    bool rejoined;
+    req.worker_id = (char *)id;
+    req.data_addr = (char *)"127.0.0.1:1";
+    return coord__apply_join(c, &req, &rejoined);
+}
+
+static int test_coord_api(void) {
+    char *d = tmpdir();
+    struct st_spec spec;
+    st_spec_defaults(&spec);
+    snprintf(spec.name, sizeof(spec.name), "api");
+    spec.model.layers = 4;
+    struct coord_config cfg;
+    coord_config_init(&cfg);
+    cfg.spec = &spec;
+    snprintf(cfg.state_dir, sizeof(cfg.state_dir), "%s", d);
+    snprintf(cfg.listen, sizeof(cfg.listen), "127.0.0.1:0");
+    snprintf(cfg.status_listen, sizeof(cfg.status_listen), "-");
+    struct coord *c = NULL;
+    ASSERT_OK(coord_new(&cfg, NULL, &c));
+    char a[ST_UUID_STR_LEN], b[ST_UUID_STR_LEN], x[ST_UUID_STR_LEN];
+    st_uuid_new(a);
+    st_uuid_new(b);
+    st_uuid_new(x);
+    ASSERT_OK(join(c, a));
+    ASSERT_OK(join(c, b));
+    struct coord_assignment as[2];
+    memset(as, 0, sizeof(as));
+    snprintf(as[0].worker_id, sizeof(as[0].worker_id), "%s", a);
+    snprintf(as[1].worker_id, sizeof(as[1].worker_id), "%s", b);
+    as[0].layer_end = 2;
+    as[1].stage = 1;
+    as[1].layer_begin = 2;
+    as[1].layer_end = 4;
+    uint64_t epoch = 0;
+    /* Bad calls change nothing. */
+    ASSERT_ERR(coord_configure(c, 1, 2, as, 1, NULL, 0, "short", &epoch), -EINVAL);
+    ASSERT_ERR(coord_configure(c, 2, 2, as, 2, NULL, 0, "mismatch", &epoch), -EINVAL);
+    struct coord_assignment dup[2] = {as[0], as[0]};
+    ASSERT_ERR(coord_configure(c, 1, 2, dup, 2, NULL, 0, "dup", &epoch), -EINVAL);
+    struct coord_assignment unk[2] = {as[0], as[1]};
+    snprintf(unk[1].worker_id, sizeof(unk[1].worker_id), "%s", x);
+    ASSERT_ERR(coord_configure(c, 1, 2, unk, 2, NULL, 0, "unknown", &epoch), -EINVAL);
+    ASSERT_EQ(coord__journal_epoch_count(c->journal), 0);
+    ASSERT_EQ(coord__journal_command_count(c->journal), 0);
+    ASSERT_OK(coord_configure(c, 1, 2, as, 2, "tcp", 7, "test", &epoch));
+    ASSERT_EQ(epoch, 1);
+    ASSERT_EQ(coord__journal_command_count(c->journal), 2);
+    struct coord_transfer t;
+    memset(&t, 0, sizeof(t));
+    snprintf(t.src_worker_id, sizeof(t.src_worker_id), "%s", a);
+    snprintf(t.dst_worker_id, sizeof(t.dst_worker_id), "%s", b);
+    t.count = 10;
+    t.kind = COORD_KIND_ADAM_M;
+    uint64_t cid = 0;
+    ASSERT_OK(coord_migrate(c, a, &t, 1, 7, &cid));
+    ASSERT_EQ(cid, 2);
+    ASSERT_ERR(coord_migrate(c, x, &t, 1, 7, &cid), -ENOENT);
+    t.count = 0;
+    ASSERT_ERR(coord_migrate(c, a, &t, 1, 7, &cid), -EINVAL);
+    ASSERT_EQ(coord_checkpoint(c, "/tmp/ck", 8), 2);
+    ASSERT_TRUE(coord_event(c, "custom", NULL, "hello %d", 1) > 0);
+    ASSERT_ERR(coord_plan_detail_set(c, "[1]"), -EINVAL);
+    ASSERT_OK(coord_plan_detail_set(c, "{\"why\": 1}"));
+    c = coord_free(c);
+
+    /* Restart: same job, epoch and roles; another job name is refused. */
+    ASSERT_OK(coord_new(&cfg, NULL, &c));
+    struct coord_worker *ws = NULL;
+    size_t n = 0;
+    uint64_t ep = 0;
+    int dp = 0, pp = 0;
+    ASSERT_OK(coord_workers_get(c, &ws, &n));
+    ASSERT_EQ(n, 2);
+    ASSERT_EQ(ws[1].stage, 1);
+    ASSERT_EQ(ws[1].state, COORD_WORKER_ACTIVE);
+    st_free(ws);
+    coord_job_get(c, NULL, &ep, &dp, &pp, NULL, NULL);
+    ASSERT_EQ(ep, 1);
+    ASSERT_EQ(dp, 1);
+    ASSERT_EQ(pp, 2);
+    ASSERT_OK(coord_stop(c, "done"));
+    enum coord_job_state js;
+    coord_job_get(c, NULL, NULL, NULL, NULL, &js, NULL);
+    ASSERT_EQ(js, COORD_JOB_STOPPING);
+    ASSERT_ERR(coord_configure(c, 1, 2, as, 2, NULL, 0, "late", &epoch), -ESHUTDOWN);
+    c = coord_free(c);
+    snprintf(spec.name, sizeof(spec.name), "other");
+    ASSERT_ERR(coord_new(&cfg, NULL, &c), -EEXIST);
+    ASSERT_TRUE(c == NULL);
+    rm_rf(d);
+    return 0;
+}
+
+TEST_MAIN(TEST(test_create_reopen), TEST(test_corrupt), TEST(test_foreign),
+          TEST(test_unusable_dir), TEST(test_coord_api))

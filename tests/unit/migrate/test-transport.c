@@ -1,0 +1,545 @@
+/* test-transport.c: the TCP data plane with real processes on loopback — point-to-point
+ * (empty, small, 64 MiB streamed), concurrent batches, collectives over subgroups checked
+ * byte-exact against a serial reference, and the failure paths: a peer that dies, a peer that
+ * never comes, a stale epoch, a size mismatch.
+ *
+ * The one idea: every rank is a forked process (rank-util.h), so failures are real closed
+ * sockets, and every wait is bounded by the transport's own timeout. */
+#include <string.h>
+
+#include "common.h"
+#include "test.h"
+#include "unit/migrate/rank-util.h"
+
+#define TMO 20.0 /* seconds: generous, only reached when something is broken */
+
+static int run_ok(int n, ru_rank_fn *fn, void *arg) {
+    int st[RU_MAX];
+    ASSERT_OK(ru_run(n, fn, arg, st));
+    for (int i = 0; i < n; i++)
+        if (st[i] != 0)
+            TEST_FAIL_("rank %d exited with %d", i, st[i]);
+    return 0;
+}
+
+/* ---- point to point ---------------------------------------------------------------- */
+
+static int p2p_rank(int rank, int n, struct mig_endpoint *ep, const char *const *addrs,
+                    void *arg) {
+    struct mig_comm *c;
+    size_t big = 64u << 20;
+    RCHECK_R(mig_comm_new("tcp", ep, 1, rank, n, addrs, TMO, &c), 0);
+    RCHECK_R(mig_comm_rank(c), rank);
+    RCHECK_R(mig_comm_size(c), 2);
+    RCHECK(strcmp(mig_comm_transport(c), "tcp") == 0);
+    unsigned char *buf = malloc(big);
+    RCHECK(buf);
+    if (rank == 0) {
+        RCHECK_R(mig_send(c, 1, NULL, 0), 0);
+        RCHECK_R(mig_send(c, 1, "hello, rank 1", 13), 0);
+        for (size_t i = 0; i < big; i++)
+            buf[i] = ru_byte(11, 0, i);
+        RCHECK_R(mig_send(c, 1, buf, big), 0);
+        RCHECK_R(mig_recv(c, 1, buf, 5), 0); /* reverse direction on the same connection */
+        RCHECK(memcmp(buf, "done!", 5) == 0);
+        uint64_t s = 0, r = 0;
+        mig_comm_stats(c, &s, &r);
+        RCHECK_R(s, 13 + big);
+        RCHECK_R(r, 5);
+    } else {
+        char small[13];
+        RCHECK_R(mig_recv(c, 0, NULL, 0), 0);
+        RCHECK_R(mig_recv(c, 0, small, 13), 0);
+        RCHECK(memcmp(small, "hello, rank 1", 13) == 0);
+        memset(buf, 0, big);
+        RCHECK_R(mig_recv(c, 0, buf, big), 0);
+        size_t wrong = 0;
+        for (size_t i = 0; i < big; i++)
+            wrong += buf[i] != ru_byte(11, 0, i);
+        RCHECK_R(wrong, 0);
+        RCHECK_R(mig_send(c, 0, "done!", 5), 0);
+    }
+    free(buf);
+    mig_comm_free(c);
+    return 0;
+}
+
+static int test_p2p(void) {
+    return run_ok(2, p2p_rank, NULL);
+}
+
+/* Every rank sends 3 MiB to every other at once and receives from all: without concurrent
+ * progress this deadlocks once the socket buffers are full. */
+static int batch_rank(int rank, int n, struct mig_endpoint *ep, const char *const *addrs,
+                      void *arg) {
+    struct mig_comm *c;
+    size_t sz = 3u << 20;
+    struct mig_op ops[2 * RU_MAX];
+    unsigned char *bufs[2 * RU_MAX];
+    size_t k = 0;
+    RCHECK_R(mig_comm_new("tcp", ep, 7, rank, n, addrs, TMO, &c), 0);
+    for (int p = 0; p < n; p++) {
+        if (p == rank)
+            continue;
+        bufs[k] = malloc(sz);
+        bufs[k + 1] = calloc(1, sz);
+        RCHECK(bufs[k] && bufs[k + 1]);
+        for (size_t i = 0; i < sz; i++)
+            bufs[k][i] = ru_byte(3, rank * 16 + p, i);
+        ops[k] = (struct mig_op){p, true, bufs[k], sz};
+        ops[k + 1] = (struct mig_op){p, false, bufs[k + 1], sz};
+        k += 2;
+    }
+    RCHECK_R(mig_batch(c, ops, k), 0);
+    for (size_t j = 1; j < k; j += 2) {
+        int p = ops[j].peer;
+        for (size_t i = 0; i < sz; i++)
+            if (bufs[j][i] != ru_byte(3, p * 16 + rank, i))
+                RCHECK(!"batch data mismatch");
+    }
+    for (size_t j = 0; j < k; j++)
+        free(bufs[j]);
+    /* Several messages to one peer in one batch keep their order. */
+    if (rank < 2) {
+        int other = 1 - rank;
+        int a = 1, b = 2, x = 0, y = 0;
+        struct mig_op two[4] = {{other, true, &a, 4}, {other, true, &b, 4},
+                                {other, false, &x, 4}, {other, false, &y, 4}};
+        RCHECK_R(mig_batch(c, two, 4), 0);
+        RCHECK(x == 1 && y == 2);
+    }
+    mig_comm_free(c);
+    return 0;
+}
+
+static int test_batch_all_to_all(void) {
+    return run_ok(4, batch_rank, NULL);
+}
+
+/* ---- collectives ------------------------------------------------------------------------ */
+
+static const int groups[][5] = {{0}, {3, 1}, {4, 0, 2}, {1, 3, 0, 4}, {2, 0, 4, 1, 3},
+                                {0, 1, 2, 3, 4}, {2}};
+static const int group_n[] = {1, 2, 3, 4, 5, 5, 1};
+
+static int pos_in(const int *g, int n, int rank) {
+    for (int i = 0; i < n; i++)
+        if (g[i] == rank)
+            return i;
+    return -1;
+}
+
+/* Checks a float/double array against the serial fixed-order reference. */
+static int check_sum_f32(const float *got, const int *g, int n, uint64_t seed, size_t base,
+                         size_t count) {
+    size_t wrong = 0;
+    for (size_t e = 0; e < count; e++) {
+        float acc = ru_f32(seed, g[0], base + e);
+        for (int i = 1; i < n; i++)
+            acc = acc + ru_f32(seed, g[i], base + e);
+        if (memcmp(&acc, &got[e], 4) != 0 && wrong++ < 3)
+            fprintf(stderr, "  f32 elem %zu: got %.9g want %.9g\n", base + e, got[e], acc);
+    }
+    return wrong ? 1 : 0;
+}
+
+static int check_sum_f64(const double *got, const int *g, int n, uint64_t seed, size_t base,
+                         size_t count) {
+    size_t wrong = 0;
+    for (size_t e = 0; e < count; e++) {
+        double acc = ru_f64(seed, g[0], base + e);
+        for (int i = 1; i < n; i++)
+            acc = acc + ru_f64(seed, g[i], base + e);
+        if (memcmp(&acc, &got[e], 8) != 0 && wrong++ < 3)
+            fprintf(stderr, "  f64 elem %zu: got %.17g want %.17g\n", base + e, got[e], acc);
+    }
+    return wrong ? 1 : 0;
+}
+
+static int coll_rank(int rank, int n, struct mig_endpoint *ep, const char *const *addrs,
+                     void *arg) {
+    struct mig_comm *c;
+    const size_t big = *(const size_t *)arg;
+    RCHECK_R(mig_comm_new("tcp", ep, 3, rank, n, addrs, TMO, &c), 0);
+    for (size_t gi = 0; gi < ST_ARRAY_SIZE(groups); gi++) {
+        const int *g = groups[gi];
+        int gn = group_n[gi], me = pos_in(g, gn, rank);
+        if (me < 0)
+            continue;
+        uint64_t seed = 100 + gi;
+
+        /* allreduce F32, sizes with and without a remainder, and a large one (chunked). */
+        const size_t sizes[] = {1, 7, 1000, 12347, big};
+        for (size_t si = 0; si < ST_ARRAY_SIZE(sizes); si++) {
+            size_t cnt = sizes[si];
+            float *f = malloc(cnt * 4);
+            RCHECK(f);
+            for (size_t e = 0; e < cnt; e++)
+                f[e] = ru_f32(seed + si, rank, e);
+            RCHECK_R(mig_allreduce(c, g, gn, f, cnt, MIG_F32), 0);
+            RCHECK_R(check_sum_f32(f, g, gn, seed + si, 0, cnt), 0);
+            free(f);
+        }
+        /* allreduce F64 */
+        {
+            size_t cnt = 5003;
+            double *d = malloc(cnt * 8);
+            RCHECK(d);
+            for (size_t e = 0; e < cnt; e++)
+                d[e] = ru_f64(seed, rank, e);
+            RCHECK_R(mig_allreduce(c, g, gn, d, cnt, MIG_F64), 0);
+            RCHECK_R(check_sum_f64(d, g, gn, seed, 0, cnt), 0);
+            free(d);
+        }
+        /* reduce_scatter with uneven counts (one empty), separate out and in place. */
+        {
+            size_t counts[5], total = 0, off[5];
+            for (int i = 0; i < gn; i++) {
+                counts[i] = i == 1 ? 0 : 1000 + 333 * (size_t)i;
+                off[i] = total;
+                total += counts[i];
+            }
+            float *in = malloc(total * 4 + 4), *out = malloc(counts[me] * 4 + 4);
+            RCHECK(in && out);
+            for (size_t e = 0; e < total; e++)
+                in[e] = ru_f32(seed * 7, rank, e);
+            RCHECK_R(mig_reduce_scatter(c, g, gn, in, out, counts, MIG_F32), 0);
+            RCHECK_R(check_sum_f32(out, g, gn, seed * 7, off[me], counts[me]), 0);
+            RCHECK_R(mig_reduce_scatter(c, g, gn, in, in + off[me], counts, MIG_F32), 0);
+            RCHECK_R(check_sum_f32(in + off[me], g, gn, seed * 7, off[me], counts[me]), 0);
+            free(in);
+            free(out);
+            /* F64 */
+            double *din = malloc(total * 8 + 8), *dout = malloc(counts[me] * 8 + 8);
+            RCHECK(din && dout);
+            for (size_t e = 0; e < total; e++)
+                din[e] = ru_f64(seed * 5, rank, e);
+            RCHECK_R(mig_reduce_scatter(c, g, gn, din, dout, counts, MIG_F64), 0);
+            RCHECK_R(check_sum_f64(dout, g, gn, seed * 5, off[me], counts[me]), 0);
+            /* In place, as the engine reduces its double gradient accumulators. */
+            RCHECK_R(mig_reduce_scatter(c, g, gn, din, din + off[me], counts, MIG_F64), 0);
+            RCHECK_R(check_sum_f64(din + off[me], g, gn, seed * 5, off[me], counts[me]), 0);
+            free(din);
+            free(dout);
+        }
+        /* allgather of bytes, uneven counts, separate and in place. */
+        {
+            size_t counts[5], total = 0, off[5];
+            for (int i = 0; i < gn; i++) {
+                counts[i] = (size_t)(17 * i + (i == 2 ? 0 : 5));
+                off[i] = total;
+                total += counts[i];
+            }
+            unsigned char *in = malloc(counts[me] + 1), *out = calloc(1, total + 1);
+            RCHECK(in && out);
+            for (size_t e = 0; e < counts[me]; e++)
+                in[e] = ru_byte(seed, rank, e);
+            RCHECK_R(mig_allgather(c, g, gn, in, out, counts, MIG_BYTES), 0);
+            for (int i = 0; i < gn; i++)
+                for (size_t e = 0; e < counts[i]; e++)
+                    RCHECK(out[off[i] + e] == ru_byte(seed, g[i], e));
+            memset(out, 0, total);
+            memcpy(out + off[me], in, counts[me]);
+            RCHECK_R(mig_allgather(c, g, gn, out + off[me], out, counts, MIG_BYTES), 0);
+            for (int i = 0; i < gn; i++)
+                for (size_t e = 0; e < counts[i]; e++)
+                    RCHECK(out[off[i] + e] == ru_byte(seed, g[i], e));
+            free(in);
+            free(out);
+        }
+        /* broadcast from the last member of the group, then a barrier. */
+        {
+            int root = g[gn - 1];
+            size_t bytes = 100003;
+            unsigned char *b = malloc(bytes);
+            RCHECK(b);
+            for (size_t e = 0; e < bytes; e++)
+                b[e] = rank == root ? ru_byte(seed, root, e) : 0;
+            RCHECK_R(mig_broadcast(c, g, gn, root, b, bytes), 0);
+            for (size_t e = 0; e < bytes; e++)
+                RCHECK(b[e] == ru_byte(seed, root, e));
+            free(b);
+            RCHECK_R(mig_barrier(c, g, gn), 0);
+        }
+    }
+    /* Bad groups are refused before anything moves. */
+    int dup[] = {0, 0}, outside[] = {0, 9}, notme[] = {(rank + 1) % n};
+    float x = 0;
+    RCHECK_R(mig_allreduce(c, dup, 2, &x, 1, MIG_F32), -EINVAL);
+    RCHECK_R(mig_allreduce(c, outside, 2, &x, 1, MIG_F32), -EINVAL);
+    RCHECK_R(mig_allreduce(c, notme, 1, &x, 1, MIG_F32), -EINVAL);
+    RCHECK_R(mig_allreduce(c, notme, 0, &x, 1, MIG_F32), -EINVAL);
+    RCHECK_R(mig_allreduce(c, groups[5], 5, &x, 1, MIG_BYTES), -EINVAL);
+    RCHECK_R(mig_broadcast(c, groups[5], 5, 7, &x, 4), -EINVAL);
+    mig_comm_free(c);
+    return 0;
+}
+
+static int test_collectives(void) {
+    /* 3M floats: each member's segment exceeds one chunk, so several rounds run. */
+    size_t big = 3u << 20;
+    return run_ok(5, coll_rank, &big);
+}
+
+/* ---- failures ------------------------------------------------------------------------------ */
+
+/* Rank 1 kills rank 0 while rank 0 is blocked sending 64 MiB, then receives: it must get
+ * -ECONNRESET (the stream ends early), promptly. Rank 2 kills itself; rank 1 then sends to
+ * it: an error, no SIGPIPE. */
+static int dead_rank(int rank, int n, struct mig_endpoint *ep, const char *const *addrs,
+                     void *arg) {
+    struct mig_comm *c;
+    size_t big = 64u << 20;
+    RCHECK_R(mig_comm_new("tcp", ep, 9, rank, n, addrs, 5.0, &c), 0);
+    char *buf = calloc(1, big);
+    RCHECK(buf);
+    if (rank == 0 || rank == 2) {
+        RCHECK_R(mig_send(c, 1, "go", 2), 0);
+        if (rank == 0)
+            (void)mig_send(c, 1, buf, big); /* rank 1 kills us in here */
+        else
+            kill(getpid(), SIGKILL);
+        return 3; /* not reached */
+    }
+    char go[2];
+    RCHECK_R(mig_recv(c, 0, go, 2), 0);
+    RCHECK_R(mig_recv(c, 2, go, 2), 0);
+    kill(ru_pids[0], SIGKILL); /* lower ranks were forked before us: their pids are known */
+    double t0 = st_now();
+    RCHECK_R(mig_recv(c, 0, buf, big), -ECONNRESET);
+    RCHECK(st_now() - t0 < 5.0);
+    /* Later calls on the broken connection fail at once with the same error. */
+    RCHECK_R(mig_recv(c, 0, buf, 4), -ECONNRESET);
+    /* The peer is gone: sending fills the socket then fails with a reset, never SIGPIPE. */
+    int r = mig_send(c, 2, buf, big);
+    RCHECK(r == -ECONNRESET);
+    int all[] = {0, 1, 2};
+    float x = 1;
+    RCHECK(mig_allreduce(c, all, 3, &x, 1, MIG_F32) < 0);
+    free(buf);
+    mig_comm_free(c);
+    return 0;
+}
+
+static int test_dead_peer(void) {
+    int st[RU_MAX];
+    ASSERT_OK(ru_run(3, dead_rank, NULL, st));
+    ASSERT_EQ(st[0], 128 + SIGKILL);
+    ASSERT_EQ(st[1], 0);
+    ASSERT_EQ(st[2], 128 + SIGKILL);
+    return 0;
+}
+
+/* A peer that never calls mig_comm_new: its listener accepts (kernel backlog), the handshake
+ * never completes. And a peer address where nothing listens. Both: -ETIMEDOUT in time. */
+static int test_no_show(void) {
+    struct mig_endpoint *a, *b;
+    struct mig_comm *c = NULL;
+    ASSERT_OK(mig_endpoint_new("127.0.0.1", 0, &a));
+    ASSERT_OK(mig_endpoint_new(NULL, 0, &b));
+    const char *addrs[2] = {mig_endpoint_addr(a), mig_endpoint_addr(b)};
+    double t0 = st_now();
+    ASSERT_ERR(mig_comm_new("tcp", a, 1, 0, 2, addrs, 0.3, &c), -ETIMEDOUT);
+    ASSERT_TRUE(st_now() - t0 < 3.0);
+    /* b still holds a's epoch-1 hello in its backlog (a gave up); as epoch 2 it rejects it
+     * as stale and then times out waiting for a rank 0 that never comes. */
+    ASSERT_ERR(mig_comm_new("tcp", b, 2, 1, 2, addrs, 0.3, &c), -ETIMEDOUT);
+    ASSERT_TRUE(c == NULL);
+    /* Nothing listens on b's port once b is gone: connects are refused and retried. */
+    char dead[MIG_ADDR_MAX];
+    snprintf(dead, sizeof(dead), "%s", mig_endpoint_addr(b));
+    b = mig_endpoint_free(b);
+    const char *addrs2[2] = {mig_endpoint_addr(a), dead};
+    t0 = st_now();
+    ASSERT_ERR(mig_comm_new("tcp", a, 3, 0, 2, addrs2, 0.3, &c), -ETIMEDOUT);
+    ASSERT_TRUE(st_now() - t0 < 3.0);
+    mig_endpoint_free(a);
+    return 0;
+}
+
+/* Child: rank 0 of epoch `epoch` connecting to the parent's endpoint. Exit code: 0 when the
+ * comm came up and a message went through, 10 on -ESTALE, 11 on another error. */
+static int child_connect(const char *const *addrs, uint64_t epoch) {
+    struct mig_endpoint *ep;
+    struct mig_comm *c;
+    if (mig_endpoint_new("127.0.0.1", 0, &ep) < 0)
+        return 12;
+    int r = mig_comm_new("tcp", ep, epoch, 0, 2, addrs, 10.0, &c);
+    if (r == 0) {
+        r = mig_send(c, 1, &epoch, 8);
+        mig_comm_free(c);
+    }
+    mig_endpoint_free(ep);
+    return r == 0 ? 0 : r == -ESTALE ? 10 : 11;
+}
+
+static int spawn_child(const char *const *addrs, uint64_t epoch, pid_t *ret) {
+    fflush(stdout);
+    pid_t p = fork();
+    if (p < 0)
+        return -errno;
+    if (p == 0) {
+        alarm(30);
+        exit(child_connect(addrs, epoch));
+    }
+    *ret = p;
+    return 0;
+}
+
+static int wait_child(pid_t p) {
+    int st;
+    if (waitpid(p, &st, 0) < 0)
+        return -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* The parent is rank 1. A rank still in epoch 4 is rejected (-ESTALE) by our epoch 5 and not
+ * counted; a rank already in epoch 6 connects early and is adopted by our epoch 6. */
+static int test_epochs(void) {
+    struct mig_endpoint *ep;
+    struct mig_comm *c = NULL;
+    pid_t p = -1;
+    uint64_t got = 0;
+    ASSERT_OK(mig_endpoint_new("127.0.0.1", 0, &ep));
+    const char *addrs[2] = {"127.0.0.1:1", mig_endpoint_addr(ep)};
+
+    ASSERT_OK(spawn_child(addrs, 4, &p));
+    /* Keep building epoch 5 (each attempt times out: no rank 0 of epoch 5 exists) until the
+     * stale child has been answered and exited, however slow the machine is. */
+    int st = -1;
+    for (int i = 0; i < 40 && st < 0; i++) {
+        ASSERT_ERR(mig_comm_new("tcp", ep, 5, 1, 2, addrs, 0.5, &c), -ETIMEDOUT);
+        int ws;
+        if (waitpid(p, &ws, WNOHANG) == p)
+            st = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
+    }
+    ASSERT_EQ(st, 10);
+
+    ASSERT_OK(spawn_child(addrs, 5, &p));
+    ASSERT_OK(mig_comm_new("tcp", ep, 5, 1, 2, addrs, 10.0, &c));
+    ASSERT_OK(mig_recv(c, 0, &got, 8));
+    ASSERT_EQ(got, 5);
+    c = mig_comm_free(c);
+    ASSERT_EQ(wait_child(p), 0);
+
+    /* Early: the child of epoch 6 connects while we still build (and fail) epoch 5 again;
+     * its connection is kept on the endpoint and adopted by our epoch 6. */
+    ASSERT_OK(spawn_child(addrs, 6, &p));
+    ASSERT_ERR(mig_comm_new("tcp", ep, 5, 1, 2, addrs, 0.5, &c), -ETIMEDOUT);
+    ASSERT_OK(mig_comm_new("tcp", ep, 6, 1, 2, addrs, 10.0, &c));
+    ASSERT_OK(mig_recv(c, 0, &got, 8));
+    ASSERT_EQ(got, 6);
+    c = mig_comm_free(c);
+    ASSERT_EQ(wait_child(p), 0);
+
+    /* Our endpoint has moved on: building an older epoch is refused locally. */
+    ASSERT_ERR(mig_comm_new("tcp", ep, 5, 1, 2, addrs, 0.2, &c), -ESTALE);
+    mig_endpoint_free(ep);
+    return 0;
+}
+
+/* Sender sends 100 bytes, receiver posts 200: -EPROTO, and the connection stays failed. */
+static int mismatch_rank(int rank, int n, struct mig_endpoint *ep, const char *const *addrs,
+                         void *arg) {
+    struct mig_comm *c;
+    char buf[200] = {0};
+    RCHECK_R(mig_comm_new("tcp", ep, 2, rank, n, addrs, TMO, &c), 0);
+    if (rank == 0) {
+        RCHECK_R(mig_send(c, 1, buf, 100), 0);
+        /* Rank 1 answers nothing (its stream is broken) and closes: we see the reset. */
+        RCHECK_R(mig_recv(c, 1, buf, 1), -ECONNRESET);
+    } else {
+        RCHECK_R(mig_recv(c, 0, buf, 200), -EPROTO);
+        RCHECK_R(mig_recv(c, 0, buf, 100), -EPROTO);
+        RCHECK_R(mig_send(c, 0, buf, 1), -EPROTO);
+    }
+    mig_comm_free(c);
+    return 0;
+}
+
+static int test_size_mismatch(void) {
+    int st[RU_MAX];
+    ASSERT_OK(ru_run(2, mismatch_rank, NULL, st));
+    ASSERT_EQ(st[0], 0);
+    ASSERT_EQ(st[1], 0);
+    return 0;
+}
+
+static int test_bad_args(void) {
+    struct mig_endpoint *ep;
+    struct mig_comm *c = NULL;
+    ASSERT_ERR(mig_endpoint_new("not an address!", 0, &ep), -EINVAL);
+    ASSERT_ERR(mig_endpoint_new(NULL, 70000, &ep), -EINVAL);
+    ASSERT_OK(mig_endpoint_new(NULL, 0, &ep));
+    ASSERT_GT(mig_endpoint_port(ep), 0);
+    const char *addrs[3] = {mig_endpoint_addr(ep), "nonsense", "127.0.0.1:99999"};
+    ASSERT_ERR(mig_comm_new("udp", ep, 1, 0, 1, addrs, 1, &c), -EINVAL);
+    if (!mig_transport_available("nccl"))
+        ASSERT_ERR(mig_comm_new("nccl", ep, 1, 0, 1, addrs, 1, &c), -EOPNOTSUPP);
+    ASSERT_ERR(mig_comm_new("tcp", ep, 1, 1, 1, addrs, 1, &c), -EINVAL);
+    ASSERT_ERR(mig_comm_new("tcp", ep, 1, 0, 0, addrs, 1, &c), -EINVAL);
+    ASSERT_ERR(mig_comm_new("tcp", ep, 1, 0, 1, addrs, 0, &c), -EINVAL);
+    ASSERT_ERR(mig_comm_new("tcp", ep, 1, 0, 2, addrs + 1, 1, &c), -EINVAL);
+    ASSERT_ERR(mig_comm_new("tcp", ep, 1, 0, 3, addrs, 1, &c), -EINVAL);
+    ASSERT_TRUE(c == NULL);
+    /* One rank needs no endpoint and no addresses. */
+    ASSERT_OK(mig_comm_new("tcp", NULL, 1, 0, 1, NULL, 1, &c));
+    c = mig_comm_free(c);
+    ASSERT_ERR(mig_comm_new("tcp", NULL, 1, 0, 2, addrs, 1, &c), -EINVAL);
+    /* A single-rank comm: collectives are local copies. */
+    ASSERT_OK(mig_comm_new("tcp", ep, 1, 0, 1, addrs, 1, &c));
+    int g[] = {0};
+    float f[3] = {1, 2, 3}, out[3];
+    size_t cnt[] = {3};
+    ASSERT_OK(mig_allreduce(c, g, 1, f, 3, MIG_F32));
+    ASSERT_OK(mig_reduce_scatter(c, g, 1, f, out, cnt, MIG_F32));
+    ASSERT_TRUE(memcmp(f, out, sizeof(f)) == 0);
+    ASSERT_OK(mig_allgather(c, g, 1, f, out, cnt, MIG_F32));
+    ASSERT_OK(mig_broadcast(c, g, 1, 0, f, 12));
+    ASSERT_OK(mig_barrier(c, g, 1));
+    ASSERT_ERR(mig_send(c, 0, f, 4), -EINVAL);
+    ASSERT_ERR(mig_send(c, 1, f, 4), -EINVAL);
+    ASSERT_ERR(mig_send(c, -1, f, 4), -EINVAL);
+    ASSERT_ERR(mig_batch(c, NULL, 1), -EINVAL);
+    ASSERT_OK(mig_batch(c, NULL, 0));
+    ASSERT_EQ(mig_dtype_size(MIG_F64), 8);
+    ASSERT_EQ(mig_dtype_size((enum mig_dtype)9), 0);
+    mig_comm_free(c);
+    mig_endpoint_free(ep);
+    ASSERT_TRUE(mig_comm_free(NULL) == NULL);
+    ASSERT_TRUE(mig_endpoint_free(NULL) == NULL);
+    return 0;
+}
+
+/* Every allocation of endpoint + single-rank comm + local collectives failing in turn. */
+static int test_alloc_failures(void) {
+    int ok_at = -1;
+    for (long n = 1; n < 100 && ok_at < 0; n++) {
+        struct mig_endpoint *ep = NULL;
+        struct mig_comm *c = NULL;
+        int g[] = {0};
+        float f[4] = {1, 2, 3, 4};
+        st_alloc_fail_after(n);
+        int r = mig_endpoint_new(NULL, 0, &ep);
+        const char *addrs[1] = {r >= 0 ? mig_endpoint_addr(ep) : ""};
+        if (r >= 0)
+            r = mig_comm_new("tcp", ep, 1, 0, 1, addrs, 1, &c);
+        if (r >= 0)
+            r = mig_allreduce(c, g, 1, f, 4, MIG_F32);
+        if (r >= 0)
+            r = mig_barrier(c, g, 1);
+        st_alloc_fail_after(0);
+        mig_comm_free(c);
+        mig_endpoint_free(ep);
+        if (r == 0)
+            ok_at = (int)n;
+        else
+            ASSERT_ERR(r, -ENOMEM);
+    }
+    ASSERT_GT(ok_at, 2);
+    return 0;
+}
+
+TEST_MAIN(TEST(test_p2p), TEST(test_batch_all_to_all), TEST(test_collectives),
+          TEST(test_dead_peer), TEST(test_no_show), TEST(test_epochs), TEST(test_size_mismatch),
+          TEST(test_bad_args), TEST(test_alloc_failures))

@@ -1,0 +1,191 @@
+/* test-liveput.c: the liveput DP against brute-force enumeration, notices, hysteresis and
+ * bad situations. */
+#include <math.h>
+#include <string.h>
+
+#include "helpers.h"
+#include "test.h"
+
+struct bf {
+    const struct plan_cost *c;
+    struct plan_shape cand[256];
+    int K, L;
+    int path[16], nin[16], nout[16];
+    struct plan_situation *s;
+};
+
+static double gain(const struct bf *b, int t, struct plan_shape from, struct plan_shape to) {
+    double ms;
+    if (t == 0)
+        ms = (from.dp == to.dp && from.pp == to.pp && b->s->n_out == 0)
+                 ? 0
+                 : plan_cost_transition_estimate_ms(b->c, b->s->n_before, from.dp, from.pp,
+                                                    b->s->n_in, b->s->n_out, to.dp, to.pp, NULL);
+    else
+        ms = (from.dp == to.dp && from.pp == to.pp && b->nout[t] == 0)
+                 ? 0
+                 : plan_cost_transition_estimate_ms(b->c, b->path[t - 1], from.dp, from.pp,
+                                                    b->nin[t], b->nout[t], to.dp, to.pp, NULL);
+    return plan_cost_throughput(b->c, to.dp, to.pp) * fmax(0.0, 60 - ms / 1000);
+}
+
+static double brute(const struct bf *b, int t, struct plan_shape prev) {
+    if (t == b->L)
+        return 0;
+    double best = -INFINITY;
+    for (int k = 0; k < b->K; k++) {
+        struct plan_shape s = b->cand[k];
+        if (s.dp * s.pp > b->path[t])
+            continue;
+        double v = gain(b, t, prev, s) + brute(b, t + 1, s);
+        if (v > best)
+            best = v;
+    }
+    return best;
+}
+
+static int test_dp_equals_brute_force(void) {
+    struct plan_cost *c = tp_cost("bert_gbs1024_mbs8");
+    ASSERT_TRUE(c != NULL);
+    uint64_t st = 42;
+    for (int rep = 0; rep < 300; rep++) {
+        struct bf b = {.c = c};
+        b.L = 2 + rep % 3;
+        int N[16];
+        for (int t = 0; t <= b.L; t++) {
+            st = st * 6364136223846793005ULL + 1442695040888963407ULL;
+            N[t] = 2 + (int)((st >> 33) % 9); /* 2..10 */
+        }
+        int nmax = 0;
+        for (int t = 1; t <= b.L; t++)
+            nmax = ST_MAX(nmax, N[t]);
+        /* N[0] = before this interval; N[1..L] = after each interval */
+        struct plan_situation s = {0};
+        s.n_before = N[0];
+        s.n_out = N[1] < N[0] ? N[0] - N[1] : 0;
+        s.n_in = N[1] > N[0] ? N[1] - N[0] : 0;
+        int hist[2] = {N[0], N[1]};
+        s.hist = hist;
+        s.nhist = 2;
+        s.future = N + 2;
+        s.nfuture = b.L - 1;
+        /* current shape: a random allowed one that fit before */
+        int pick = (int)((st >> 20) % 16), seen = 0;
+        for (int i = 0; i < c->nshapes; i++) {
+            struct plan_shape x = c->shapes[i];
+            if (x.dp * x.pp <= N[0] && plan_cost_shape_allowed(c, x.dp, x.pp))
+                if (seen++ == pick % 6 || s.cur.dp == 0)
+                    s.cur = x;
+        }
+        b.s = &s;
+        for (int t = 0; t < b.L; t++)
+            b.path[t] = N[t + 1];
+        b.nin[0] = s.n_in;
+        b.nout[0] = s.n_out;
+        for (int t = 1; t < b.L; t++) {
+            int d = b.path[t] - b.path[t - 1];
+            b.nout[t] = d < 0 ? -d : 0;
+            b.nin[t] = d > 0 ? d : 0;
+        }
+        for (int i = 0; i < c->nshapes; i++) {
+            struct plan_shape x = c->shapes[i];
+            if (x.dp * x.pp <= nmax && plan_cost_shape_allowed(c, x.dp, x.pp))
+                b.cand[b.K++] = x;
+        }
+        bool cur_in = false;
+        for (int k = 0; k < b.K; k++)
+            cur_in |= b.cand[k].dp == s.cur.dp && b.cand[k].pp == s.cur.pp;
+        if (!cur_in && s.cur.dp > 0)
+            b.cand[b.K++] = s.cur;
+        struct plan_options o;
+        plan_options_init(&o);
+        o.lookahead = b.L;
+        o.hysteresis = 0;
+        o.defer = 0;
+        struct plan_decision d;
+        ASSERT_OK(plan_decide(c, &s, &o, &d));
+        double want = brute(&b, 0, s.cur);
+        if (fabs(d.expected_samples - want) > 1e-6 * fmax(1, want))
+            TEST_FAIL_("case %d (L=%d, N0=%d): DP %.6f vs brute force %.6f", rep, b.L, N[0],
+                       d.expected_samples, want);
+        /* the chosen first step is one that reaches the optimum */
+        double first = gain(&b, 0, s.cur, d.shape) + brute(&b, 1, d.shape);
+        ASSERT_NEAR(first, want, 1e-6 * fmax(1, want), 0);
+    }
+    plan_cost_free(c);
+    return 0;
+}
+
+static int test_notice_and_hysteresis(void) {
+    struct plan_cost *c = tp_cost("gpt-1.5b_gbs128_mbs1");
+    ASSERT_TRUE(c != NULL);
+    int hist[30];
+    for (int i = 0; i < 30; i++)
+        hist[i] = 32;
+    struct plan_situation s = {.cur = {4, 8}, .n_before = 32, .hist = hist, .nhist = 30};
+    struct plan_options o;
+    plan_options_init(&o);
+    struct plan_decision d;
+    ASSERT_OK(plan_decide(c, &s, &o, &d));
+    ASSERT_EQ(d.shape.dp, 4);
+    ASSERT_EQ(d.shape.pp, 8);
+    ASSERT_EQ(d.pred_n[5], 32);
+    /* eight instances noticed to leave in 60 s: the forecast knows */
+    struct plan_notice nt[8];
+    for (int i = 0; i < 8; i++)
+        nt[i] = (struct plan_notice){i, 60};
+    s.notices = nt;
+    s.nnotices = 8;
+    ASSERT_OK(plan_decide(c, &s, &o, &d));
+    ASSERT_EQ(d.pred_n[0], 32);
+    ASSERT_EQ(d.pred_n[1], 24);
+    ASSERT_EQ(d.pred_n[11], 24);
+    ASSERT_TRUE(strlen(d.reason) > 0);
+    /* one instance gone now: (4,8) no longer fits; the decision fits 31 */
+    s.notices = NULL;
+    s.nnotices = 0;
+    s.n_out = 1;
+    hist[29] = 31;
+    ASSERT_OK(plan_decide(c, &s, &o, &d));
+    ASSERT_LE(d.shape.dp * d.shape.pp, 31);
+    ASSERT_GT(d.shape.dp, 0);
+    /* a huge hysteresis keeps the current shape when it still fits */
+    s.n_out = 0;
+    s.n_in = 1;
+    s.n_before = 31;
+    s.cur = (struct plan_shape){3, 10};
+    hist[29] = 32;
+    o.hysteresis = 10;
+    ASSERT_OK(plan_decide(c, &s, &o, &d));
+    ASSERT_EQ(d.shape.dp, 3);
+    ASSERT_EQ(d.shape.pp, 10);
+    ASSERT_CONTAINS(d.reason, "keep");
+    plan_cost_free(c);
+    return 0;
+}
+
+static int test_bad_and_idle(void) {
+    struct plan_cost *c = tp_cost("gpt-1.5b_gbs128_mbs1");
+    ASSERT_TRUE(c != NULL);
+    int hist[2] = {4, 4};
+    struct plan_situation s = {.n_before = 4, .hist = hist, .nhist = 2};
+    struct plan_options o;
+    plan_options_init(&o);
+    o.on_demand_fallback = true;
+    struct plan_decision d;
+    /* 4 instances cannot hold gpt-1.5b (pp >= 6): idle, ask for on-demand */
+    ASSERT_OK(plan_decide(c, &s, &o, &d));
+    ASSERT_EQ(d.shape.dp, 0);
+    ASSERT_TRUE(d.need_on_demand);
+    s.n_out = 5;
+    ASSERT_ERR(plan_decide(c, &s, &o, &d), -EINVAL);
+    s.n_out = 0;
+    s.nhist = 0;
+    ASSERT_ERR(plan_decide(c, &s, &o, &d), -EINVAL);
+    ASSERT_ERR(plan_decide(NULL, &s, &o, &d), -EINVAL);
+    plan_cost_free(c);
+    return 0;
+}
+
+TEST_MAIN(TEST(test_dp_equals_brute_force), TEST(test_notice_and_hysteresis),
+          TEST(test_bad_and_idle))

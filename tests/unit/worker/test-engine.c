@@ -1,0 +1,537 @@
+/* test-engine.c: the training engine in one process — each position of a (dp, pp) layout runs
+ * in its own thread with its own data-plane endpoint and communicator on loopback TCP.
+ *
+ * Checks the engine's contracts: pipeline depth changes no bit of the result, data
+ * parallelism changes it by at most float rounding, a checkpoint loads into another shape and
+ * training continues bitwise, a reshape keeps what a worker holds, and bad arguments are
+ * rejected. The cross-process version (the CLI, 20 steps) is tests/integration/train. */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "kernels.h"
+#include "migrate.h"
+#include "test.h"
+#include "tokens.h"
+#include "worker.h"
+
+static const struct kern_config model = {.layers = 3, .channels = 16, .heads = 2, .vocab = 32,
+                                         .seq_len = 8};
+
+static struct worker_train_config make_cfg(void) {
+    struct worker_train_config c;
+    memset(&c, 0, sizeof(c));
+    c.model = model;
+    c.global_batch = 8;
+    c.micro_batch = 1;
+    c.total_steps = 10;
+    c.lr = 3e-3;
+    c.beta1 = 0.9;
+    c.beta2 = 0.95;
+    c.eps = 1e-8;
+    c.weight_decay = 0.1;
+    c.grad_clip = 1.0;
+    c.warmup_steps = 2;
+    c.schedule = KERN_LR_COSINE;
+    c.min_lr_ratio = 0.1;
+    c.seed = 1234;
+    return c;
+}
+
+static char tmpdir[256];
+static struct st_tokens *tokens;
+
+static int setup_data(void) {
+    if (tokens)
+        return 0;
+    snprintf(tmpdir, sizeof(tmpdir), "/tmp/st-engine-XXXXXX");
+    if (!mkdtemp(tmpdir))
+        return -errno;
+    char path[300];
+    snprintf(path, sizeof(path), "%s/tokens.bin", tmpdir);
+    uint16_t tok[4096];
+    uint64_t x = 99;
+    for (size_t i = 0; i < ST_ARRAY_SIZE(tok); i++) {
+        x = st_mix64(x);
+        tok[i] = (uint16_t)(i % 7 == 0 ? x % 32 : (uint64_t)(tok[i ? i - 1 : 0] * 3 + 1) % 32);
+    }
+    int r = st_tokens_write(path, ST_TOKENS_NANOGPT, tok, ST_ARRAY_SIZE(tok));
+    if (r < 0)
+        return r;
+    return st_tokens_open(path, model.vocab, &tokens, NULL);
+}
+
+/* The full state of a model gathered from every position (replica 0's params, every
+ * replica's moment shards). */
+struct state {
+    float *param[8], *m[8], *v[8];
+    size_t n[8];
+    float *tied0;       /* last stage's head copy (pp > 1), else NULL */
+    double loss[32];
+    int t;
+};
+
+static void state_free(struct state *s) {
+    for (int l = 0; l < 8; l++)
+        free(s->param[l]), free(s->m[l]), free(s->v[l]);
+    free(s->tied0);
+    memset(s, 0, sizeof(*s));
+}
+
+static void state_alloc(struct state *s) {
+    memset(s, 0, sizeof(*s));
+    for (int l = 0; l < kern_num_layers(&model); l++) {
+        s->n[l] = kern_layer_param_count(&model, l);
+        s->param[l] = calloc(s->n[l], sizeof(float));
+        s->m[l] = calloc(s->n[l], sizeof(float));
+        s->v[l] = calloc(s->n[l], sizeof(float));
+    }
+}
+
+struct job {
+    int dp, pp, nsteps;
+    uint64_t first_step;
+    const char *load_dir;  /* load before stepping */
+    const char *save_dir;  /* save after stepping */
+    int stage_lo[8];
+    struct worker_train_config cfg;
+    struct mig_endpoint *ep[16];
+    const char *addrs[16];
+    struct state *out;
+    pthread_mutex_t lock;
+    int rc[16];
+};
+
+struct thread_arg {
+    struct job *job;
+    int rank;
+};
+
+static void collect(struct job *j, struct worker_engine *e, int stage, int replica) {
+    pthread_mutex_lock(&j->lock);
+    struct state *s = j->out;
+    for (int l = 0; l < kern_num_layers(&model); l++) {
+        struct worker_layer_bufs b;
+        if (worker_engine_layer(e, WORKER_VIEW_CURRENT, l, &b) < 0)
+            continue;
+        if (!b.adam_m) { /* tied copy */
+            if (!s->tied0)
+                s->tied0 = calloc(b.n, sizeof(float));
+            if (replica == 0)
+                memcpy(s->tied0, b.param, b.n * sizeof(float));
+            continue;
+        }
+        if (replica == 0)
+            memcpy(s->param[l], b.param, b.n * sizeof(float));
+        memcpy(s->m[l] + b.shard_lo, b.adam_m, (b.shard_hi - b.shard_lo) * sizeof(float));
+        memcpy(s->v[l] + b.shard_lo, b.adam_v, (b.shard_hi - b.shard_lo) * sizeof(float));
+    }
+    s->t = worker_engine_opt_step(e);
+    (void)stage;
+    pthread_mutex_unlock(&j->lock);
+}
+
+static void *worker_thread(void *p) {
+    struct thread_arg *a = p;
+    struct job *j = a->job;
+    int rank = a->rank, n = j->dp * j->pp, stage = rank / j->dp, replica = rank % j->dp;
+    struct mig_comm *comm = NULL;
+    struct worker_engine *e = NULL;
+    struct worker_layout layout;
+    int r;
+    kern_set_threads(1);
+    if ((r = worker_layout_init(&layout, j->dp, j->pp, j->stage_lo, kern_num_layers(&model))) < 0)
+        goto out;
+    if ((r = mig_comm_new("tcp", j->ep[rank], 1, rank, n, j->addrs, 30.0, &comm)) < 0)
+        goto out;
+    if ((r = worker_engine_new(&j->cfg, &layout, stage, replica, comm, tokens, &e)) < 0)
+        goto out;
+    if (j->load_dir && (r = worker_engine_load(e, j->load_dir, NULL)) < 0)
+        goto out;
+    for (int s = 0; s < j->nsteps; s++) {
+        double loss;
+        if ((r = worker_engine_step(e, j->first_step + (uint64_t)s, &loss)) < 0)
+            goto out;
+        if (stage == j->pp - 1 && replica == 0)
+            j->out->loss[s] = loss;
+        else if (stage == j->pp - 1 ? isnan(loss) : !isnan(loss)) {
+            r = -EPROTO;
+            goto out;
+        }
+    }
+    if (j->save_dir && (r = worker_engine_save(e, j->save_dir, j->first_step + j->nsteps)) < 0)
+        goto out;
+    collect(j, e, stage, replica);
+out:
+    worker_engine_free(e);
+    mig_comm_free(comm);
+    j->rc[rank] = r;
+    return NULL;
+}
+
+/* Runs a (dp, pp) job with the given split (NULL: even split by layer) in threads. */
+static int run_job(int dp, int pp, const int *split, int nsteps, uint64_t first_step,
+                   const char *load_dir, const char *save_dir, struct state *out) {
+    struct job j;
+    memset(&j, 0, sizeof(j));
+    j.dp = dp;
+    j.pp = pp;
+    j.nsteps = nsteps;
+    j.first_step = first_step;
+    j.load_dir = load_dir;
+    j.save_dir = save_dir;
+    j.cfg = make_cfg();
+    j.out = out;
+    pthread_mutex_init(&j.lock, NULL);
+    int nl = kern_num_layers(&model), n = dp * pp, r = 0;
+    for (int s = 0; s <= pp; s++)
+        j.stage_lo[s] = split ? split[s] : s * nl / pp;
+    for (int i = 0; i < n; i++) {
+        if ((r = mig_endpoint_new("127.0.0.1", 0, &j.ep[i])) < 0)
+            goto out;
+        j.addrs[i] = mig_endpoint_addr(j.ep[i]);
+    }
+    pthread_t th[16];
+    struct thread_arg args[16];
+    for (int i = 0; i < n; i++) {
+        args[i].job = &j;
+        args[i].rank = i;
+        pthread_create(&th[i], NULL, worker_thread, &args[i]);
+    }
+    for (int i = 0; i < n; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < n; i++)
+        if (j.rc[i] < 0 && r == 0) {
+            fprintf(stderr, "  rank %d failed: %s\n", i, strerror(-j.rc[i]));
+            r = j.rc[i];
+        }
+out:
+    for (int i = 0; i < n; i++)
+        mig_endpoint_free(j.ep[i]);
+    pthread_mutex_destroy(&j.lock);
+    return r;
+}
+
+/* Largest relative difference between two states' params and moments; counts bit
+ * differences into *ret_ndiff. */
+static double state_diff(const struct state *a, const struct state *b, size_t *ret_ndiff) {
+    double worst = 0.0;
+    size_t ndiff = 0;
+    for (int l = 0; l < kern_num_layers(&model); l++) {
+        const float *pa[3] = {a->param[l], a->m[l], a->v[l]};
+        const float *pb[3] = {b->param[l], b->m[l], b->v[l]};
+        for (int k = 0; k < 3; k++) {
+            for (size_t i = 0; i < a->n[l]; i++) {
+                float x = pa[k][i], y = pb[k][i];
+                if (memcmp(&x, &y, sizeof(float)) != 0)
+                    ndiff++;
+                double d = fabs((double)x - y) / fmax(fabs((double)y), 1e-6);
+                if (d > worst)
+                    worst = d;
+            }
+        }
+    }
+    *ret_ndiff = ndiff;
+    return worst;
+}
+
+static int test_pipeline_bitwise(void) {
+    ASSERT_OK(setup_data());
+    struct state base, s2, s5;
+    state_alloc(&base), state_alloc(&s2), state_alloc(&s5);
+    ASSERT_OK(run_job(1, 1, NULL, 4, 0, NULL, NULL, &base));
+    ASSERT_OK(run_job(1, 2, NULL, 4, 0, NULL, NULL, &s2));
+    ASSERT_OK(run_job(1, 5, NULL, 4, 0, NULL, NULL, &s5));
+    size_t nd2, nd5;
+    state_diff(&s2, &base, &nd2);
+    state_diff(&s5, &base, &nd5);
+    int loss_same = memcmp(base.loss, s2.loss, sizeof(base.loss)) == 0 &&
+                    memcmp(base.loss, s5.loss, sizeof(base.loss)) == 0;
+    /* The last stage's tied copy equals layer 0. */
+    int tied_ok = s2.tied0 && memcmp(s2.tied0, base.param[0], base.n[0] * sizeof(float)) == 0;
+    int t = base.t;
+    double l0 = base.loss[0], l3 = base.loss[3];
+    /* Training moved every layer away from its initialisation and filled the moments. */
+    int moved = 1;
+    for (int l = 0; l < kern_num_layers(&model); l++) {
+        float *init = malloc(base.n[l] * sizeof(float));
+        kern_layer_init(&model, l, make_cfg().seed, init);
+        if (memcmp(init, base.param[l], base.n[l] * sizeof(float)) == 0 || base.v[l][0] <= 0.0f)
+            moved = 0;
+        free(init);
+    }
+    state_free(&base), state_free(&s2), state_free(&s5);
+    ASSERT_EQ(nd2, 0);
+    ASSERT_EQ(nd5, 0);
+    ASSERT_TRUE(loss_same);
+    ASSERT_TRUE(tied_ok);
+    ASSERT_TRUE(moved);
+    ASSERT_EQ(t, 4);
+    ASSERT_NEAR(l0, log(32.0), 0.1, 0); /* starts at the uniform loss */
+    ASSERT_TRUE(l3 < l0);
+    return 0;
+}
+
+static int test_data_parallel_close(void) {
+    ASSERT_OK(setup_data());
+    struct state base, d2, d22, d4;
+    state_alloc(&base), state_alloc(&d2), state_alloc(&d22), state_alloc(&d4);
+    ASSERT_OK(run_job(1, 1, NULL, 4, 0, NULL, NULL, &base));
+    ASSERT_OK(run_job(2, 1, NULL, 4, 0, NULL, NULL, &d2));
+    ASSERT_OK(run_job(2, 2, NULL, 4, 0, NULL, NULL, &d22));
+    ASSERT_OK(run_job(4, 1, NULL, 4, 0, NULL, NULL, &d4));
+    size_t n2, n22, n4;
+    double w2 = state_diff(&d2, &base, &n2), w22 = state_diff(&d22, &base, &n22),
+           w4 = state_diff(&d4, &base, &n4);
+    printf("# dp vs (1,1) after 4 steps: (2,1) max rel %.3g, %zu floats differ; (2,2) %.3g, "
+           "%zu; (4,1) %.3g, %zu\n", w2, n2, w22, n22, w4, n4);
+    double dl = fabs(d2.loss[3] - base.loss[3]);
+    state_free(&base), state_free(&d2), state_free(&d22), state_free(&d4);
+    ASSERT_TRUE(w2 <= 1e-6 && w22 <= 1e-6 && w4 <= 1e-6);
+    ASSERT_NEAR(dl, 0.0, 1e-9, 0);
+    return 0;
+}
+
+static int test_checkpoint_continue(void) {
+    ASSERT_OK(setup_data());
+    char dir[300];
+    snprintf(dir, sizeof(dir), "%s/ckpt-a", tmpdir);
+    struct state full, half, rest;
+    state_alloc(&full), state_alloc(&half), state_alloc(&rest);
+    ASSERT_OK(run_job(1, 1, NULL, 4, 0, NULL, NULL, &full));
+    ASSERT_OK(run_job(1, 2, NULL, 2, 0, NULL, dir, &half));
+    /* Continue in another shape: uneven split over 3 stages. */
+    int split[4] = {0, 2, 3, 5};
+    ASSERT_OK(run_job(1, 3, split, 2, 2, dir, NULL, &rest));
+    size_t nd;
+    state_diff(&rest, &full, &nd);
+    int t = rest.t;
+    struct mig_ckpt *ck = NULL;
+    int ro = mig_ckpt_open(dir, &ck, NULL);
+    struct mig_ckpt_meta meta;
+    memset(&meta, 0, sizeof(meta));
+    if (ro == 0)
+        mig_ckpt_get_meta(ck, &meta);
+    uint64_t step = meta.step, opt = meta.opt_step;
+    int has_model = meta.model_json && strstr(meta.model_json, "\"channels\":16") != NULL;
+    mig_ckpt_free(ck);
+    state_free(&full), state_free(&half), state_free(&rest);
+    ASSERT_OK(ro);
+    ASSERT_EQ(step, 2);
+    ASSERT_EQ(opt, 2);
+    ASSERT_TRUE(has_model);
+    ASSERT_EQ(nd, 0);
+    ASSERT_EQ(t, 4);
+    return 0;
+}
+
+/* dp 2 -> 1: replica 1 hands its moment shards to replica 0 (what a migration does), then
+ * replica 0 trains alone. */
+struct reshape_arg {
+    struct mig_endpoint *ep[2];
+    const char *addrs[2];
+    int rc[2];
+    struct state *out;
+};
+
+static void *reshape_thread(void *p) {
+    struct { struct reshape_arg *a; int rank; } *x = p;
+    struct reshape_arg *a = x->a;
+    int rank = x->rank, r;
+    struct worker_train_config cfg = make_cfg();
+    struct worker_layout l2, l1;
+    int nl = kern_num_layers(&model), split[2] = {0, nl};
+    struct mig_comm *comm = NULL;
+    struct worker_engine *e = NULL;
+    kern_set_threads(1);
+    worker_layout_init(&l2, 2, 1, split, nl);
+    worker_layout_init(&l1, 1, 1, split, nl);
+    if ((r = mig_comm_new("tcp", a->ep[rank], 1, rank, 2, a->addrs, 30.0, &comm)) < 0)
+        goto out;
+    if ((r = worker_engine_new(&cfg, &l2, 0, rank, comm, tokens, &e)) < 0)
+        goto out;
+    for (int s = 0; s < 2 && r >= 0; s++)
+        r = worker_engine_step(e, (uint64_t)s, NULL);
+    if (r < 0)
+        goto out;
+    if ((r = worker_engine_reshape_begin(e, &l1, rank == 0 ? 0 : -1, 0, NULL)) < 0)
+        goto out;
+    if (worker_engine_step(e, 2, NULL) != -EINVAL) { /* no step between begin and commit */
+        r = -EPROTO;
+        goto out;
+    }
+    for (int l = 0; l < nl && r >= 0; l++) {
+        struct worker_layer_bufs b;
+        if (rank == 1) {
+            if ((r = worker_engine_layer(e, WORKER_VIEW_OLD, l, &b)) < 0)
+                break;
+            size_t cnt = (b.shard_hi - b.shard_lo) * sizeof(float);
+            r = mig_send(comm, 0, b.adam_m, cnt);
+            if (r >= 0)
+                r = mig_send(comm, 0, b.adam_v, cnt);
+        } else {
+            struct worker_layer_bufs ob;
+            if ((r = worker_engine_layer(e, WORKER_VIEW_OLD, l, &ob)) < 0 ||
+                (r = worker_engine_layer(e, WORKER_VIEW_CURRENT, l, &b)) < 0)
+                break;
+            size_t lo, hi;
+            worker_shard(b.n, 2, 1, &lo, &hi);
+            /* the kept half was copied by reshape_begin */
+            if (memcmp(b.adam_m, ob.adam_m, ob.shard_hi * sizeof(float)) != 0 ||
+                b.shard_lo != 0 || b.shard_hi != b.n) {
+                r = -EPROTO;
+                break;
+            }
+            r = mig_recv(comm, 1, b.adam_m + lo, (hi - lo) * sizeof(float));
+            if (r >= 0)
+                r = mig_recv(comm, 1, b.adam_v + lo, (hi - lo) * sizeof(float));
+        }
+    }
+    if (r < 0 || (r = worker_engine_reshape_commit(e)) < 0)
+        goto out;
+    if (rank == 0) {
+        mig_comm_free(comm);
+        comm = NULL;
+        for (int s = 2; s < 4 && r >= 0; s++)
+            r = worker_engine_step(e, (uint64_t)s, NULL);
+        if (r >= 0) {
+            struct worker_layer_bufs b;
+            for (int l = 0; l < nl; l++) {
+                worker_engine_layer(e, WORKER_VIEW_CURRENT, l, &b);
+                memcpy(a->out->param[l], b.param, b.n * sizeof(float));
+                memcpy(a->out->m[l], b.adam_m, b.n * sizeof(float));
+                memcpy(a->out->v[l], b.adam_v, b.n * sizeof(float));
+            }
+            a->out->t = worker_engine_opt_step(e);
+        }
+    } else if (worker_engine_step(e, 2, NULL) != -EINVAL) { /* a spare cannot step */
+        r = -EPROTO;
+    }
+out:
+    worker_engine_free(e);
+    mig_comm_free(comm);
+    a->rc[rank] = r;
+    return NULL;
+}
+
+static int test_reshape_dp_shrink(void) {
+    ASSERT_OK(setup_data());
+    struct state full, got;
+    state_alloc(&full), state_alloc(&got);
+    ASSERT_OK(run_job(1, 1, NULL, 4, 0, NULL, NULL, &full));
+    struct reshape_arg a;
+    memset(&a, 0, sizeof(a));
+    a.out = &got;
+    for (int i = 0; i < 2; i++) {
+        ASSERT_OK(mig_endpoint_new("127.0.0.1", 0, &a.ep[i]));
+        a.addrs[i] = mig_endpoint_addr(a.ep[i]);
+    }
+    pthread_t th[2];
+    struct { struct reshape_arg *a; int rank; } args[2] = {{&a, 0}, {&a, 1}};
+    for (int i = 0; i < 2; i++)
+        pthread_create(&th[i], NULL, reshape_thread, &args[i]);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < 2; i++)
+        mig_endpoint_free(a.ep[i]);
+    size_t nd;
+    double w = state_diff(&got, &full, &nd);
+    int t = got.t;
+    state_free(&full), state_free(&got);
+    ASSERT_OK(a.rc[0]);
+    ASSERT_OK(a.rc[1]);
+    ASSERT_EQ(t, 4);
+    ASSERT_TRUE(w <= 1e-6);
+    return 0;
+}
+
+static int test_bad_arguments(void) {
+    ASSERT_OK(setup_data());
+    struct worker_train_config cfg = make_cfg();
+    struct worker_layout l;
+    int nl = kern_num_layers(&model);
+    int split[3] = {0, 2, nl}, bad_split[3] = {0, 0, nl}, one[2] = {0, nl};
+    struct worker_engine *e = NULL;
+    ASSERT_ERR(worker_layout_init(&l, 1, 2, bad_split, nl), -EINVAL);
+    ASSERT_ERR(worker_layout_init(&l, 0, 1, one, nl), -EINVAL);
+    ASSERT_ERR(worker_layout_init(&l, 1, 1, split, nl), -EINVAL); /* last bound != nl */
+    ASSERT_OK(worker_layout_init(&l, 1, 2, split, nl));
+    /* dp * pp > 1 needs a communicator */
+    ASSERT_ERR(worker_engine_new(&cfg, &l, 0, 0, NULL, tokens, &e), -EINVAL);
+    ASSERT_OK(worker_layout_init(&l, 1, 1, one, nl));
+    ASSERT_ERR(worker_engine_new(&cfg, &l, 1, 0, NULL, tokens, &e), -EINVAL);
+    ASSERT_ERR(worker_engine_new(&cfg, &l, 0, 0, NULL, NULL, &e), -EINVAL);
+    struct worker_train_config c2 = cfg;
+    c2.model.vocab = 16; /* the data holds tokens up to 31 */
+    ASSERT_ERR(worker_engine_new(&c2, &l, 0, 0, NULL, tokens, &e), -EINVAL);
+    c2 = cfg;
+    c2.global_batch = 7; /* not a multiple of micro_batch 2 */
+    c2.micro_batch = 2;
+    ASSERT_ERR(worker_engine_new(&c2, &l, 0, 0, NULL, tokens, &e), -EINVAL);
+    ASSERT_OK(worker_engine_new(&cfg, &l, 0, 0, NULL, tokens, &e));
+    struct worker_layer_bufs b;
+    ASSERT_ERR(worker_engine_layer(e, WORKER_VIEW_OLD, 0, &b), -ENOENT);
+    ASSERT_ERR(worker_engine_layer(e, WORKER_VIEW_CURRENT, nl, &b), -ENOENT);
+    ASSERT_ERR(worker_engine_reshape_commit(e), -EINVAL);
+    ASSERT_ERR(worker_engine_reshape_abort(e), -EINVAL);
+    ASSERT_ERR(worker_engine_set_opt_step(e, -1), -EINVAL);
+    /* begin + abort keeps the old state */
+    float p0 = 0;
+    ASSERT_OK(worker_engine_layer(e, WORKER_VIEW_CURRENT, 1, &b));
+    p0 = b.param[3];
+    ASSERT_OK(worker_engine_reshape_begin(e, &l, 0, 0, NULL));
+    ASSERT_ERR(worker_engine_reshape_begin(e, &l, 0, 0, NULL), -EBUSY);
+    ASSERT_OK(worker_engine_reshape_abort(e));
+    ASSERT_OK(worker_engine_layer(e, WORKER_VIEW_CURRENT, 1, &b));
+    ASSERT_TRUE(b.param[3] == p0);
+    /* Loading a checkpoint of another model fails and names it. */
+    char dir[300];
+    snprintf(dir, sizeof(dir), "%s/no-such-ckpt", tmpdir);
+    ASSERT_TRUE(worker_engine_load(e, dir, NULL) < 0);
+    /* Saving where no directory can be made fails and changes nothing. */
+    ASSERT_TRUE(worker_engine_save(e, "/proc/no-such/ckpt", 0) < 0);
+    ASSERT_ERR(worker_engine_save(e, NULL, 0), -EINVAL);
+    ASSERT_ERR(worker_engine_step(NULL, 0, NULL), -EINVAL);
+    worker_engine_free(e);
+    ASSERT_TRUE(worker_engine_free(NULL) == NULL);
+    return 0;
+}
+
+static int test_load_other_model(void) {
+    ASSERT_OK(setup_data());
+    char dir[300];
+    snprintf(dir, sizeof(dir), "%s/ckpt-b", tmpdir);
+    struct state s;
+    state_alloc(&s);
+    ASSERT_OK(run_job(1, 1, NULL, 1, 0, NULL, dir, &s));
+    state_free(&s);
+    struct worker_train_config cfg = make_cfg();
+    cfg.model.seq_len = 4; /* another model */
+    struct worker_layout l;
+    int one[2] = {0, kern_num_layers(&model)};
+    ASSERT_OK(worker_layout_init(&l, 1, 1, one, kern_num_layers(&model)));
+    struct worker_engine *e = NULL;
+    ASSERT_OK(worker_engine_new(&cfg, &l, 0, 0, NULL, tokens, &e));
+    int r = worker_engine_load(e, dir, NULL);
+    worker_engine_free(e);
+    ASSERT_ERR(r, -EINVAL);
+    return 0;
+}
+
+static int test_cleanup(void) {
+    tokens = st_tokens_free(tokens);
+    if (tmpdir[0]) {
+        char cmd[300];
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
+        ASSERT_EQ(system(cmd), 0);
+    }
+    return 0;
+}
+
+TEST_MAIN(TEST(test_pipeline_bitwise), TEST(test_data_parallel_close),
+          TEST(test_checkpoint_continue), TEST(test_reshape_dp_shrink),
+          TEST(test_bad_arguments), TEST(test_load_other_model), TEST(test_cleanup))

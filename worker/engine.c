@@ -1,0 +1,624 @@
+/* engine.c: the worker engine's lifecycle — creation, the optimizer half of a step (tied
+ * gradient sum, ZeRO-1 reduce-scatter, global-norm clip, AdamW on the shard, all-gather),
+ * buffer access for migration, reshape, and checkpoint save/load.
+ *
+ * The one idea: the engine never sums floats in an order that depends on the shape; see
+ * schedule.c for the forward/backward half and docs/engine.md for the whole argument. */
+#include <inttypes.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "check.h" /* TRY, TRY_GOTO, TRY_KEEP */
+#include "tokens.h" /* struct st_tokens */
+#include "worker-internal.h"
+
+#define SUBSYS "engine"
+
+int worker_train_config_from_spec(const struct st_spec *spec, struct worker_train_config *ret) {
+    struct worker_train_config c;
+    memset(&c, 0, sizeof(c));
+    c.model.layers = spec->model.layers;
+    c.model.channels = spec->model.hidden;
+    c.model.heads = spec->model.heads;
+    c.model.vocab = spec->model.vocab;
+    c.model.seq_len = spec->model.seq_len;
+    c.global_batch = spec->training.global_batch;
+    c.micro_batch = spec->training.micro_batch;
+    c.total_steps = spec->training.steps;
+    const struct st_spec_optimizer *o = &spec->training.optimizer;
+    c.lr = o->lr;
+    c.beta1 = o->beta1;
+    c.beta2 = o->beta2;
+    c.eps = o->eps;
+    c.weight_decay = o->weight_decay;
+    c.grad_clip = o->grad_clip;
+    c.warmup_steps = o->warmup_steps;
+    c.schedule = o->schedule == ST_LR_CONSTANT ? KERN_LR_CONSTANT
+                 : o->schedule == ST_LR_LINEAR ? KERN_LR_LINEAR
+                                               : KERN_LR_COSINE;
+    c.min_lr_ratio = o->min_lr_ratio;
+    c.seed = spec->training.seed;
+    if (kern_config_check(&c.model) < 0 || c.global_batch <= 0 || c.micro_batch <= 0 ||
+        c.global_batch % c.micro_batch != 0)
+        return -EINVAL;
+    *ret = c;
+    return 0;
+}
+
+int worker_layout_check(const struct worker_layout *l, int nlayers) {
+    if (!l || l->dp <= 0 || l->pp <= 0 || l->pp > WORKER_MAX_STAGES ||
+        (long)l->dp * l->pp > WORKER_MAX_RANKS || l->pp > nlayers)
+        return -EINVAL;
+    if (l->stage_lo[0] != 0 || l->stage_lo[l->pp] != nlayers)
+        return -EINVAL;
+    for (int s = 0; s < l->pp; s++)
+        if (l->stage_lo[s + 1] <= l->stage_lo[s])
+            return -EINVAL;
+    int n = l->dp * l->pp;
+    for (int i = 0; i < n; i++) {
+        if (l->ranks[i] < 0 || l->ranks[i] >= WORKER_MAX_RANKS)
+            return -EINVAL;
+        for (int j = 0; j < i; j++)
+            if (l->ranks[j] == l->ranks[i])
+                return -EINVAL;
+    }
+    return 0;
+}
+
+int worker_layout_init(struct worker_layout *ret, int dp, int pp, const int *stage_lo,
+                       int nlayers) {
+    if (!ret || !stage_lo || dp <= 0 || pp <= 0 || pp > WORKER_MAX_STAGES ||
+        (long)dp * pp > WORKER_MAX_RANKS)
+        return -EINVAL;
+    struct worker_layout l;
+    memset(&l, 0, sizeof(l));
+    l.dp = dp;
+    l.pp = pp;
+    for (int s = 0; s <= pp; s++)
+        l.stage_lo[s] = stage_lo[s];
+    for (int i = 0; i < dp * pp; i++)
+        l.ranks[i] = i;
+    TRY(worker_layout_check(&l, nlayers));
+    *ret = l;
+    return 0;
+}
+
+static int engine_check(const struct worker_engine *e) {
+    return e && e->magic == WORKER_ENGINE_MAGIC ? 0 : -EINVAL;
+}
+
+static int nowned(const struct engine_view *v) { return v->stage < 0 ? 0 : v->hi - v->lo; }
+
+static void drop_work(struct worker_engine *e) {
+    e->work = worker__work_free(e->work, nowned(&e->cur));
+}
+
+/* Validates a position against the config and its comm. */
+static int check_position(const struct worker_train_config *cfg,
+                          const struct worker_layout *layout, int stage, int replica,
+                          struct mig_comm *comm) {
+    int nl = kern_num_layers(&cfg->model);
+    if (worker_layout_check(layout, nl) < 0)
+        return -EINVAL;
+    if (stage < -1 || stage >= layout->pp || (stage >= 0 && (replica < 0 ||
+                                                             replica >= layout->dp)))
+        return -EINVAL;
+    if (cfg->global_batch % (layout->dp * cfg->micro_batch) != 0)
+        return -EINVAL;
+    if (!comm && layout->dp * layout->pp > 1)
+        return -EINVAL;
+    if (comm) {
+        int n = layout->dp * layout->pp;
+        for (int i = 0; i < n; i++)
+            if (layout->ranks[i] >= mig_comm_size(comm))
+                return -EINVAL;
+        if (stage >= 0 && layout->ranks[stage * layout->dp + replica] != mig_comm_rank(comm))
+            return -EINVAL;
+    }
+    return 0;
+}
+
+int worker_engine_new(const struct worker_train_config *cfg, const struct worker_layout *layout,
+                      int stage, int replica, struct mig_comm *comm,
+                      const struct st_tokens *data, struct worker_engine **ret) {
+    int r = 0;
+    if (!cfg || !layout || !data || !ret || kern_config_check(&cfg->model) < 0 ||
+        cfg->micro_batch <= 0 || cfg->global_batch <= 0 || cfg->total_steps < 0 || stage < 0)
+        return -EINVAL;
+    if (data->max_token >= (uint32_t)cfg->model.vocab || data->ntokens <= (uint64_t)cfg->model.seq_len)
+        return -EINVAL;
+    TRY(check_position(cfg, layout, stage, replica, comm));
+    struct worker_engine *e = st_calloc(1, sizeof(*e));
+    if (!e)
+        return -ENOMEM;
+    e->magic = WORKER_ENGINE_MAGIC;
+    e->cfg = *cfg;
+    e->data = data;
+    TRY_GOTO(worker__view_init(&e->cur, cfg, layout, stage, replica, comm), r, out);
+    for (int l = e->cur.lo; l < e->cur.hi; l++)
+        TRY_GOTO(kern_layer_init(&cfg->model, l, cfg->seed, e->cur.layers[l - e->cur.lo].param),
+                 r, out);
+    if (e->cur.tied0)
+        TRY_GOTO(kern_layer_init(&cfg->model, 0, cfg->seed, e->cur.tied0), r, out);
+    *ret = e;
+    e = NULL;
+out:
+    worker_engine_free(e);
+    return r;
+}
+
+struct worker_engine *worker_engine_free(struct worker_engine *e) {
+    if (!e)
+        return NULL;
+    drop_work(e);
+    worker__view_done(&e->cur);
+    worker__view_done(&e->old);
+    e->magic = 0;
+    st_free(e);
+    return NULL;
+}
+
+int worker_engine_opt_step(const struct worker_engine *e) { return e ? e->t : 0; }
+
+int worker_engine_set_opt_step(struct worker_engine *e, int t) {
+    TRY(engine_check(e));
+    if (t < 0)
+        return -EINVAL;
+    e->t = t;
+    return 0;
+}
+
+int worker_engine_stage(const struct worker_engine *e) { return e->cur.stage; }
+int worker_engine_replica(const struct worker_engine *e) { return e->cur.replica; }
+const struct worker_layout *worker_engine_layout(const struct worker_engine *e) {
+    return &e->cur.layout;
+}
+
+/* The comm ranks of stage s's replicas, in replica order. */
+static void stage_group(const struct engine_view *v, int s, int *group) {
+    for (int r = 0; r < v->layout.dp; r++)
+        group[r] = worker__rank(v, s, r);
+}
+
+static void shard_counts(size_t n, int dp, size_t *counts) {
+    for (int r = 0; r < dp; r++) {
+        size_t lo, hi;
+        worker_shard(n, dp, r, &lo, &hi);
+        counts[r] = hi - lo;
+    }
+}
+
+/* After the pipeline: tied gradient, reduce-scatter, norm, AdamW, all-gather, tied copy. */
+static int optimizer_step(struct worker_engine *e, uint64_t step) {
+    struct engine_view *v = &e->cur;
+    struct engine_work *w = e->work;
+    const struct kern_config *mc = &e->cfg.model;
+    int dp = v->layout.dp, pp = v->layout.pp, nl = kern_num_layers(mc);
+    int first = v->stage == 0, last = v->stage == pp - 1;
+    size_t VC = (size_t)mc->vocab * mc->channels;
+    int group[WORKER_MAX_RANKS];
+    size_t counts[WORKER_MAX_RANKS];
+    int r = 0;
+
+    /* Tied wte: embed-side + head-side, in that order, whatever pp is. */
+    if (first && last) {
+        for (size_t i = 0; i < VC; i++)
+            w->acc[0][i] += w->acc_head[i];
+    } else if (last) {
+        TRY(mig_send(v->comm, worker__rank(v, 0, v->replica), w->acc_head, VC * sizeof(double)));
+    } else if (first) {
+        TRY(mig_recv(v->comm, worker__rank(v, pp - 1, v->replica), w->recv_head,
+                     VC * sizeof(double)));
+        for (size_t i = 0; i < VC; i++)
+            w->acc[0][i] += w->recv_head[i];
+    }
+
+    /* Sum over replicas into each one's shard, in replica order. */
+    stage_group(v, v->stage, group);
+    for (int i = 0; i < v->hi - v->lo; i++) {
+        struct engine_layer *L = &v->layers[i];
+        if (dp > 1) {
+            shard_counts(L->n, dp, counts);
+            TRY(mig_reduce_scatter(v->comm, group, dp, w->acc[i], w->acc[i] + L->lo, counts,
+                                   MIG_F64));
+        }
+    }
+
+    /* Global norm: per layer, per replica shard, in (layer, replica) order. */
+    memset(w->norm_parts, 0, (size_t)nl * dp * sizeof(double));
+    for (int i = 0; i < v->hi - v->lo; i++) {
+        struct engine_layer *L = &v->layers[i];
+        w->norm_parts[(size_t)L->layer * dp + v->replica] =
+            kern_sumsq_f64(w->acc[i] + L->lo, L->hi - L->lo);
+    }
+    if (dp * pp > 1) {
+        for (int k = 0; k < dp * pp; k++)
+            group[k] = v->layout.ranks[k];
+        /* Every entry has one non-zero contributor, so the sum is exact in any order. */
+        TRY(mig_allreduce(v->comm, group, dp * pp, w->norm_parts, (size_t)nl * dp, MIG_F64));
+    }
+    double sumsq = 0.0;
+    for (size_t k = 0; k < (size_t)nl * dp; k++)
+        sumsq += w->norm_parts[k];
+    double scale = kern_clip_scale(sqrt(sumsq), e->cfg.grad_clip);
+
+    /* AdamW on this replica's shard, tensor by tensor (weight decay on 2-D weights only). */
+    int t = e->t + 1;
+    float lr = (float)kern_lr(e->cfg.schedule, e->cfg.lr, e->cfg.warmup_steps,
+                              e->cfg.total_steps, e->cfg.min_lr_ratio, (int)step);
+    for (int i = 0; i < v->hi - v->lo; i++) {
+        struct engine_layer *L = &v->layers[i];
+        kern_round_scaled(w->gshard, w->acc[i] + L->lo, L->hi - L->lo, scale);
+        int nt = kern_layer_tensor_count(mc, L->layer);
+        for (int k = 0; k < nt; k++) {
+            struct kern_tensor_info ti;
+            kern_layer_tensor(mc, L->layer, k, &ti);
+            size_t a = ST_MAX(ti.offset, L->lo), b = ST_MIN(ti.offset + ti.numel, L->hi);
+            if (a >= b)
+                continue;
+            kern_adamw(L->param + a, w->gshard + (a - L->lo), L->m + (a - L->lo),
+                       L->v + (a - L->lo), b - a, lr, (float)e->cfg.beta1, (float)e->cfg.beta2,
+                       (float)e->cfg.eps, ti.decay ? (float)e->cfg.weight_decay : 0.0f, t);
+        }
+    }
+
+    /* Every replica gets the whole updated parameters. */
+    stage_group(v, v->stage, group);
+    for (int i = 0; i < v->hi - v->lo && dp > 1; i++) {
+        struct engine_layer *L = &v->layers[i];
+        shard_counts(L->n, dp, counts);
+        TRY(mig_allgather(v->comm, group, dp, L->param + L->lo, L->param, counts, MIG_F32));
+    }
+
+    /* The tied head copy follows layer 0. */
+    size_t n0 = kern_layer_param_count(mc, 0);
+    if (pp > 1 && first)
+        TRY(mig_send(v->comm, worker__rank(v, pp - 1, v->replica), v->layers[0].param,
+                     n0 * sizeof(float)));
+    else if (pp > 1 && last)
+        TRY(mig_recv(v->comm, worker__rank(v, 0, v->replica), v->tied0, n0 * sizeof(float)));
+    e->t = t;
+    return r;
+}
+
+int worker_engine_step(struct worker_engine *e, uint64_t step, double *ret_loss) {
+    TRY(engine_check(e));
+    struct engine_view *v = &e->cur;
+    if (v->stage < 0 || e->old.valid)
+        return -EINVAL;
+    if (!e->work)
+        TRY(worker__work_new(e, &e->work));
+    struct engine_work *w = e->work;
+    for (int i = 0; i < v->hi - v->lo; i++)
+        memset(w->acc[i], 0, v->layers[i].n * sizeof(double));
+    if (w->acc_head)
+        memset(w->acc_head, 0, (size_t)e->cfg.model.vocab * e->cfg.model.channels *
+                                   sizeof(double));
+    w->loss_sum = 0.0;
+    int r = worker__run_pipeline(e, step);
+    if (r < 0)
+        return st_log_errno(r, "Step %" PRIu64 ": pipeline failed (stage %d, replica %d): %s",
+                            step, v->stage, v->replica, st_strerror(r));
+    r = optimizer_step(e, step);
+    if (r < 0)
+        return st_log_errno(r, "Step %" PRIu64 ": gradient reduction or update failed: %s",
+                            step, st_strerror(r));
+    double loss = NAN;
+    if (v->stage == v->layout.pp - 1) {
+        double sum = w->loss_sum;
+        if (v->layout.dp > 1) {
+            int group[WORKER_MAX_RANKS];
+            stage_group(v, v->stage, group);
+            r = mig_allreduce(v->comm, group, v->layout.dp, &sum, 1, MIG_F64);
+            if (r < 0)
+                return st_log_errno(r, "Step %" PRIu64 ": loss reduction failed: %s", step,
+                                    st_strerror(r));
+        }
+        loss = sum / ((double)e->cfg.global_batch * e->cfg.model.seq_len);
+    }
+    if (ret_loss)
+        *ret_loss = loss;
+    return 0;
+}
+
+int worker_engine_layer(struct worker_engine *e, enum worker_view view, int layer,
+                        struct worker_layer_bufs *ret) {
+    TRY(engine_check(e));
+    if (!ret || (view != WORKER_VIEW_CURRENT && view != WORKER_VIEW_OLD))
+        return -EINVAL;
+    struct engine_view *v = view == WORKER_VIEW_OLD ? &e->old : &e->cur;
+    if (!v->valid)
+        return -ENOENT;
+    struct worker_layer_bufs b;
+    memset(&b, 0, sizeof(b));
+    b.layer = layer;
+    struct engine_layer *L = worker__view_layer(v, layer);
+    if (L) {
+        b.n = L->n;
+        b.param = L->param;
+        b.shard_lo = L->lo;
+        b.shard_hi = L->hi;
+        b.adam_m = L->m;
+        b.adam_v = L->v;
+    } else if (layer == 0 && v->tied0) {
+        b.n = kern_layer_param_count(&e->cfg.model, 0);
+        b.param = v->tied0;
+    } else {
+        return -ENOENT;
+    }
+    *ret = b;
+    return 0;
+}
+
+int worker_engine_reshape_begin(struct worker_engine *e, const struct worker_layout *layout,
+                                int stage, int replica, struct mig_comm *comm) {
+    TRY(engine_check(e));
+    if (e->old.valid)
+        return -EBUSY;
+    TRY(check_position(&e->cfg, layout, stage, replica, comm));
+    struct engine_view nv;
+    TRY(worker__view_init(&nv, &e->cfg, layout, stage, replica, comm));
+    size_t n0 = kern_layer_param_count(&e->cfg.model, 0);
+    for (int l = nv.lo; l < nv.hi && stage >= 0; l++) {
+        struct engine_layer *N = &nv.layers[l - nv.lo];
+        struct engine_layer *O = worker__view_layer(&e->cur, l);
+        if (O) {
+            memcpy(N->param, O->param, N->n * sizeof(float));
+            size_t a = ST_MAX(N->lo, O->lo), b = ST_MIN(N->hi, O->hi);
+            if (a < b) {
+                memcpy(N->m + (a - N->lo), O->m + (a - O->lo), (b - a) * sizeof(float));
+                memcpy(N->v + (a - N->lo), O->v + (a - O->lo), (b - a) * sizeof(float));
+            }
+        } else if (l == 0 && e->cur.tied0) {
+            memcpy(N->param, e->cur.tied0, n0 * sizeof(float));
+        }
+    }
+    if (nv.tied0) {
+        struct engine_layer *O = worker__view_layer(&e->cur, 0);
+        if (O)
+            memcpy(nv.tied0, O->param, n0 * sizeof(float));
+        else if (e->cur.tied0)
+            memcpy(nv.tied0, e->cur.tied0, n0 * sizeof(float));
+    }
+    drop_work(e);
+    e->old = e->cur;
+    e->cur = nv;
+    return 0;
+}
+
+int worker_engine_reshape_commit(struct worker_engine *e) {
+    TRY(engine_check(e));
+    if (!e->old.valid)
+        return -EINVAL;
+    worker__view_done(&e->old);
+    return 0;
+}
+
+int worker_engine_reshape_abort(struct worker_engine *e) {
+    TRY(engine_check(e));
+    if (!e->old.valid)
+        return -EINVAL;
+    drop_work(e);
+    worker__view_done(&e->cur);
+    e->cur = e->old;
+    memset(&e->old, 0, sizeof(e->old));
+    return 0;
+}
+
+char *worker_model_json(const struct kern_config *cfg) {
+    char buf[256];
+    snprintf(buf, sizeof(buf),
+             "{\"arch\":\"gpt2\",\"layers\":%d,\"channels\":%d,\"heads\":%d,\"vocab\":%d,"
+             "\"seq_len\":%d}",
+             cfg->layers, cfg->channels, cfg->heads, cfg->vocab, cfg->seq_len);
+    return st_strdup(buf);
+}
+
+/* Gathers a layer's moment shards to every replica of the stage (full m, v). */
+static int gather_moments(struct worker_engine *e, struct engine_layer *L, float *m, float *v) {
+    struct engine_view *vw = &e->cur;
+    int dp = vw->layout.dp;
+    if (dp == 1) {
+        memcpy(m, L->m, L->n * sizeof(float));
+        memcpy(v, L->v, L->n * sizeof(float));
+        return 0;
+    }
+    int group[WORKER_MAX_RANKS];
+    size_t counts[WORKER_MAX_RANKS];
+    stage_group(vw, vw->stage, group);
+    shard_counts(L->n, dp, counts);
+    TRY(mig_allgather(vw->comm, group, dp, L->m, m, counts, MIG_F32));
+    TRY(mig_allgather(vw->comm, group, dp, L->v, v, counts, MIG_F32));
+    return 0;
+}
+
+static int write_layer(struct worker_engine *e, struct mig_ckpt_writer *wr,
+                       struct engine_layer *L, float *m, float *v) {
+    const struct kern_config *mc = &e->cfg.model;
+    struct mig_tensor t[3 * KERN_MAX_TENSORS];
+    char names[KERN_MAX_TENSORS][KERN_TENSOR_NAME_MAX]; /* the writer reads them in the call */
+    float *src[3] = {L->param, m, v};
+    int nt = kern_layer_tensor_count(mc, L->layer);
+    for (int i = 0; i < nt; i++) {
+        struct kern_tensor_info ti;
+        kern_layer_tensor(mc, L->layer, i, &ti);
+        memcpy(names[i], ti.name, sizeof(names[i]));
+        for (int kind = 0; kind < 3; kind++) {
+            struct mig_tensor *x = &t[3 * i + kind];
+            x->name = names[i];
+            x->kind = (enum mig_tensor_kind)kind;
+            x->count = ti.numel;
+            x->data = src[kind] + ti.offset;
+        }
+    }
+    return mig_ckpt_write_layer(wr, L->layer, t, (size_t)(3 * nt));
+}
+
+int worker_engine_save(struct worker_engine *e, const char *dir, uint64_t step) {
+    TRY(engine_check(e));
+    struct engine_view *v = &e->cur;
+    if (!dir || v->stage < 0 || e->old.valid)
+        return -EINVAL;
+    int r = 0;
+    struct mig_ckpt_writer *wr = NULL;
+    float *m = NULL, *vv = NULL;
+    char *model = NULL;
+    size_t maxn = 1;
+    for (int i = 0; i < v->hi - v->lo; i++)
+        maxn = ST_MAX(maxn, v->layers[i].n);
+    m = st_malloc(maxn * sizeof(float));
+    vv = st_malloc(maxn * sizeof(float));
+    if (!m || !vv)
+        TRY_GOTO(-ENOMEM, r, out);
+    if (v->replica == 0) {
+        r = mig_ckpt_writer_new(dir, &wr);
+        if (r < 0) {
+            r = st_log_errno(r, "Cannot create checkpoint directory '%s': %s", dir,
+                             st_strerror(r));
+            goto out;
+        }
+    }
+    for (int i = 0; i < v->hi - v->lo; i++) {
+        TRY_GOTO(gather_moments(e, &v->layers[i], m, vv), r, out);
+        if (v->replica == 0) {
+            r = write_layer(e, wr, &v->layers[i], m, vv);
+            if (r < 0) {
+                r = st_log_errno(r, "Cannot write layer %d of checkpoint '%s': %s",
+                             v->layers[i].layer, dir, st_strerror(r));
+                goto out;
+            }
+        }
+    }
+    int n = v->layout.dp * v->layout.pp, group[WORKER_MAX_RANKS];
+    for (int k = 0; k < n; k++)
+        group[k] = v->layout.ranks[k];
+    if (n > 1)
+        TRY_GOTO(mig_barrier(v->comm, group, n), r, out);
+    if (v->stage == 0 && v->replica == 0) {
+        model = worker_model_json(&e->cfg.model);
+        if (!model)
+            TRY_GOTO(-ENOMEM, r, out);
+        char extra[256];
+        snprintf(extra, sizeof(extra), "{\"global_batch\":%d,\"micro_batch\":%d,\"dp\":%d,"
+                 "\"pp\":%d}", e->cfg.global_batch, e->cfg.micro_batch, v->layout.dp,
+                 v->layout.pp);
+        struct mig_ckpt_meta meta = {
+            .model_json = model,
+            .step = step,
+            .samples_committed = step * (uint64_t)e->cfg.global_batch,
+            .data_position = step,
+            .data_seed = e->cfg.seed,
+            .opt_step = (uint64_t)e->t,
+            .extra_json = extra,
+        };
+        r = mig_ckpt_commit(dir, &meta, kern_num_layers(&e->cfg.model));
+        if (r < 0) {
+            r = st_log_errno(r, "Cannot commit checkpoint '%s': %s", dir, st_strerror(r));
+            TRY_KEEP(r, n > 1 ? mig_barrier(v->comm, group, n) : 0);
+            goto out;
+        }
+    }
+    if (n > 1)
+        TRY_GOTO(mig_barrier(v->comm, group, n), r, out);
+out:
+    st_free(model);
+    st_free(m);
+    st_free(vv);
+    mig_ckpt_writer_free(wr);
+    return r;
+}
+
+/* True when the checkpoint's model JSON describes cfg. */
+static int model_matches(const char *json, const struct kern_config *cfg) {
+    json_error_t jerr;
+    json_t *o = json_loads(json ? json : "", 0, &jerr);
+    if (!o)
+        return 0;
+    int ok = json_integer_value(json_object_get(o, "layers")) == cfg->layers &&
+             json_integer_value(json_object_get(o, "channels")) == cfg->channels &&
+             json_integer_value(json_object_get(o, "heads")) == cfg->heads &&
+             json_integer_value(json_object_get(o, "vocab")) == cfg->vocab &&
+             json_integer_value(json_object_get(o, "seq_len")) == cfg->seq_len;
+    json_decref(o);
+    return ok;
+}
+
+/* Copies one layer from a checkpoint: whole PARAM into param; the [lo, hi) range of the
+ * moments into m, v (when non-NULL). */
+static int load_layer(struct worker_engine *e, struct mig_ckpt *ck, const char *dir, int layer,
+                      float *param, size_t lo, size_t hi, float *m, float *v) {
+    const struct kern_config *mc = &e->cfg.model;
+    struct mig_ckpt_layer *cl = NULL;
+    struct st_error err;
+    memset(&err, 0, sizeof(err));
+    int r = mig_ckpt_read_layer(ck, layer, &cl, &err);
+    if (r < 0)
+        return st_log_errno(r, "Cannot read layer %d of checkpoint '%s': %s: %s", layer, dir,
+                            err.file, err.message);
+    int nt = kern_layer_tensor_count(mc, layer);
+    for (int i = 0; i < nt && r >= 0; i++) {
+        struct kern_tensor_info ti;
+        kern_layer_tensor(mc, layer, i, &ti);
+        for (int kind = 0; kind < 3; kind++) {
+            if (kind > 0 && !m)
+                break;
+            const struct mig_tensor *t = mig_ckpt_layer_find(cl, ti.name, (enum mig_tensor_kind)kind);
+            if (!t || t->count != ti.numel) {
+                r = st_log_errno(-EINVAL, "Checkpoint '%s' layer %d: tensor '%s' (%s) %s", dir,
+                                 layer, ti.name, mig_tensor_kind_name((enum mig_tensor_kind)kind),
+                                 t ? "has the wrong size" : "is missing");
+                break;
+            }
+            if (kind == 0) {
+                memcpy(param + ti.offset, t->data, ti.numel * sizeof(float));
+                continue;
+            }
+            size_t a = ST_MAX(ti.offset, lo), b = ST_MIN(ti.offset + ti.numel, hi);
+            if (a < b)
+                memcpy((kind == 1 ? m : v) + (a - lo), t->data + (a - ti.offset),
+                       (b - a) * sizeof(float));
+        }
+    }
+    mig_ckpt_layer_free(cl);
+    return r;
+}
+
+int worker_engine_load(struct worker_engine *e, const char *dir, uint64_t *ret_step) {
+    TRY(engine_check(e));
+    struct engine_view *v = &e->cur;
+    if (!dir || e->old.valid)
+        return -EINVAL;
+    struct mig_ckpt *ck = NULL;
+    struct st_error err;
+    memset(&err, 0, sizeof(err));
+    int r = mig_ckpt_open(dir, &ck, &err);
+    if (r < 0)
+        return st_log_errno(r, "Cannot open checkpoint '%s': %s: %s", dir, err.file,
+                            err.message);
+    struct mig_ckpt_meta meta;
+    mig_ckpt_get_meta(ck, &meta);
+    if (mig_ckpt_nlayers(ck) != kern_num_layers(&e->cfg.model) ||
+        !model_matches(meta.model_json, &e->cfg.model)) {
+        r = st_log_errno(-EINVAL, "Checkpoint '%s' is of another model (%s)", dir,
+                         meta.model_json ? meta.model_json : "?");
+        goto out;
+    }
+    if (meta.opt_step > (uint64_t)INT32_MAX) {
+        r = st_log_errno(-EINVAL, "Checkpoint '%s': optimizer step out of range", dir);
+        goto out;
+    }
+    for (int i = 0; i < nowned(v); i++) {
+        struct engine_layer *L = &v->layers[i];
+        TRY_GOTO(load_layer(e, ck, dir, L->layer, L->param, L->lo, L->hi, L->m, L->v), r, out);
+    }
+    if (v->tied0)
+        TRY_GOTO(load_layer(e, ck, dir, 0, v->tied0, 0, 0, NULL, NULL), r, out);
+    e->t = (int)meta.opt_step;
+    if (ret_step)
+        *ret_step = meta.step;
+out:
+    mig_ckpt_free(ck);
+    return r;
+}

@@ -1,0 +1,739 @@
+/* runner.c: a worker process under a coordinator — agent + engine + data plane + notices.
+ *
+ * The one idea: only this thread touches the engine and the communicators. The agent's watch
+ * thread copies every command into a queue; this thread drains it before every step and
+ * decides: train step `done` when the lease allows, write a checkpoint due at `done`, or
+ * reconfigure when the next epoch's order is complete and `done` is its boundary. Every wait
+ * is bounded (reconfig_timeout, the data plane's timeout), and a failure is reported as a
+ * notice and leaves the worker waiting for the coordinator's next order — never hanging. */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "check.h" /* TRY, TRY_GOTO */
+#include "common.h"
+#include "migrate.h"
+#include "migrate-execute.h"
+#include "worker.h"
+#include "worker-runner.h"
+
+#define RUNNER_MAX_QUEUE 4096
+#define RUNNER_MAX_CKPTS 16
+
+struct runner {
+    struct worker_runner_config cfg;
+    struct worker_train_config tc;
+    struct worker_agent *agent;
+    struct mig_endpoint *ep;
+    struct st_tokens *tokens;
+    int nlayers;
+
+    pthread_mutex_t lock; /* guards queue */
+    pthread_cond_t cond;
+    Spottrain__V1__Command *queue[RUNNER_MAX_QUEUE];
+    size_t nqueue;
+
+    /* runner-thread state */
+    uint64_t epoch;           /* epoch in force (0 = none) */
+    struct mig_comm *comm;
+    struct worker_engine *eng;
+    uint64_t done;            /* steps completed */
+    uint64_t lease;           /* may run steps < lease */
+    bool failed;              /* engine state undefined: waits for a restore */
+    bool stop;
+    Spottrain__V1__Command *pcfg; /* Configure of a newer epoch, waiting */
+    Spottrain__V1__Command *pmig; /* Migrate of a newer epoch, waiting */
+    double pending_since;     /* st_now() when pcfg/pmig first arrived */
+    double blocked_since;     /* st_now() when training first waited on a boundary; 0 = not */
+    struct { char dir[ST_SPEC_PATH_MAX]; uint64_t at; } ckpt[RUNNER_MAX_CKPTS];
+    int nckpt;
+    double last_loss;
+    bool noticed;             /* a cloud notice was relayed */
+    double next_notice_poll;
+};
+
+/* ---- rendezvous ---------------------------------------------------------------------------- */
+
+/* See worker-runner.h. */
+int worker_rendezvous_parse(const char *s, char *mode, size_t modesz, int *ret_split, int max,
+                            int *ret_nsplit, char *dir, size_t dirsz) {
+    if (!s || !mode || !ret_split || !ret_nsplit || !dir || max < 2)
+        return -EINVAL;
+    if (strncmp(s, "tcp;", 4) != 0)
+        return -EINVAL;
+    mode[0] = '\0';
+    dir[0] = '\0';
+    int nsplit = 0;
+    const char *p = s + 4;
+    while (*p) {
+        if (!strncmp(p, "dir=", 4)) {
+            if (strlen(p + 4) >= dirsz || !p[4])
+                return -EINVAL;
+            snprintf(dir, dirsz, "%s", p + 4);
+            break;
+        }
+        const char *end = strchr(p, ';');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (!strncmp(p, "mode=", 5)) {
+            if (len - 5 >= modesz || len == 5)
+                return -EINVAL;
+            memcpy(mode, p + 5, len - 5);
+            mode[len - 5] = '\0';
+        } else if (!strncmp(p, "split=", 6)) {
+            const char *q = p + 6;
+            nsplit = 0;
+            while (q < p + len) {
+                char *e;
+                long v = strtol(q, &e, 10);
+                if (e == q || v < 0 || v > 1000000 || nsplit >= max)
+                    return -EINVAL;
+                ret_split[nsplit++] = (int)v;
+                q = e;
+                if (q < p + len) {
+                    if (*q != ',')
+                        return -EINVAL;
+                    q++;
+                }
+            }
+        } else {
+            return -EINVAL;
+        }
+        p += len;
+        if (*p == ';')
+            p++;
+    }
+    if (strcmp(mode, "init") && strcmp(mode, "migrate") && strcmp(mode, "restore"))
+        return -EINVAL;
+    if (nsplit < 2 || (!strcmp(mode, "restore") && !dir[0]))
+        return -EINVAL;
+    for (int i = 1; i < nsplit; i++)
+        if (ret_split[i] <= ret_split[i - 1])
+            return -EINVAL;
+    *ret_nsplit = nsplit;
+    return 0;
+}
+
+/* ---- command queue (watch thread -> runner thread) ----------------------------------------- */
+
+static int on_command(struct worker_agent *a, const Spottrain__V1__Command *cmd, char *err,
+                      size_t errsz, void *userdata) {
+    struct runner *R = userdata;
+    (void)a;
+    size_t len = spottrain__v1__command__get_packed_size(cmd);
+    uint8_t *buf = st_malloc(len ? len : 1);
+    if (!buf)
+        return -ENOMEM;
+    spottrain__v1__command__pack(cmd, buf);
+    Spottrain__V1__Command *copy = spottrain__v1__command__unpack(NULL, len, buf);
+    st_free(buf);
+    if (!copy)
+        return -ENOMEM;
+    pthread_mutex_lock(&R->lock);
+    int r = 0;
+    if (R->nqueue == RUNNER_MAX_QUEUE) {
+        snprintf(err, errsz, "command queue full");
+        r = -ENOBUFS;
+        spottrain__v1__command__free_unpacked(copy, NULL);
+    } else {
+        R->queue[R->nqueue++] = copy;
+        pthread_cond_broadcast(&R->cond);
+    }
+    pthread_mutex_unlock(&R->lock);
+    return r;
+}
+
+static void cmd_free(Spottrain__V1__Command **c) {
+    if (*c)
+        spottrain__v1__command__free_unpacked(*c, NULL);
+    *c = NULL;
+}
+
+/* ---- reporting ------------------------------------------------------------------------------ */
+
+static void notice(struct runner *R, const char *kind, const char *fmt, ...) ST_PRINTF(3, 4);
+static void notice(struct runner *R, const char *kind, const char *fmt, ...) {
+    char detail[200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(detail, sizeof(detail), fmt, ap);
+    va_end(ap);
+    st_log(ST_LOG_INFO, "runner", "%s: %s", kind, detail);
+    if (worker_agent_notice(R->agent, kind, st_wall(), detail) < 0)
+        st_log(ST_LOG_WARN, "runner", "Cannot queue notice '%s', ignoring", kind);
+}
+
+static void progress(struct runner *R, double step_seconds, double stall) {
+    double loss = isfinite(R->last_loss) ? R->last_loss : 0.0;
+    worker_agent_progress(R->agent, R->done, loss, R->done * (uint64_t)R->tc.global_batch,
+                          step_seconds, stall);
+}
+
+/* ---- epochs --------------------------------------------------------------------------------- */
+
+static void drop_state(struct runner *R) {
+    R->eng = worker_engine_free(R->eng);
+    R->comm = mig_comm_free(R->comm);
+}
+
+/* Builds the communicator of `epoch` from peers (rank i = peers[i]); own rank by worker id. */
+static int comm_build(struct runner *R, uint64_t epoch, Spottrain__V1__Peer **peers, size_t n,
+                      struct mig_comm **ret, int *ret_rank) {
+    const char **addrs = st_calloc(n ? n : 1, sizeof(*addrs));
+    if (!addrs)
+        return -ENOMEM;
+    int me = -1;
+    for (size_t i = 0; i < n; i++) {
+        addrs[i] = peers[i]->data_addr;
+        if (!strcmp(peers[i]->worker_id, worker_agent_id(R->agent)))
+            me = (int)i;
+    }
+    int r = -EINVAL;
+    if (me >= 0)
+        r = mig_comm_new("tcp", R->ep, epoch, me, (int)n, addrs, R->cfg.timeout, ret);
+    st_free(addrs);
+    if (r >= 0)
+        *ret_rank = me;
+    return r;
+}
+
+/* Layout of (dp, pp) with the given split; ranks from the peers' (stage, replica). */
+static int layout_build(struct runner *R, int dp, int pp, const int *split, int nsplit,
+                        Spottrain__V1__Peer **peers, size_t n, struct worker_layout *ret) {
+    if (nsplit != pp + 1 || split[0] != 0 || split[pp] != R->nlayers)
+        return -EINVAL;
+    TRY(worker_layout_init(ret, dp, pp, split, R->nlayers));
+    bool seen[WORKER_MAX_RANKS] = {false};
+    for (size_t i = 0; i < n; i++) {
+        if (peers[i]->stage == WORKER_RUNNER_SPARE_STAGE)
+            continue;
+        if ((int)peers[i]->stage >= pp || (int)peers[i]->replica >= dp)
+            return -EINVAL;
+        int pos = (int)peers[i]->stage * dp + (int)peers[i]->replica;
+        if (seen[pos])
+            return -EINVAL;
+        seen[pos] = true;
+        ret->ranks[pos] = (int)i;
+    }
+    for (int p = 0; p < dp * pp; p++)
+        if (!seen[p])
+            return -EINVAL;
+    return 0;
+}
+
+/* mode=init / mode=restore: a fresh engine on the Configure's peers. */
+static int apply_fresh(struct runner *R, const Spottrain__V1__Command *cmd, const char *mode,
+                       const int *split, int nsplit, const char *dir) {
+    const Spottrain__V1__Configure *cf = cmd->configure;
+    struct worker_layout lay;
+    struct mig_comm *comm = NULL;
+    struct worker_engine *eng = NULL;
+    int rank, r;
+    double t0 = st_now();
+
+    drop_state(R); /* the old epoch is over whatever happens */
+    R->failed = true;
+    if (!cf->shape)
+        return -EINVAL;
+    TRY(layout_build(R, (int)cf->shape->dp, (int)cf->shape->pp, split, nsplit, cf->peers,
+                     cf->n_peers, &lay));
+    TRY_GOTO(comm_build(R, cmd->epoch, cf->peers, cf->n_peers, &comm, &rank), r, out);
+    TRY_GOTO(worker_engine_new(&R->tc, &lay, (int)cf->stage, (int)cf->replica, comm, R->tokens,
+                               &eng), r, out);
+    uint64_t step = 0;
+    if (!strcmp(mode, "restore")) {
+        TRY_GOTO(worker_engine_load(eng, dir, &step), r, out);
+        if (step != cf->start_step) {
+            r = st_log_errno(-EINVAL, "Checkpoint '%s' is at step %llu, the coordinator said "
+                             "%llu", dir, (unsigned long long)step,
+                             (unsigned long long)cf->start_step);
+            goto out;
+        }
+    } else if (cf->start_step != 0) {
+        r = st_log_errno(-EINVAL, "mode=init at step %llu (only 0 is possible)",
+                         (unsigned long long)cf->start_step);
+        goto out;
+    }
+    R->eng = eng;
+    R->comm = comm;
+    eng = NULL;
+    comm = NULL;
+    R->epoch = cmd->epoch;
+    R->done = step;
+    R->lease = step;
+    R->failed = false;
+    R->nckpt = 0;
+    notice(R, "reconfigured", "epoch=%llu mode=%s step=%llu stage=%u replica=%u sent=0 recv=0 "
+           "seconds=%.6f stall=%.6f", (unsigned long long)cmd->epoch, mode,
+           (unsigned long long)step, cf->stage, cf->replica, st_now() - t0, st_now() - t0);
+out:
+    worker_engine_free(eng);
+    mig_comm_free(comm);
+    return r;
+}
+
+struct bufctx {
+    struct worker_engine *eng;
+    bool reshaped;  /* OLD view holds the sending side */
+};
+
+static int xfer_buf(void *userdata, const struct mig_xfer *x, bool send, float **ret) {
+    struct bufctx *b = userdata;
+    struct worker_layer_bufs L;
+    enum worker_view view = send && b->reshaped ? WORKER_VIEW_OLD : WORKER_VIEW_CURRENT;
+    TRY(worker_engine_layer(b->eng, view, (int)x->layer, &L));
+    float *p;
+    if (x->kind == MIG_PARAM) {
+        if (x->offset + x->count > L.n)
+            return -ERANGE;
+        p = L.param + x->offset;
+    } else {
+        float *base = x->kind == MIG_ADAM_M ? L.adam_m : L.adam_v;
+        if (!base || x->offset < L.shard_lo || x->offset + x->count > L.shard_hi)
+            return -ERANGE;
+        p = base + (x->offset - L.shard_lo);
+    }
+    *ret = p;
+    return 0;
+}
+
+/* The communicator of a migration: Migrate.peers (new positions first, then send-only
+ * participants with stage WORKER_RUNNER_SPARE_STAGE). */
+static size_t mig_npeers(const Spottrain__V1__Migrate *m) {
+    (void)m;
+    return 0; /* PEERS-PENDING: proto field added at integration */
+}
+static Spottrain__V1__Peer **mig_peers(const Spottrain__V1__Migrate *m) {
+    (void)m;
+    return NULL;
+}
+
+/* Maps the Migrate's transfers (worker ids) onto comm ranks (index in peers). */
+static int xfers_build(const Spottrain__V1__Migrate *m, struct mig_xfer **ret, size_t *ret_n) {
+    struct mig_xfer *x = st_calloc(m->n_transfers + 1, sizeof(*x));
+    if (!x)
+        return -ENOMEM;
+    for (size_t i = 0; i < m->n_transfers; i++) {
+        const Spottrain__V1__Transfer *t = m->transfers[i];
+        x[i].src = x[i].dst = -1;
+        for (size_t k = 0; k < mig_npeers(m); k++) {
+            if (!strcmp(mig_peers(m)[k]->worker_id, t->src_worker_id))
+                x[i].src = (int)k;
+            if (!strcmp(mig_peers(m)[k]->worker_id, t->dst_worker_id))
+                x[i].dst = (int)k;
+        }
+        x[i].layer = t->layer;
+        x[i].kind = (uint32_t)t->kind;
+        x[i].offset = t->offset;
+        x[i].count = t->count;
+        if (x[i].src < 0 || x[i].dst < 0) {
+            st_free(x);
+            return -EINVAL;
+        }
+    }
+    *ret = x;
+    *ret_n = m->n_transfers;
+    return 0;
+}
+
+/* mode=migrate at the boundary: reshape (or create) the engine on the migration's comm, move
+ * the transfers, commit. cfg is NULL for a send-only participant. */
+static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
+                         const Spottrain__V1__Command *mig, const int *split, int nsplit) {
+    const Spottrain__V1__Migrate *m = mig->migrate;
+    struct mig_comm *comm = NULL;
+    struct mig_xfer *x = NULL;
+    size_t nx = 0;
+    struct worker_layout lay;
+    struct mig_exec_stats st;
+    bool reshaped = false, created = false;
+    int rank, r;
+    double t0 = st_now();
+
+    memset(&st, 0, sizeof(st));
+    TRY_GOTO(xfers_build(m, &x, &nx), r, out);
+    TRY_GOTO(comm_build(R, mig->epoch, mig_peers(m), mig_npeers(m), &comm, &rank), r, out);
+    if (cfg) {
+        const Spottrain__V1__Configure *cf = cfg->configure;
+        if (!cf->shape)
+            TRY_GOTO(-EINVAL, r, out);
+        TRY_GOTO(layout_build(R, (int)cf->shape->dp, (int)cf->shape->pp, split, nsplit,
+                              mig_peers(m), mig_npeers(m), &lay), r, out);
+        if (R->eng && !R->failed) {
+            TRY_GOTO(worker_engine_reshape_begin(R->eng, &lay, (int)cf->stage, (int)cf->replica,
+                                                 comm), r, out);
+            reshaped = true;
+        } else {
+            R->eng = worker_engine_free(R->eng);
+            TRY_GOTO(worker_engine_new(&R->tc, &lay, (int)cf->stage, (int)cf->replica, comm,
+                                       R->tokens, &R->eng), r, out);
+            TRY_GOTO(worker_engine_set_opt_step(R->eng, (int)m->at_step), r, out);
+            created = true;
+        }
+    } else if (!R->eng || R->failed) {
+        /* Nothing to send from: only a send-only participant that holds state is asked. */
+        TRY_GOTO(-ENODATA, r, out);
+    }
+    struct bufctx b = {R->eng, reshaped};
+    TRY_GOTO(mig_execute(comm, x, nx, xfer_buf, &b, &st), r, out);
+    if (reshaped)
+        TRY_GOTO(worker_engine_reshape_commit(R->eng), r, out);
+    reshaped = false;
+    R->comm = mig_comm_free(R->comm);
+    if (cfg) {
+        R->comm = comm;
+        comm = NULL;
+    } else {
+        R->eng = worker_engine_free(R->eng); /* gave everything away: now a spare */
+    }
+    R->epoch = mig->epoch;
+    R->done = m->at_step;
+    R->lease = m->at_step;
+    R->failed = false;
+    double stall = st_now() - (R->blocked_since > 0 ? R->blocked_since : t0);
+    notice(R, "reconfigured", "epoch=%llu mode=migrate step=%llu stage=%d replica=%d sent=%llu "
+           "recv=%llu seconds=%.6f stall=%.6f", (unsigned long long)mig->epoch,
+           (unsigned long long)m->at_step, cfg ? (int)cfg->configure->stage : -1,
+           cfg ? (int)cfg->configure->replica : -1, (unsigned long long)st.bytes_sent,
+           (unsigned long long)st.bytes_recv, st.seconds, stall);
+    progress(R, 0.0, stall);
+out:
+    if (r < 0) {
+        if (reshaped)
+            worker_engine_reshape_abort(R->eng);
+        if (created)
+            R->eng = worker_engine_free(R->eng);
+        /* Our old state may already be half-sent but is intact; the epoch is still broken. */
+        R->failed = true;
+        drop_state(R);
+        R->epoch = mig->epoch;
+    }
+    mig_comm_free(comm);
+    st_free(x);
+    return r;
+}
+
+/* ---- the loop ----------------------------------------------------------------------------- */
+
+static void take_commands(struct runner *R) {
+    Spottrain__V1__Command *q[RUNNER_MAX_QUEUE];
+    pthread_mutex_lock(&R->lock);
+    size_t n = R->nqueue;
+    memcpy(q, R->queue, n * sizeof(*q));
+    R->nqueue = 0;
+    pthread_mutex_unlock(&R->lock);
+    for (size_t i = 0; i < n; i++) {
+        Spottrain__V1__Command *c = q[i];
+        switch (c->body_case) {
+        case SPOTTRAIN__V1__COMMAND__BODY_STOP:
+            R->stop = true;
+            break;
+        case SPOTTRAIN__V1__COMMAND__BODY_CONFIGURE:
+            if (c->epoch > R->epoch) {
+                if (R->pcfg && R->pcfg->epoch > c->epoch)
+                    break;
+                if (R->pmig && R->pmig->epoch < c->epoch)
+                    cmd_free(&R->pmig);
+                cmd_free(&R->pcfg);
+                R->pcfg = c;
+                R->pending_since = st_now();
+                c = NULL;
+            }
+            break;
+        case SPOTTRAIN__V1__COMMAND__BODY_MIGRATE: {
+            const Spottrain__V1__Migrate *m = c->migrate;
+            if (mig_npeers(m) == 0 && m->n_transfers == 0) {
+                if (c->epoch == R->epoch && m->at_step > R->lease)
+                    R->lease = m->at_step;
+            } else if (c->epoch > R->epoch) {
+                if (R->pmig && R->pmig->epoch > c->epoch)
+                    break;
+                cmd_free(&R->pmig);
+                if (R->pcfg && R->pcfg->epoch < c->epoch)
+                    cmd_free(&R->pcfg);
+                R->pmig = c;
+                if (!R->pending_since)
+                    R->pending_since = st_now();
+                c = NULL;
+            }
+            break;
+        }
+        case SPOTTRAIN__V1__COMMAND__BODY_CHECKPOINT:
+            if (c->epoch == R->epoch && R->nckpt < RUNNER_MAX_CKPTS) {
+                snprintf(R->ckpt[R->nckpt].dir, sizeof(R->ckpt[0].dir), "%s",
+                         c->checkpoint->dir);
+                R->ckpt[R->nckpt].at = c->checkpoint->at_step;
+                R->nckpt++;
+            }
+            break;
+        default:
+            break;
+        }
+        cmd_free(&c);
+    }
+}
+
+static void poll_notice(struct runner *R) {
+    if (!R->cfg.poll_notice || R->noticed || st_now() < R->next_notice_poll)
+        return;
+    R->next_notice_poll = st_now() + R->cfg.notice_interval;
+    char kind[32];
+    double at = 0;
+    int r = R->cfg.poll_notice(R->cfg.notice_userdata, kind, sizeof(kind), &at);
+    if (r > 0 && !strcmp(kind, "terminate")) {
+        R->noticed = true;
+        if (worker_agent_notice(R->agent, "terminate", at, "instance-action") < 0)
+            st_log(ST_LOG_WARN, "runner", "Cannot relay the interruption notice, ignoring");
+        st_log(ST_LOG_NOTICE, "runner", "Interruption notice: terminate at %.0f", at);
+    }
+}
+
+/* Acts on a complete pending reconfiguration, if its time has come. Returns true when it
+ * consumed it. */
+static bool try_reconfigure(struct runner *R) {
+    char mode[16], dir[ST_SPEC_PATH_MAX];
+    int split[WORKER_MAX_STAGES + 1], nsplit = 0;
+    if (!R->pcfg && !R->pmig)
+        return false;
+    if (R->pcfg && worker_rendezvous_parse(R->pcfg->configure->rendezvous, mode, sizeof(mode),
+                                           split, (int)ST_ARRAY_SIZE(split), &nsplit, dir,
+                                           sizeof(dir)) < 0) {
+        notice(R, "reconfig-failed", "epoch=%llu bad rendezvous '%s'",
+               (unsigned long long)R->pcfg->epoch, R->pcfg->configure->rendezvous);
+        cmd_free(&R->pcfg);
+        R->pending_since = 0;
+        return true;
+    }
+    if (R->pcfg && strcmp(mode, "migrate") != 0) {
+        int r = apply_fresh(R, R->pcfg, mode, split, nsplit, dir);
+        if (r < 0)
+            notice(R, "reconfig-failed", "epoch=%llu mode=%s: %s",
+                   (unsigned long long)R->pcfg->epoch, mode, st_strerror(r));
+        else if (R->pmig && R->pmig->epoch <= R->epoch)
+            cmd_free(&R->pmig);
+        R->epoch = R->pcfg->epoch;
+        cmd_free(&R->pcfg);
+        R->pending_since = 0;
+        R->blocked_since = 0;
+        return true;
+    }
+    /* mode=migrate needs the Migrate; an assigned worker needs the Configure as well. */
+    bool expired = st_now() - R->pending_since > R->cfg.reconfig_timeout;
+    if (!R->pmig || (R->pcfg && R->pcfg->epoch != R->pmig->epoch)) {
+        if (expired) {
+            notice(R, "reconfig-failed", "epoch=%llu: the migration order did not arrive",
+                   (unsigned long long)(R->pcfg ? R->pcfg->epoch : R->pmig->epoch));
+            cmd_free(&R->pcfg);
+            cmd_free(&R->pmig);
+            R->pending_since = 0;
+        }
+        return false;
+    }
+    bool assigned = false;
+    for (size_t k = 0; k < mig_npeers(R->pmig->migrate); k++)
+        if (!strcmp(mig_peers(R->pmig->migrate)[k]->worker_id, worker_agent_id(R->agent)))
+            assigned = mig_peers(R->pmig->migrate)[k]->stage != WORKER_RUNNER_SPARE_STAGE;
+    if (assigned && !R->pcfg) {
+        if (expired) {
+            notice(R, "reconfig-failed", "epoch=%llu: no Configure for an assigned worker",
+                   (unsigned long long)R->pmig->epoch);
+            cmd_free(&R->pmig);
+            R->pending_since = 0;
+        }
+        return false;
+    }
+    uint64_t at = R->pmig->migrate->at_step;
+    bool have_state = R->eng && !R->failed;
+    if (have_state && R->done < at)
+        return false; /* train up to the boundary first */
+    if (have_state && R->done > at) {
+        notice(R, "reconfig-failed", "epoch=%llu: boundary %llu already passed (at %llu)",
+               (unsigned long long)R->pmig->epoch, (unsigned long long)at,
+               (unsigned long long)R->done);
+        cmd_free(&R->pcfg);
+        cmd_free(&R->pmig);
+        R->pending_since = 0;
+        return true;
+    }
+    int r = apply_migrate(R, R->pcfg, R->pmig, split, nsplit);
+    if (r < 0)
+        notice(R, "reconfig-failed", "epoch=%llu mode=migrate: %s",
+               (unsigned long long)R->pmig->epoch, st_strerror(r));
+    cmd_free(&R->pcfg);
+    cmd_free(&R->pmig);
+    R->pending_since = 0;
+    R->blocked_since = 0;
+    return true;
+}
+
+static void run_checkpoints(struct runner *R) {
+    int keep = 0;
+    for (int i = 0; i < R->nckpt; i++) {
+        if (R->ckpt[i].at > R->done) {
+            R->ckpt[keep++] = R->ckpt[i];
+            continue;
+        }
+        if (R->ckpt[i].at < R->done || !R->eng || R->failed) {
+            st_log(ST_LOG_WARN, "runner", "Checkpoint at step %llu missed (at %llu), ignoring",
+                   (unsigned long long)R->ckpt[i].at, (unsigned long long)R->done);
+            continue;
+        }
+        double t0 = st_now();
+        int r = worker_engine_save(R->eng, R->ckpt[i].dir, R->done);
+        if (r < 0) {
+            R->failed = true;
+            notice(R, "step-failed", "checkpoint step=%llu: %s", (unsigned long long)R->done,
+                   st_strerror(r));
+        } else {
+            notice(R, "checkpointed", "step=%llu seconds=%.6f dir=%s",
+                   (unsigned long long)R->done, st_now() - t0, R->ckpt[i].dir);
+            progress(R, 0.0, st_now() - t0);
+        }
+    }
+    R->nckpt = keep;
+}
+
+static bool can_step(struct runner *R) {
+    if (!R->eng || R->failed || R->done >= R->lease || R->done >= (uint64_t)R->tc.total_steps ||
+        worker_engine_stage(R->eng) < 0)
+        return false;
+    if (R->pmig && R->pmig->migrate->at_step <= R->done)
+        return false;
+    return true;
+}
+
+static int runner_loop(struct runner *R) {
+    while (!R->stop) {
+        take_commands(R);
+        if (R->stop)
+            break;
+        poll_notice(R);
+        if (try_reconfigure(R))
+            continue;
+        run_checkpoints(R);
+        if (can_step(R)) {
+            double t0 = st_now(), loss = NAN;
+            int r = worker_engine_step(R->eng, R->done, &loss);
+            if (r < 0) {
+                R->failed = true;
+                notice(R, "step-failed", "epoch=%llu step=%llu: %s",
+                       (unsigned long long)R->epoch, (unsigned long long)R->done,
+                       st_strerror(r));
+                continue;
+            }
+            R->done++;
+            R->last_loss = loss;
+            progress(R, st_now() - t0, 0.0);
+            continue;
+        }
+        if ((R->pmig || R->pcfg) && !R->blocked_since)
+            R->blocked_since = st_now();
+        int w = worker_agent_wait(R->agent, 0);
+        if (w != 0) {
+            if (w < 0)
+                return w;
+            break; /* Stop applied */
+        }
+        pthread_mutex_lock(&R->lock);
+        if (R->nqueue == 0) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 20 * 1000 * 1000;
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&R->cond, &R->lock, &ts);
+        }
+        pthread_mutex_unlock(&R->lock);
+    }
+    return 0;
+}
+
+/* See worker-runner.h. */
+void worker_runner_config_init(struct worker_runner_config *cfg) {
+    memset(cfg, 0, sizeof(*cfg));
+    worker_agent_config_init(&cfg->agent);
+    st_spec_defaults(&cfg->spec);
+}
+
+/* See worker-runner.h. */
+int worker_runner_run(const struct worker_runner_config *cfg) {
+    struct runner *R = NULL;
+    int r = 0;
+    bool locks = false;
+
+    if (!cfg)
+        return -EINVAL;
+    R = st_calloc(1, sizeof(*R));
+    if (!R)
+        return -ENOMEM;
+    R->cfg = *cfg;
+    if (R->cfg.timeout <= 0)
+        R->cfg.timeout = 20;
+    if (R->cfg.reconfig_timeout <= 0)
+        R->cfg.reconfig_timeout = 60;
+    if (R->cfg.notice_interval <= 0)
+        R->cfg.notice_interval = 0.2;
+    if (R->cfg.steps > 0)
+        R->cfg.spec.training.steps = R->cfg.steps;
+    R->last_loss = NAN;
+    kern_set_threads(R->cfg.threads > 0 ? R->cfg.threads : 1);
+    pthread_mutex_init(&R->lock, NULL);
+    pthread_cond_init(&R->cond, NULL);
+    locks = true;
+    r = worker_train_config_from_spec(&R->cfg.spec, &R->tc);
+    if (r < 0) {
+        r = st_log_errno(r, "The job's model or batch sizes are not trainable");
+        goto out;
+    }
+    R->nlayers = kern_num_layers(&R->tc.model);
+    struct st_error terr;
+    memset(&terr, 0, sizeof(terr));
+    r = st_tokens_open(R->cfg.spec.data.train, R->tc.model.vocab, &R->tokens, &terr);
+    if (r < 0) {
+        r = st_log_errno(r, "Cannot use data '%s': %s", R->cfg.spec.data.train,
+                         terr.message[0] ? terr.message : st_strerror(r));
+        goto out;
+    }
+    r = mig_endpoint_new(R->cfg.bind_host[0] ? R->cfg.bind_host : "127.0.0.1", R->cfg.port,
+                         &R->ep);
+    if (r < 0) {
+        r = st_log_errno(r, "Cannot listen for the data plane on '%s:%d': %s",
+                         R->cfg.bind_host[0] ? R->cfg.bind_host : "127.0.0.1", R->cfg.port,
+                         st_strerror(r));
+        goto out;
+    }
+    snprintf(R->cfg.agent.data_addr, sizeof(R->cfg.agent.data_addr), "%s",
+             mig_endpoint_addr(R->ep));
+    struct worker_agent_ops ops = {on_command, R};
+    TRY_GOTO(worker_agent_new(&R->cfg.agent, &ops, &R->agent), r, out);
+    TRY_GOTO(worker_agent_start(R->agent), r, out);
+    st_log(ST_LOG_INFO, "runner", "Worker %s: data plane %s, coordinator %s",
+           worker_agent_id(R->agent), mig_endpoint_addr(R->ep), R->cfg.agent.coordinator);
+    r = runner_loop(R);
+    if (r >= 0) {
+        /* Let the Stop's ack go out before leaving (bounded). */
+        double until = st_now() + 5.0;
+        while (st_now() < until && worker_agent_wait(R->agent, 0.1) == 0)
+            ;
+    }
+out:
+    if (R->agent)
+        R->agent = worker_agent_free(R->agent);
+    drop_state(R);
+    mig_endpoint_free(R->ep);
+    st_tokens_free(R->tokens);
+    cmd_free(&R->pcfg);
+    cmd_free(&R->pmig);
+    for (size_t i = 0; i < R->nqueue; i++)
+        cmd_free(&R->queue[i]);
+    if (locks) {
+        pthread_mutex_destroy(&R->lock);
+        pthread_cond_destroy(&R->cond);
+    }
+    st_free(R);
+    return r;
+}

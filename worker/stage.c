@@ -1,0 +1,197 @@
+/* stage.c: the memory of a pipeline stage — owned layers with their moment shards, and the
+ * work buffers of a step (in-flight micro-batch activations, gradient accumulators).
+ *
+ * A stage's state is sized by its layer range and its replica's shards only, so the same code
+ * builds the state of any position of any layout (migration allocates the new position's
+ * view next to the old one). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h" /* TRY, TRY_GOTO */
+#include "worker-internal.h"
+
+void worker_shard(size_t n, int dp, int r, size_t *ret_lo, size_t *ret_hi) {
+    /* floor(r*n/dp) = r*(n/dp) + floor(r*(n%dp)/dp), without overflow */
+    size_t q = n / (size_t)dp, rem = n % (size_t)dp;
+    *ret_lo = (size_t)r * q + ((size_t)r * rem) / (size_t)dp;
+    *ret_hi = (size_t)(r + 1) * q + ((size_t)(r + 1) * rem) / (size_t)dp;
+}
+
+int worker__rank(const struct engine_view *v, int stage, int replica) {
+    return v->layout.ranks[stage * v->layout.dp + replica];
+}
+
+struct engine_layer *worker__view_layer(struct engine_view *v, int layer) {
+    if (!v->valid || v->stage < 0 || layer < v->lo || layer >= v->hi)
+        return NULL;
+    return &v->layers[layer - v->lo];
+}
+
+void worker__view_done(struct engine_view *v) {
+    if (v->layers) {
+        for (int i = 0; i < v->hi - v->lo; i++) {
+            st_free(v->layers[i].param);
+            st_free(v->layers[i].m);
+            st_free(v->layers[i].v);
+        }
+        st_free(v->layers);
+    }
+    st_free(v->tied0);
+    memset(v, 0, sizeof(*v));
+}
+
+/* Allocates (zeroed) the buffers of position (stage, replica); stage -1 holds nothing. */
+int worker__view_init(struct engine_view *v, const struct worker_train_config *cfg,
+                      const struct worker_layout *layout, int stage, int replica,
+                      struct mig_comm *comm) {
+    int r = 0;
+    memset(v, 0, sizeof(*v));
+    v->layout = *layout;
+    v->stage = stage;
+    v->replica = replica;
+    v->comm = comm;
+    v->valid = 1;
+    if (stage < 0)
+        return 0;
+    v->lo = layout->stage_lo[stage];
+    v->hi = layout->stage_lo[stage + 1];
+    v->layers = st_calloc((size_t)(v->hi - v->lo), sizeof(*v->layers));
+    if (!v->layers)
+        TRY_GOTO(-ENOMEM, r, out);
+    for (int l = v->lo; l < v->hi; l++) {
+        struct engine_layer *L = &v->layers[l - v->lo];
+        L->layer = l;
+        L->n = kern_layer_param_count(&cfg->model, l);
+        worker_shard(L->n, layout->dp, replica, &L->lo, &L->hi);
+        L->param = st_calloc(L->n, sizeof(float));
+        L->m = st_calloc(ST_MAX(L->hi - L->lo, 1), sizeof(float));
+        L->v = st_calloc(ST_MAX(L->hi - L->lo, 1), sizeof(float));
+        if (!L->param || !L->m || !L->v)
+            TRY_GOTO(-ENOMEM, r, out);
+    }
+    if (stage == layout->pp - 1 && v->lo > 0) {
+        v->tied0 = st_calloc(kern_layer_param_count(&cfg->model, 0), sizeof(float));
+        if (!v->tied0)
+            TRY_GOTO(-ENOMEM, r, out);
+    }
+out:
+    if (r < 0)
+        worker__view_done(v);
+    return r;
+}
+
+struct engine_work *worker__work_free(struct engine_work *w, int nowned) {
+    if (!w)
+        return NULL;
+    if (w->slots) {
+        for (int s = 0; s < w->nslots; s++) {
+            struct engine_slot *sl = &w->slots[s];
+            st_free(sl->tokens);
+            st_free(sl->targets);
+            st_free(sl->in);
+            for (int i = 0; i < nowned; i++) {
+                if (sl->acts)
+                    st_free(sl->acts[i]);
+                if (sl->out)
+                    st_free(sl->out[i]);
+            }
+            st_free(sl->acts);
+            st_free(sl->out);
+        }
+        st_free(w->slots);
+    }
+    for (int i = 0; i < nowned; i++) {
+        if (w->grad)
+            st_free(w->grad[i]);
+        if (w->acc)
+            st_free(w->acc[i]);
+    }
+    st_free(w->grad);
+    st_free(w->acc);
+    st_free(w->grad_head);
+    st_free(w->acc_head);
+    st_free(w->recv_head);
+    st_free(w->dbuf[0]);
+    st_free(w->dbuf[1]);
+    st_free(w->scratch);
+    st_free(w->logits);
+    st_free(w->losses);
+    st_free(w->gshard);
+    st_free(w->norm_parts);
+    st_free(w->sample);
+    st_free(w);
+    return NULL;
+}
+
+/* Sizes every buffer of a step from the current view. Caller frees with worker__work_free. */
+int worker__work_new(const struct worker_engine *e, struct engine_work **ret) {
+    const struct engine_view *v = &e->cur;
+    const struct kern_config *mc = &e->cfg.model;
+    int B = e->cfg.micro_batch, T = mc->seq_len, C = mc->channels, V = mc->vocab;
+    int nowned = v->hi - v->lo;
+    int pp = v->layout.pp, dp = v->layout.dp;
+    int first = v->stage == 0, last = v->stage == pp - 1;
+    size_t BT = (size_t)B * T, BTC = BT * C, VC = (size_t)V * C;
+    int r = 0;
+    struct engine_work *w = st_calloc(1, sizeof(*w));
+    if (!w)
+        return -ENOMEM;
+    w->micro = e->cfg.global_batch / (dp * B);
+    w->nslots = ST_MIN(pp - v->stage, w->micro);
+    w->slots = st_calloc((size_t)w->nslots, sizeof(*w->slots));
+    w->grad = st_calloc((size_t)nowned, sizeof(float *));
+    w->acc = st_calloc((size_t)nowned, sizeof(double *));
+    if (!w->slots || !w->grad || !w->acc)
+        TRY_GOTO(-ENOMEM, r, out);
+    for (int s = 0; s < w->nslots; s++) {
+        struct engine_slot *sl = &w->slots[s];
+        sl->tokens = st_malloc(BT * sizeof(int));
+        sl->targets = st_malloc(BT * sizeof(int));
+        sl->acts = st_calloc((size_t)nowned, sizeof(float *));
+        sl->out = st_calloc((size_t)nowned, sizeof(float *));
+        if (!sl->tokens || !sl->targets || !sl->acts || !sl->out)
+            TRY_GOTO(-ENOMEM, r, out);
+        if (!first && !(sl->in = st_malloc(BTC * sizeof(float))))
+            TRY_GOTO(-ENOMEM, r, out);
+        for (int i = 0; i < nowned; i++) {
+            size_t na = kern_layer_act_count(mc, v->lo + i, B);
+            sl->acts[i] = st_malloc(ST_MAX(na, 1) * sizeof(float));
+            sl->out[i] = st_malloc(BTC * sizeof(float));
+            if (!sl->acts[i] || !sl->out[i])
+                TRY_GOTO(-ENOMEM, r, out);
+        }
+    }
+    size_t maxshard = 1;
+    for (int i = 0; i < nowned; i++) {
+        const struct engine_layer *L = &v->layers[i];
+        w->grad[i] = st_calloc(L->n, sizeof(float));
+        w->acc[i] = st_calloc(L->n, sizeof(double));
+        if (!w->grad[i] || !w->acc[i])
+            TRY_GOTO(-ENOMEM, r, out);
+        maxshard = ST_MAX(maxshard, L->hi - L->lo);
+    }
+    if (last) {
+        w->grad_head = st_calloc(VC, sizeof(float));
+        w->acc_head = st_calloc(VC, sizeof(double));
+        w->logits = st_malloc(BT * V * sizeof(float));
+        w->losses = st_malloc(BT * sizeof(float));
+        if (!w->grad_head || !w->acc_head || !w->logits || !w->losses)
+            TRY_GOTO(-ENOMEM, r, out);
+    }
+    if (first && !last && !(w->recv_head = st_malloc(VC * sizeof(double))))
+        TRY_GOTO(-ENOMEM, r, out);
+    w->dbuf[0] = st_malloc(BTC * sizeof(float));
+    w->dbuf[1] = st_malloc(BTC * sizeof(float));
+    w->scratch = st_malloc(kern_scratch_count(mc, B) * sizeof(float));
+    w->gshard = st_malloc(maxshard * sizeof(float));
+    w->norm_parts = st_calloc((size_t)kern_num_layers(mc) * dp, sizeof(double));
+    w->sample = st_malloc(((size_t)T + 1) * sizeof(uint16_t));
+    if (!w->dbuf[0] || !w->dbuf[1] || !w->scratch || !w->gshard || !w->norm_parts ||
+        !w->sample)
+        TRY_GOTO(-ENOMEM, r, out);
+    *ret = w;
+    w = NULL;
+out:
+    worker__work_free(w, nowned);
+    return r;
+}

@@ -1,0 +1,86 @@
+/* worker-internal.h: what engine.c, stage.c and schedule.c share. Not for other parts.
+ *
+ * An engine holds one or two "views" of its state (struct engine_view): the layout in force
+ * and, during a reshape, the previous one. Work buffers for a step (activations, gradient
+ * accumulators) are derived from the current view and rebuilt after a reshape. */
+#ifndef ST_WORKER_INTERNAL_H
+#define ST_WORKER_INTERNAL_H
+
+#include "common.h"
+#include "migrate.h"
+#include "worker.h"
+
+#define WORKER_ENGINE_MAGIC 0x57454e47u /* "WENG" */
+
+/* One owned layer: whole parameters and this replica's moment shard. */
+struct engine_layer {
+    int layer;
+    size_t n;        /* elements */
+    float *param;    /* n */
+    size_t lo, hi;   /* shard */
+    float *m, *v;    /* hi - lo each */
+};
+
+struct engine_view {
+    struct worker_layout layout;
+    int stage, replica;       /* stage -1: holds nothing (spare) */
+    int lo, hi;               /* owned layers [lo, hi) */
+    struct engine_layer *layers; /* hi - lo entries */
+    float *tied0;             /* last stage without layer 0: layer 0 PARAM (tied head) */
+    struct mig_comm *comm;
+    int valid;
+};
+
+/* One in-flight micro-batch of the 1F1B schedule. */
+struct engine_slot {
+    int *tokens;     /* B*T inputs */
+    int *targets;    /* B*T */
+    float *in;       /* (B,T,C) received from the previous stage (not on the first stage) */
+    float **acts;    /* per owned layer */
+    float **out;     /* per owned layer: (B,T,C) output */
+};
+
+struct engine_work {
+    int micro;                /* micro-batches per replica for this layout */
+    int nslots;
+    struct engine_slot *slots;
+    float **grad;             /* per owned layer, float gradient of one micro-batch */
+    double **acc;             /* per owned layer, double accumulator over micro-batches */
+    float *grad_head;         /* last stage: head's wte gradient of one micro-batch */
+    double *acc_head;         /* last stage: accumulated */
+    double *recv_head;        /* first stage with pp > 1: the last stage's acc_head */
+    float *dbuf[2];           /* (B,T,C) gradient buffers */
+    float *scratch;
+    float *logits;            /* last stage: B*T*V */
+    float *losses;            /* last stage: B*T */
+    float *gshard;            /* largest shard, rounded gradient */
+    double *norm_parts;       /* nlayers * dp */
+    uint16_t *sample;         /* T + 1 */
+    double loss_sum;          /* this replica's loss sum for the step */
+};
+
+struct worker_engine {
+    uint32_t magic;
+    struct worker_train_config cfg;
+    const struct st_tokens *data;
+    int t;                    /* AdamW steps taken */
+    struct engine_view cur;
+    struct engine_view old;   /* valid only between reshape_begin and commit/abort */
+    struct engine_work *work; /* NULL until the first step after (re)configuration */
+};
+
+/* stage.c */
+int worker__view_init(struct engine_view *v, const struct worker_train_config *cfg,
+                      const struct worker_layout *layout, int stage, int replica,
+                      struct mig_comm *comm);
+void worker__view_done(struct engine_view *v);
+struct engine_layer *worker__view_layer(struct engine_view *v, int layer);
+int worker__work_new(const struct worker_engine *e, struct engine_work **ret);
+struct engine_work *worker__work_free(struct engine_work *w, int nowned);
+/* Comm rank of position (stage, replica) of the view's layout. */
+int worker__rank(const struct engine_view *v, int stage, int replica);
+
+/* schedule.c */
+int worker__run_pipeline(struct worker_engine *e, uint64_t step);
+
+#endif
