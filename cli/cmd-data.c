@@ -121,8 +121,8 @@ static int cmd_synth(int argc, char **argv) {
         (void)st_log_errno(r, "Failed to write synthetic corpus '%s': %s", out, st_strerror(r));
         return CLI_EXIT_FAILURE;
     }
-    printf("wrote %s: %" PRIu64 " tokens, %s format, vocab %d, order-%d Markov source, seed %" PRIu64
-           "\n",
+    printf("wrote %s: %" PRIu64 " tokens, %s format, vocab %d, order-%d Markov source, "
+           "seed %" PRIu64 "\n",
            out, p.ntokens, st_tokens_format_name(p.format), p.vocab, p.order, p.seed);
     print_entropy(&e, p.order, (int)T);
     return CLI_EXIT_OK;

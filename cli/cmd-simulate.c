@@ -225,11 +225,11 @@ int cli_cmd_simulate(int argc, char **argv) {
         {"victims", required_argument, NULL, 'v'},
         {"samples", required_argument, NULL, 'S'},
         {"spot-price", required_argument, NULL, 'x'},
-        {"on-demand-price", required_argument, NULL, 'y'},
         {"bench-decide", required_argument, NULL, 'B'},
         {"hysteresis", required_argument, NULL, 'H'},
         {"tail", required_argument, NULL, 'T'},
         {"defer", required_argument, NULL, 'D'},
+        {"defer-max", required_argument, NULL, 'M'},
         {"help", no_argument, NULL, 'h'},
         {0},
     };
@@ -294,10 +294,6 @@ int cli_cmd_simulate(int argc, char **argv) {
             if (!parse_double(optarg, 0, 1e6, &so.spot_price))
                 return cli_usage_error(cmd, "bad --spot-price '%s'", optarg);
             break;
-        case 'y':
-            if (!parse_double(optarg, 0, 1e6, &so.on_demand_price))
-                return cli_usage_error(cmd, "bad --on-demand-price '%s'", optarg);
-            break;
         case 'B':
             if (!parse_double(optarg, 1, 65536, &v) || v != floor(v))
                 return cli_usage_error(cmd, "bad --bench-decide '%s' (1..65536)", optarg);
@@ -310,6 +306,11 @@ int cli_cmd_simulate(int argc, char **argv) {
         case 'D':
             if (!parse_double(optarg, 0, 10, &so.defer))
                 return cli_usage_error(cmd, "bad --defer '%s' (0..10)", optarg);
+            break;
+        case 'M':
+            if (!parse_double(optarg, 0, 1e6, &v) || v != floor(v))
+                return cli_usage_error(cmd, "bad --defer-max '%s' (intervals)", optarg);
+            so.defer_max = (int)v;
             break;
         case 'T':
             if (!parse_double(optarg, 0, 1000, &so.tail))

@@ -185,12 +185,18 @@ static int rank_of(const pid_t *pids, int n, pid_t pid) {
 }
 
 /* Reaps every child. After the first failure the rest get `grace` seconds to notice on the
- * data plane and exit, then SIGKILL. Returns the exit code of the command. */
+ * data plane and exit, then SIGKILL. Ranks that died by a signal are named first (they are
+ * the cause), then those that exited with an error (usually because they lost that peer).
+ * Returns the exit code of the command. */
 static int reap_children(const struct train_run *run, pid_t *pids, int n, double grace) {
-    int alive = 0, code = CLI_EXIT_OK;
+    int alive = 0, code = CLI_EXIT_OK, killed_by_us = 0;
+    int status_of[TRAIN_MAX_LOCAL_RANKS], ours[TRAIN_MAX_LOCAL_RANKS];
     double deadline = 0;
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         alive += pids[i] > 0;
+        status_of[i] = 0;
+        ours[i] = 0;
+    }
     while (alive > 0) {
         int status;
         pid_t pid = waitpid(-1, &status, deadline > 0 ? WNOHANG : 0);
@@ -199,15 +205,14 @@ static int reap_children(const struct train_run *run, pid_t *pids, int n, double
         if (pid < 0)
             break;
         if (pid == 0) {
-            if (st_now() > deadline) {
+            if (!killed_by_us && st_now() > deadline) {
                 for (int i = 0; i < n; i++)
-                    if (pids[i] > 0)
-                        kill(pids[i], SIGKILL);
-                deadline = st_now() + 3600; /* only reaping is left */
-            } else {
-                struct timespec ts = {0, 20 * 1000 * 1000};
-                nanosleep(&ts, NULL);
+                    if (pids[i] > 0 && kill(pids[i], SIGKILL) == 0)
+                        ours[i] = 1;
+                killed_by_us = 1;
             }
+            struct timespec ts = {0, 20 * 1000 * 1000};
+            nanosleep(&ts, NULL);
             continue;
         }
         int rank = rank_of(pids, n, pid);
@@ -215,15 +220,24 @@ static int reap_children(const struct train_run *run, pid_t *pids, int n, double
             continue;
         pids[rank] = -1;
         alive--;
+        status_of[rank] = status;
         if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
             continue;
-        char what[96];
-        describe_status(status, what, sizeof(what));
-        fprintf(stderr, "spottrain train: rank %d (stage %d, replica %d) %s\n", rank,
-                rank / run->o.dp, rank % run->o.dp, what);
         if (code == CLI_EXIT_OK) {
             code = CLI_EXIT_FAILURE;
             deadline = st_now() + grace;
+        }
+    }
+    for (int pass = 0; pass < 2 && code != CLI_EXIT_OK; pass++) {
+        for (int i = 0; i < n; i++) {
+            int st = status_of[i];
+            if ((WIFEXITED(st) && WEXITSTATUS(st) == 0) || (pass == 0) != WIFSIGNALED(st))
+                continue;
+            char what[96];
+            describe_status(st, what, sizeof(what));
+            fprintf(stderr, "spottrain train: rank %d (stage %d, replica %d) %s%s\n", i,
+                    i / run->o.dp, i % run->o.dp, what,
+                    ours[i] ? " (stopped after the timeout)" : "");
         }
     }
     return code;
@@ -241,6 +255,7 @@ static int run_local(struct train_run *run) {
     }
     for (int i = 0; i < n; i++)
         pids[i] = -1, up[i] = -1, down[i] = -1;
+    signal(SIGPIPE, SIG_IGN); /* a child that died shows as EPIPE on its pipe, not a kill */
     fflush(stdout);
     fflush(stderr);
     int started = 0;
@@ -266,7 +281,6 @@ static int run_local(struct train_run *run) {
                 close(up[j]), close(down[j]);
             close(pu[0]);
             close(pd[1]);
-            signal(SIGPIPE, SIG_IGN);
             int rc = child_main(run, i, pu[1], pd[0]);
             fflush(stdout);
             fflush(stderr);
@@ -406,6 +420,20 @@ int cli_cmd_train(int argc, char **argv) {
     if (o->dp * o->pp > TRAIN_MAX_LOCAL_RANKS)
         return cli_usage_error("train", "--dp %d x --pp %d is more than %d local workers",
                                o->dp, o->pp, TRAIN_MAX_LOCAL_RANKS);
+    if (o->threads != 1 && !getenv("OMP_WAIT_POLICY")) {
+        /* OpenMP threads spinning after each parallel region starve Debian's pthread
+         * OpenBLAS (a 20x slowdown measured with 2 threads); libgomp reads the policy only at
+         * load time, so restart once with it set. On failure, carry on as we are. */
+        char **args = st_calloc((size_t)argc + 2, sizeof(char *));
+        if (args && setenv("OMP_WAIT_POLICY", "passive", 1) == 0) {
+            args[0] = (char *)"spottrain";
+            memcpy(args + 1, argv, (size_t)argc * sizeof(char *));
+            fflush(stdout);
+            fflush(stderr);
+            execv("/proc/self/exe", args);
+        }
+        st_free(args);
+    }
 
     struct st_spec spec;
     struct st_error errs[16];

@@ -49,6 +49,10 @@ struct lworker {
     uint64_t recv, sent;       /* bytes of that reconfiguration */
     double stall;
     uint64_t fail_epoch;       /* epoch in which a step or checkpoint failed; 0 = none */
+    double step_seconds;       /* wall seconds of its last step */
+    uint64_t step;             /* steps done, as last reported (not the table's maximum:
+                                * a restore moves it back) */
+    double loss;
     uint64_t ckpt_step;        /* last checkpoint written */
     char ckpt_dir[ST_SPEC_PATH_MAX];
 };
@@ -63,6 +67,8 @@ struct linst {
 /* A worker as one tick sees it. */
 struct wv {
     struct coord_worker w;
+    uint64_t step;             /* steps done (last report) */
+    double loss;
     bool dead, leaving, failed, positioned;
 };
 
@@ -108,6 +114,7 @@ struct coord_loop {
     int planned_avail;        /* available workers at the last decision */
     double rate_t;
     uint64_t rate_step;
+    uint64_t last_ckpt_step;
     double steps_per_s;
     bool save_ordered, cancel;
     double stop_at;
@@ -190,10 +197,14 @@ static double kv_f(const char *s, const char *key) {
 static void hook_report(struct coord *c, const struct coord_report *r, void *userdata) {
     struct coord_loop *L = userdata;
     (void)c;
-    if (r->nnotices == 0)
-        return;
     pthread_mutex_lock(&L->lock);
     struct lworker *w = lw_get(L, r->worker_id);
+    if (w && r->step_seconds > 0)
+        w->step_seconds = r->step_seconds;
+    if (w) {
+        w->step = r->step;
+        w->loss = r->loss;
+    }
     for (size_t i = 0; w && i < r->nnotices; i++) {
         const char *k = r->notices[i].kind, *d = r->notices[i].detail ? r->notices[i].detail : "";
         if (!strcmp(k, "terminate")) {
@@ -323,6 +334,8 @@ static int view_get(struct coord_loop *L, struct wv **ret, size_t *ret_n) {
         v[i].leaving = (x && x->noticed) || (lw && lw->terminate);
         v[i].positioned = w[i].state == COORD_WORKER_ACTIVE && w[i].epoch == L->epoch &&
                           L->epoch > 0;
+        v[i].step = lw ? lw->step : w[i].step;
+        v[i].loss = lw ? lw->loss : w[i].loss;
         v[i].failed = v[i].positioned && lw &&
                       (lw->fail_epoch == L->epoch || lw->fail_epoch == UINT64_MAX);
     }
@@ -847,6 +860,8 @@ static void phase_reconf(struct coord_loop *L, const struct wv *v, size_t nv, do
     L->pp = L->rc.pp;
     memcpy(L->split, L->rc.split, sizeof(L->split));
     L->lease = L->rc.at;
+    L->rate_step = L->rc.at;
+    L->rate_t = now;
     L->last_grant = 0;
     L->shape_since = now;
     L->phase = PH_RUNNING;
@@ -877,11 +892,11 @@ static void phase_running(struct coord_loop *L, const struct wv *v, size_t nv, d
             dead = true;
         else if (v[i].leaving)
             leaving = true;
-        minstep = ST_MIN(minstep, v[i].w.step);
-        maxstep = ST_MAX(maxstep, v[i].w.step);
-        if (v[i].w.stage == L->pp - 1 && v[i].w.replica == 0 && v[i].w.step > 0) {
-            L->st.loss = v[i].w.loss;
-            L->sum.final_loss = v[i].w.loss;
+        minstep = ST_MIN(minstep, v[i].step);
+        maxstep = ST_MAX(maxstep, v[i].step);
+        if (v[i].w.stage == L->pp - 1 && v[i].w.replica == 0 && v[i].step > 0) {
+            L->st.loss = v[i].loss;
+            L->sum.final_loss = v[i].loss;
         }
     }
     if (npos == 0)
@@ -927,7 +942,7 @@ static void phase_running(struct coord_loop *L, const struct wv *v, size_t nv, d
     }
     /* Re-plan: a noticed worker (immediately), a forced change reached, a new interval, or a
      * changed membership. The boundary is the lease already granted. */
-    uint64_t fnext = forced_next(L, L->lease > 0 ? L->lease - 1 : 0);
+    uint64_t fnext = forced_next(L, L->lease);
     bool forced_due = L->cfg.nforced > 0 && forced_at(L, L->lease) &&
                       (forced_at(L, L->lease)->dp != L->dp || forced_at(L, L->lease)->pp != L->pp);
     bool interval = now >= L->next_plan;
@@ -955,12 +970,21 @@ static void phase_running(struct coord_loop *L, const struct wv *v, size_t nv, d
         snprintf(dir, sizeof(dir), "%s/step-%" PRIu64, L->cfg.ckpt_root, L->lease);
         if (coord_checkpoint(L->c, dir, L->lease) > 0)
             set_event(L, "checkpoint at step %" PRIu64 " ordered", L->lease);
+        L->last_ckpt_step = L->lease;
         L->last_ckpt = now;
     }
     /* Lease: about lease_seconds of steps ahead of the slowest worker. */
-    if (now - L->last_grant >= 0.05) {
-        uint64_t w = (uint64_t)ceil(L->steps_per_s * L->cfg.lease_seconds);
-        w = ST_MAX(w, 2);
+    if (now - L->last_grant >= 0.05 || minstep >= L->lease) {
+        double slowest = 0;
+        pthread_mutex_lock(&L->lock);
+        for (size_t i = 0; i < nv; i++) {
+            struct lworker *lw = v[i].positioned ? lw_get(L, v[i].w.id) : NULL;
+            if (lw)
+                slowest = ST_MAX(slowest, lw->step_seconds);
+        }
+        pthread_mutex_unlock(&L->lock);
+        uint64_t w = slowest > 0 ? (uint64_t)ceil(L->cfg.lease_seconds / slowest) : 4;
+        w = ST_MIN(ST_MAX(w, 4), 100000);
         uint64_t to = ST_MIN(L->total, minstep + w);
         if (fnext && to > fnext)
             to = fnext;
@@ -984,8 +1008,8 @@ static void phase_resync(struct coord_loop *L, const struct wv *v, size_t nv, do
         npos++;
         if (v[i].dead || v[i].failed || v[i].w.last_seen_ago > 2.0)
             dead = v[i].dead || v[i].failed;
-        lo = ST_MIN(lo, v[i].w.step);
-        hi = ST_MAX(hi, v[i].w.step);
+        lo = ST_MIN(lo, v[i].step);
+        hi = ST_MAX(hi, v[i].step);
     }
     if (dead || npos == 0 || now - L->resync_since > L->cfg.reconfig_timeout) {
         set_event(L, "resync after restart failed; restoring");

@@ -210,8 +210,6 @@ static void outbox_deliver(struct coord *c, struct outbox *o) {
     }
 }
 
-int coord__watch_fill(struct coord *c, struct coord_wk *wk, struct coord_watch *w);
-
 struct fill_ctx {
     struct coord *c;
     struct coord_watch *w;
@@ -238,7 +236,6 @@ static int configure_locked(struct coord *c, int dp, int pp, const struct coord_
     struct coord_wk **wks = NULL;
     Spottrain__V1__Peer *peers = NULL;
     Spottrain__V1__Peer **peerp = NULL;
-    uint64_t *next_ids = NULL;
     int r = 0;
     bool in_tx = false;
 
@@ -249,8 +246,7 @@ static int configure_locked(struct coord *c, int dp, int pp, const struct coord_
     wks = st_calloc(n, sizeof(*wks));
     peers = st_calloc(n, sizeof(*peers));
     peerp = st_calloc(n, sizeof(*peerp));
-    next_ids = st_calloc(c->nworkers + 1, sizeof(*next_ids));
-    if (!wks || !peers || !peerp || !next_ids) {
+    if (!wks || !peers || !peerp) {
         r = -ENOMEM;
         goto out;
     }
@@ -371,7 +367,6 @@ out:
     st_free(wks);
     st_free(peers);
     st_free(peerp);
-    st_free(next_ids);
     return r;
 }
 

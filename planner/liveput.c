@@ -23,6 +23,7 @@ void plan_options_init(struct plan_options *o) {
     o->predictor = PLAN_PRED_NOTICE;
     o->hysteresis = 0.003;
     o->defer = 0.003;
+    o->defer_max = 3;
 }
 
 static bool shape_ok(const struct plan_cost *c, const struct plan_options *o, int dp, int pp) {
@@ -248,6 +249,13 @@ int plan_decide(const struct plan_cost *cost, const struct plan_situation *s,
         }
         keepv += o->tail * PLAN_INTERVAL_S * thr[stay];
     }
+    /* Intervals since the count last changed: a change is deferred at most defer_max of them,
+     * so "later" cannot become "never". */
+    int quiet = 0;
+    while (quiet + 1 < s->nhist && s->hist[s->nhist - 1 - quiet] == s->hist[s->nhist - 2 - quiet])
+        quiet++;
+    if (s->n_in + s->n_out > 0)
+        quiet = 0;
     if (best < 0) {
         d.shape = (struct plan_shape){0, 0};
         d.need_on_demand = o->on_demand_fallback;
@@ -255,7 +263,7 @@ int plan_decide(const struct plan_cost *cost, const struct plan_situation *s,
                  o->on_demand_fallback ? "; on-demand fallback wanted" : "");
     } else if (stay >= 0 && stay != best &&
                ((keepv != -INFINITY && bestv <= keepv * (1 + o->hysteresis)) ||
-                bestv <= stayv * (1 + o->defer))) {
+                (quiet < o->defer_max && bestv <= stayv * (1 + o->defer)))) {
         d.shape = cand[stay];
         d.expected_samples = stayv;
         d.kind = s->n_out > 0 ? PLAN_KIND_INTRA : PLAN_KIND_NONE;

@@ -245,6 +245,8 @@ struct plan_options {
     double hysteresis;        /* a change must gain this fraction over staying (default 0.003) */
     double defer;             /* and beat "stay now, best plan later" by this fraction: a
                                * change that can wait, waits (default 0.003) */
+    int defer_max;            /* defer only within this many intervals of the last count
+                               * change, so "later" cannot become "never" (default 3) */
     double tail;              /* intervals after the window credited at each final shape's
                                * throughput (the window does not end the job; default 0) */
     uint64_t seed;
@@ -299,10 +301,11 @@ struct plan_sim_options {
     int lookahead;
     enum plan_predictor predictor;
     double hysteresis, defer, tail; /* plan_options for the liveput policies */
+    int defer_max;
     bool named_victims;       /* charge the trace's named victims (default: Parcae's
                                * expectation over uniformly drawn victims) */
     int cost_samples;         /* draws for the expectation (default 256) */
-    double spot_price, on_demand_price; /* dollars per instance-hour */
+    double spot_price;        /* dollars per instance-hour (every live instance is billed) */
     const struct plan_decisions *decisions; /* for parcae / parcae-truth */
 };
 void plan_sim_options_init(struct plan_sim_options *o);

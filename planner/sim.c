@@ -45,8 +45,8 @@ void plan_sim_options_init(struct plan_sim_options *o) {
     o->hysteresis = 0.003;
     o->tail = 0;
     o->defer = 0.003;
+    o->defer_max = 3;
     o->spot_price = 0.918;     /* p3.2xlarge spot, $/h (us-east-1, 2023) */
-    o->on_demand_price = 3.06; /* p3.2xlarge on demand */
 }
 
 void plan_sim_result_done(struct plan_sim_result *r) {
@@ -168,6 +168,7 @@ int plan_simulate(const struct plan_cost *cost, const struct plan_trace *t, enum
     po.hysteresis = o->hysteresis;
     po.tail = o->tail;
     po.defer = o->defer;
+    po.defer_max = o->defer_max;
     struct plan_shape cur = {0, 0};
     double remain = 0, total = 0, ideal_total = 0, lost = 0, inst_minutes = 0;
     int future[PLAN_MAX_LOOKAHEAD];
@@ -328,7 +329,7 @@ int plan_simulate(const struct plan_cost *cost, const struct plan_trace *t, enum
         if (changed && i > 0)
             res.reconfigurations++;
         if (thr > 0)
-            lost += PLAN_INTERVAL_S - samples / thr;
+            lost += ST_MAX(0.0, PLAN_INTERVAL_S - samples / thr);
         else
             lost += PLAN_INTERVAL_S;
         total += samples;

@@ -265,6 +265,7 @@ static int apply_fresh(struct runner *R, const Spottrain__V1__Command *cmd, cons
     R->lease = step;
     R->failed = false;
     R->nckpt = 0;
+    progress(R, 0.0, st_now() - t0); /* before the notice: the same Report carries both */
     notice(R, "reconfigured", "epoch=%llu mode=%s step=%llu stage=%u replica=%u sent=0 recv=0 "
            "seconds=%.6f stall=%.6f", (unsigned long long)cmd->epoch, mode,
            (unsigned long long)step, cf->stage, cf->replica, st_now() - t0, st_now() - t0);
@@ -300,28 +301,42 @@ static int xfer_buf(void *userdata, const struct mig_xfer *x, bool send, float *
 }
 
 /* The communicator of a migration: Migrate.peers (new positions first, then send-only
- * participants with stage WORKER_RUNNER_SPARE_STAGE). */
+ * participants with stage WORKER_RUNNER_SPARE_STAGE), or, when the Migrate carries none, the
+ * Configure's peers (a migration where every participant takes a position). */
+struct peerlist {
+    Spottrain__V1__Peer **p;
+    size_t n;
+};
+
 static size_t mig_npeers(const Spottrain__V1__Migrate *m) {
     (void)m;
     return 0; /* PEERS-PENDING: proto field added at integration */
 }
-static Spottrain__V1__Peer **mig_peers(const Spottrain__V1__Migrate *m) {
-    (void)m;
-    return NULL;
+
+static struct peerlist order_peers(const Spottrain__V1__Command *cfg,
+                                   const Spottrain__V1__Command *mig) {
+    struct peerlist pl = {NULL, 0};
+    (void)mig;
+    if (cfg) {
+        pl.p = cfg->configure->peers;
+        pl.n = cfg->configure->n_peers;
+    }
+    return pl;
 }
 
 /* Maps the Migrate's transfers (worker ids) onto comm ranks (index in peers). */
-static int xfers_build(const Spottrain__V1__Migrate *m, struct mig_xfer **ret, size_t *ret_n) {
+static int xfers_build(const Spottrain__V1__Migrate *m, struct peerlist pl, struct mig_xfer **ret,
+                       size_t *ret_n) {
     struct mig_xfer *x = st_calloc(m->n_transfers + 1, sizeof(*x));
     if (!x)
         return -ENOMEM;
     for (size_t i = 0; i < m->n_transfers; i++) {
         const Spottrain__V1__Transfer *t = m->transfers[i];
         x[i].src = x[i].dst = -1;
-        for (size_t k = 0; k < mig_npeers(m); k++) {
-            if (!strcmp(mig_peers(m)[k]->worker_id, t->src_worker_id))
+        for (size_t k = 0; k < pl.n; k++) {
+            if (!strcmp(pl.p[k]->worker_id, t->src_worker_id))
                 x[i].src = (int)k;
-            if (!strcmp(mig_peers(m)[k]->worker_id, t->dst_worker_id))
+            if (!strcmp(pl.p[k]->worker_id, t->dst_worker_id))
                 x[i].dst = (int)k;
         }
         x[i].layer = t->layer;
@@ -352,15 +367,16 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
     int rank, r;
     double t0 = st_now();
 
+    struct peerlist pl = order_peers(cfg, mig);
     memset(&st, 0, sizeof(st));
-    TRY_GOTO(xfers_build(m, &x, &nx), r, out);
-    TRY_GOTO(comm_build(R, mig->epoch, mig_peers(m), mig_npeers(m), &comm, &rank), r, out);
+    TRY_GOTO(xfers_build(m, pl, &x, &nx), r, out);
+    TRY_GOTO(comm_build(R, mig->epoch, pl.p, pl.n, &comm, &rank), r, out);
     if (cfg) {
         const Spottrain__V1__Configure *cf = cfg->configure;
         if (!cf->shape)
             TRY_GOTO(-EINVAL, r, out);
         TRY_GOTO(layout_build(R, (int)cf->shape->dp, (int)cf->shape->pp, split, nsplit,
-                              mig_peers(m), mig_npeers(m), &lay), r, out);
+                              pl.p, pl.n, &lay), r, out);
         if (R->eng && !R->failed) {
             TRY_GOTO(worker_engine_reshape_begin(R->eng, &lay, (int)cf->stage, (int)cf->replica,
                                                  comm), r, out);
@@ -392,13 +408,14 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
     R->done = m->at_step;
     R->lease = m->at_step;
     R->failed = false;
+    R->nckpt = 0;
     double stall = st_now() - (R->blocked_since > 0 ? R->blocked_since : t0);
+    progress(R, 0.0, stall); /* before the notice: the same Report carries both */
     notice(R, "reconfigured", "epoch=%llu mode=migrate step=%llu stage=%d replica=%d sent=%llu "
            "recv=%llu seconds=%.6f stall=%.6f", (unsigned long long)mig->epoch,
            (unsigned long long)m->at_step, cfg ? (int)cfg->configure->stage : -1,
            cfg ? (int)cfg->configure->replica : -1, (unsigned long long)st.bytes_sent,
            (unsigned long long)st.bytes_recv, st.seconds, stall);
-    progress(R, 0.0, stall);
 out:
     if (r < 0) {
         if (reshaped)
@@ -444,8 +461,8 @@ static void take_commands(struct runner *R) {
             break;
         case SPOTTRAIN__V1__COMMAND__BODY_MIGRATE: {
             const Spottrain__V1__Migrate *m = c->migrate;
-            if (mig_npeers(m) == 0 && m->n_transfers == 0) {
-                if (c->epoch == R->epoch && m->at_step > R->lease)
+            if (c->epoch == R->epoch && mig_npeers(m) == 0 && m->n_transfers == 0) {
+                if (m->at_step > R->lease)
                     R->lease = m->at_step;
             } else if (c->epoch > R->epoch) {
                 if (R->pmig && R->pmig->epoch > c->epoch)
@@ -531,10 +548,11 @@ static bool try_reconfigure(struct runner *R) {
         }
         return false;
     }
-    bool assigned = false;
-    for (size_t k = 0; k < mig_npeers(R->pmig->migrate); k++)
-        if (!strcmp(mig_peers(R->pmig->migrate)[k]->worker_id, worker_agent_id(R->agent)))
-            assigned = mig_peers(R->pmig->migrate)[k]->stage != WORKER_RUNNER_SPARE_STAGE;
+    bool assigned = mig_npeers(R->pmig->migrate) == 0; /* without peers, only positions */
+    struct peerlist pl = order_peers(R->pcfg, R->pmig);
+    for (size_t k = 0; k < pl.n && mig_npeers(R->pmig->migrate) > 0; k++)
+        if (!strcmp(pl.p[k]->worker_id, worker_agent_id(R->agent)))
+            assigned = pl.p[k]->stage != WORKER_RUNNER_SPARE_STAGE;
     if (assigned && !R->pcfg) {
         if (expired) {
             notice(R, "reconfig-failed", "epoch=%llu: no Configure for an assigned worker",
@@ -610,14 +628,15 @@ static int runner_loop(struct runner *R) {
         if (R->stop)
             break;
         poll_notice(R);
+        run_checkpoints(R); /* a checkpoint at a boundary is taken before reshaping there */
         if (try_reconfigure(R))
             continue;
-        run_checkpoints(R);
         if (can_step(R)) {
             double t0 = st_now(), loss = NAN;
             int r = worker_engine_step(R->eng, R->done, &loss);
             if (r < 0) {
                 R->failed = true;
+                drop_state(R); /* closing our connections makes the peers fail fast too */
                 notice(R, "step-failed", "epoch=%llu step=%llu: %s",
                        (unsigned long long)R->epoch, (unsigned long long)R->done,
                        st_strerror(r));

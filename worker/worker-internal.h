@@ -70,17 +70,27 @@ struct worker_engine {
 };
 
 /* stage.c */
+/* Allocates the zeroed buffers of position (stage, replica) of layout into *v (stage -1:
+ * nothing). comm is borrowed. Returns 0, -ENOMEM. Release with worker__view_done. */
 int worker__view_init(struct engine_view *v, const struct worker_train_config *cfg,
                       const struct worker_layout *layout, int stage, int replica,
                       struct mig_comm *comm);
+/* Frees a view's buffers and zeroes it; safe on a zeroed view. */
 void worker__view_done(struct engine_view *v);
+/* The owned layer `layer` of v, or NULL when v does not own it. */
 struct engine_layer *worker__view_layer(struct engine_view *v, int layer);
+/* Sizes the work buffers of a step for e's current view. Caller frees with
+ * worker__work_free(w, owned layer count). Returns 0 or -ENOMEM. */
 int worker__work_new(const struct worker_engine *e, struct engine_work **ret);
+/* NULL-safe; returns NULL. */
 struct engine_work *worker__work_free(struct engine_work *w, int nowned);
 /* Comm rank of position (stage, replica) of the view's layout. */
 int worker__rank(const struct engine_view *v, int stage, int replica);
 
 /* schedule.c */
+/* Forward and backward of every micro-batch of this replica for `step` under 1F1B, leaving
+ * the summed gradients in e->work->acc / acc_head and the loss sum in e->work->loss_sum.
+ * Returns 0 or the first data-plane / kernel error. */
 int worker__run_pipeline(struct worker_engine *e, uint64_t step);
 
 #endif

@@ -233,6 +233,14 @@ static int test_equivalence(void) {
         } else {
             ASSERT_TRUE(rel <= 1e-6);
         }
+        /* The interface outside checks use agrees: `spottrain ckpt diff` (bitwise for pp,
+         * --rtol 1e-6 for dp). */
+        char o[300], e[300];
+        snprintf(o, sizeof(o), "%s/diff.out", tmp);
+        snprintf(e, sizeof(e), "%s/diff.err", tmp);
+        char *argv[] = {(char *)bin(), "ckpt", "diff", dir, base, "--rtol",
+                        dp == 1 ? "0" : "1e-6", NULL};
+        ASSERT_EQ(run(argv, o, e, 30.0), 0);
     }
     /* The checkpoint of the last run differs from an earlier state (the run trained). */
     char early[300];
@@ -240,6 +248,7 @@ static int test_equivalence(void) {
     char *argv[] = {(char *)bin(), "train", "--local", "--steps", "2", "--threads", "1",
                     "--save", early, spec, NULL};
     char o[300], e[300];
+    char *dargv[] = {(char *)bin(), "ckpt", "diff", early, base, NULL};
     snprintf(o, sizeof(o), "%s/early.out", tmp);
     snprintf(e, sizeof(e), "%s/early.err", tmp);
     ASSERT_EQ(run(argv, o, e, 50.0), 0);
@@ -247,6 +256,7 @@ static int test_equivalence(void) {
     double rel;
     ASSERT_OK(ckpt_compare(early, base, &nd, &rel, &total));
     ASSERT_GT(nd, total / 2);
+    ASSERT_EQ(run(dargv, o, e, 30.0), 1); /* and ckpt diff says so */
     rm_tmp();
     return 0;
 }
@@ -312,7 +322,9 @@ static pid_t child_of(pid_t pid, int index) {
     return r;
 }
 
-static int test_dead_rank(void) {
+/* Starts a 2 x 2 run, waits for progress, then kills rank 2; with `hang`, also stops rank 1
+ * (SIGSTOP) so that only the parent's timeout can end it. */
+static int dead_rank_case(int hang) {
     ASSERT_OK(make_tmp());
     char spec[300], out[300], err[300];
     snprintf(spec, sizeof(spec), "%s/job.yaml", tmp);
@@ -327,18 +339,19 @@ static int test_dead_rank(void) {
         dup2(fo, 1);
         dup2(fe, 2);
         execl(bin(), bin(), "train", "--local", "--dp", "2", "--pp", "2", "--threads", "1",
-              "--timeout", "10", spec, (char *)NULL);
+              "--timeout", hang ? "1" : "10", spec, (char *)NULL);
         _exit(127);
     }
-    /* Wait until training runs (a progress line), then kill rank 2 (stage 1, replica 0). */
+    /* Wait until training runs (progress lines), then kill rank 2 (stage 1, replica 0). */
     struct timespec ts = {0, 20 * 1000 * 1000};
     int lines = 0;
     for (int i = 0; i < 2000 && lines < 2; i++) {
         last_loss(out, &lines);
         nanosleep(&ts, NULL);
     }
-    pid_t victim = child_of(pid, 2);
-    int killed = lines >= 2 && victim > 0 && kill(victim, SIGKILL) == 0;
+    pid_t victim = child_of(pid, 2), stopped = hang ? child_of(pid, 1) : 0;
+    int killed = lines >= 2 && victim > 0 && stopped >= 0 &&
+                 (!hang || kill(stopped, SIGSTOP) == 0) && kill(victim, SIGKILL) == 0;
     struct timespec t0, now;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     int st = 0, done = 0;
@@ -358,8 +371,10 @@ static int test_dead_rank(void) {
     }
     char *e = slurp(err);
     int named = e && strstr(e, "rank 2 (stage 1, replica 0) killed by signal 9") != NULL;
-    printf("# dead rank: exit after %.2f s; stderr tail: %s\n", waited,
-           e ? e + (strlen(e) > 400 ? strlen(e) - 400 : 0) : "");
+    int hung_named = !hang || (e && strstr(e, "rank 1 (stage 0, replica 1) killed by signal 9 "
+                                              "(Killed) (stopped after the timeout)"));
+    printf("# dead rank%s: exit after %.2f s; stderr tail: %s\n", hang ? " + hung rank" : "",
+           waited, e ? e + (strlen(e) > 400 ? strlen(e) - 400 : 0) : "");
     free(e);
     rm_tmp();
     ASSERT_TRUE(killed);
@@ -367,6 +382,13 @@ static int test_dead_rank(void) {
     ASSERT_TRUE(WIFEXITED(st));
     ASSERT_EQ(WEXITSTATUS(st), 1);
     ASSERT_TRUE(named);
+    ASSERT_TRUE(hung_named);
+    return 0;
+}
+
+static int test_dead_rank(void) {
+    ASSERT_EQ(dead_rank_case(0), 0);
+    ASSERT_EQ(dead_rank_case(1), 0);
     return 0;
 }
 
@@ -448,6 +470,8 @@ static int test_bad_input(void) {
     X(1, "cannot synthesize", "--local", unwritable);
     /* And a run that works, with the progress line format of the interface. */
     X(0, "step 10/10 loss ", "--local", "--pp", "2", spec);
+    /* More than one thread per worker restarts once with OMP_WAIT_POLICY=passive. */
+    X(0, "step 10/10 loss ", "--local", "--threads", "2", spec);
 #undef X
     rm_tmp();
     return 0;

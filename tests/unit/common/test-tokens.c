@@ -549,6 +549,7 @@ static int test_cli(void) {
         "data", "data frobnicate", "data synth", "data synth --out x --vocab 1",
         "data synth --out x --vocab abc", "data synth --out x --order 0",
         "data synth --out x --tokens 1", "data synth --out x --seed -1",
+        "data synth --out x --order 21",
         "data synth --out x --format hdf5", "data synth --out x --vocab 256 --order 3",
         "data synth --out x --seq-len 0", "data synth --out x --bogus", "data synth --out",
         "data synth --out x extra", "data info", "data info a b", "data info x --vocab 0",

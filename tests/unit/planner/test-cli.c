@@ -58,6 +58,11 @@ static int test_errors(void) {
     ASSERT_EQ(sh("predict --eval"), 2);
     ASSERT_EQ(sh("predict --trace /nonexistent --eval"), 2);
     ASSERT_EQ(sh("predict --trace traces/events.csv --horizon 0"), 2);
+    ASSERT_EQ(sh("simulate " TRACE " " PROF " --policy ideal --decisions-out /nonexistent/x"), 1);
+    ASSERT_CONTAINS(out_buf, "cannot write");
+    ASSERT_EQ(sh("simulate " TRACE " " PROF " --victims psychic"), 2);
+    ASSERT_EQ(sh("simulate " TRACE " " PROF " --predictor crystal-ball"), 2);
+    ASSERT_EQ(sh("simulate --bench-decide 0"), 2);
     ASSERT_EQ(sh("simulate --help"), 0);
     ASSERT_CONTAINS(out_buf, "--unannounced");
     return 0;

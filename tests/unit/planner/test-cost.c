@@ -179,6 +179,54 @@ static int test_analytic(void) {
     return 0;
 }
 
+/* A minimal valid profile, then one broken field at a time. */
+static int try_profile(const char *models, const char *p2p, struct st_error *e) {
+    char buf[2048];
+    snprintf(buf, sizeof(buf), "{\"models\": {\"m\": %s}, \"p2p_us\": %s}", models, p2p);
+    struct plan_cost *c = NULL;
+    memset(e, 0, sizeof(*e));
+    int r = plan_cost_from_profile("p", buf, strlen(buf), NULL, &c, e);
+    plan_cost_free(c);
+    return r;
+}
+
+static int test_profile_field_errors(void) {
+    struct st_error e;
+    const char *p2p = "{\"4\": 140, \"1048576\": 1400}";
+#define M(extra)                                                                   \
+    "{\"micro_batch\": 1, \"global_batch\": 8, \"layer_params\": [10, 20, 30], " extra "}"
+    ASSERT_OK(try_profile(M("\"throughput\": [{\"dp\": 1, \"pp\": 2, \"samples_per_s\": 5}], "
+                            "\"model_build_ms\": {\"2\": 100}"), p2p, &e));
+    ASSERT_ERR(try_profile(M("\"throughput\": [{\"dp\": 1, \"pp\": 9, \"samples_per_s\": 5}], "
+                             "\"model_build_ms\": {\"2\": 100}"), p2p, &e), -EINVAL);
+    ASSERT_STREQ(e.field, "models.throughput");
+    ASSERT_ERR(try_profile(M("\"model_build_ms\": {\"2\": 100}"), p2p, &e), -EINVAL);
+    ASSERT_STREQ(e.field, "models.throughput");
+    ASSERT_ERR(try_profile(M("\"throughput\": [{\"dp\": 1, \"pp\": 2, \"samples_per_s\": 5}]"),
+                           p2p, &e), -EINVAL);
+    ASSERT_STREQ(e.field, "models.model_build_ms");
+    ASSERT_ERR(try_profile(M("\"throughput\": [{\"dp\": 1, \"pp\": 2, \"samples_per_s\": 5}], "
+                             "\"model_build_ms\": {\"x\": 100}"), p2p, &e), -EINVAL);
+    ASSERT_STREQ(e.field, "models.model_build_ms");
+    ASSERT_ERR(try_profile(M("\"throughput\": [{\"dp\": 1, \"pp\": 2, \"samples_per_s\": 5}], "
+                             "\"model_build_ms\": \"pp squared\""), p2p, &e), -EINVAL);
+    ASSERT_STREQ(e.field, "models.model_build_ms");
+    ASSERT_ERR(try_profile(M("\"throughput\": [{\"dp\": 1, \"pp\": 2, \"samples_per_s\": 5}], "
+                             "\"model_build_ms\": {\"2\": 100}"), "{\"four\": 1}", &e), -EINVAL);
+    ASSERT_STREQ(e.field, "p2p_us");
+    ASSERT_ERR(try_profile("{\"micro_batch\": \"one\", \"global_batch\": 8}", p2p, &e), -EINVAL);
+    ASSERT_STREQ(e.field, "models.micro_batch");
+    ASSERT_ERR(try_profile("{\"micro_batch\": 1, \"global_batch\": 8, \"layer_params\": [1, -2]}",
+                           p2p, &e), -EINVAL);
+    ASSERT_STREQ(e.field, "models.layer_params");
+#undef M
+    const char *nomodels = "{\"p2p_us\": {}}";
+    struct plan_cost *c = NULL;
+    ASSERT_ERR(plan_cost_from_profile("p", nomodels, strlen(nomodels), NULL, &c, &e), -EINVAL);
+    ASSERT_STREQ(e.field, "models");
+    return 0;
+}
+
 TEST_MAIN(TEST(test_profile), TEST(test_partition), TEST(test_reactive_matches_parcae),
           TEST(test_transition_kinds), TEST(test_prob_intra_exact), TEST(test_profile_errors),
-          TEST(test_analytic))
+          TEST(test_analytic), TEST(test_profile_field_errors))

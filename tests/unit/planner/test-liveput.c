@@ -187,5 +187,35 @@ static int test_bad_and_idle(void) {
     return 0;
 }
 
+/* A 2 % better shape is not put off forever: after defer_max quiet intervals the change is
+ * taken; right after a change in the count it may wait. */
+static int test_defer_cap(void) {
+    struct plan_cost *c = tp_cost("bert_gbs1024_mbs8");
+    ASSERT_TRUE(c != NULL);
+    int hist[40];
+    for (int i = 0; i < 40; i++)
+        hist[i] = 32;
+    struct plan_situation s = {.cur = {10, 3}, .n_before = 32, .hist = hist, .nhist = 40};
+    struct plan_options o;
+    plan_options_init(&o);
+    struct plan_decision d;
+    ASSERT_OK(plan_decide(c, &s, &o, &d));
+    ASSERT_EQ(d.shape.dp, 8);
+    ASSERT_EQ(d.shape.pp, 4);
+    ASSERT_CONTAINS(d.reason, "move");
+    /* one instance just joined: deferring is allowed, and staying loses < 0.3 % */
+    s.n_before = 31;
+    s.n_in = 1;
+    hist[38] = 31;
+    ASSERT_OK(plan_decide(c, &s, &o, &d));
+    ASSERT_EQ(d.shape.dp, 10);
+    ASSERT_EQ(d.shape.pp, 3);
+    o.defer = 0;
+    ASSERT_OK(plan_decide(c, &s, &o, &d));
+    ASSERT_EQ(d.shape.pp, 4);
+    plan_cost_free(c);
+    return 0;
+}
+
 TEST_MAIN(TEST(test_dp_equals_brute_force), TEST(test_notice_and_hysteresis),
-          TEST(test_bad_and_idle))
+          TEST(test_bad_and_idle), TEST(test_defer_cap))
