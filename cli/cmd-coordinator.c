@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "common.h"      /* st_spec_load, st_error_format */
@@ -23,8 +24,12 @@ int cli_cmd_coordinator(int argc, char **argv) {
         {"token-file", required_argument, NULL, 't'},
         {"state-dir", required_argument, NULL, 'd'},
         {"heartbeat-deadline", required_argument, NULL, 'H'},
+        {"tls-cert", required_argument, NULL, 'C'},
+        {"tls-key", required_argument, NULL, 'K'},
+        {"tls-client-ca", required_argument, NULL, 'A'},
         {NULL, 0, NULL, 0},
     };
+    const char *tls[3] = {NULL, NULL, NULL}; /* cert, key, client CA */
     const char *job = NULL, *listen = NULL, *status_listen = NULL, *token_file = NULL,
                *state_dir = NULL;
     double deadline = 0;
@@ -39,6 +44,9 @@ int cli_cmd_coordinator(int argc, char **argv) {
         case 's': status_listen = optarg; break;
         case 't': token_file = optarg; break;
         case 'd': state_dir = optarg; break;
+        case 'C': tls[0] = optarg; break;
+        case 'K': tls[1] = optarg; break;
+        case 'A': tls[2] = optarg; break;
         case 'H':
             if (st_parse_duration(optarg, &deadline) < 0 || deadline <= 0)
                 return cli_usage_error("coordinator", "bad --heartbeat-deadline '%s'", optarg);
@@ -51,6 +59,16 @@ int cli_cmd_coordinator(int argc, char **argv) {
         return cli_usage_error("coordinator", "unexpected argument '%s'", argv[optind]);
     if (!job)
         return cli_usage_error("coordinator", "--job JOB.yaml is required");
+    if (!tls[0] != !tls[1])
+        return cli_usage_error("coordinator", "--tls-cert and --tls-key go together");
+    static const char *const tls_flag[3] = {"--tls-cert", "--tls-key", "--tls-client-ca"};
+    for (int i = 0; i < 3; i++) {
+        if (tls[i] && (!tls[i][0] || strlen(tls[i]) >= ST_SPEC_PATH_MAX))
+            return cli_usage_error("coordinator", "bad %s '%s'", tls_flag[i], tls[i]);
+        if (tls[i] && access(tls[i], R_OK) < 0)
+            return cli_usage_error("coordinator", "cannot read %s '%s': %s", tls_flag[i],
+                                   tls[i], st_strerror(-errno));
+    }
 
     struct st_spec *spec = st_calloc(1, sizeof(*spec));
     struct st_error *errs = st_calloc(COORD_MAX_ERRS, sizeof(*errs));
@@ -78,6 +96,12 @@ int cli_cmd_coordinator(int argc, char **argv) {
     coord_config_init(&cfg);
     cfg.spec = spec;
     cfg.heartbeat_deadline = deadline;
+    if (tls[0]) {
+        snprintf(cfg.tls_cert, sizeof(cfg.tls_cert), "%s", tls[0]);
+        snprintf(cfg.tls_key, sizeof(cfg.tls_key), "%s", tls[1]);
+    }
+    if (tls[2])
+        snprintf(cfg.tls_client_ca, sizeof(cfg.tls_client_ca), "%s", tls[2]);
     if (listen)
         snprintf(cfg.listen, sizeof(cfg.listen), "%s", listen);
     if (status_listen)
@@ -113,8 +137,8 @@ int cli_cmd_coordinator(int argc, char **argv) {
     st_log_set_role("coordinator", spec->name);
     r = coord_new(&cfg, NULL, &c);
     if (r < 0) {
-        fprintf(stderr, "spottrain coordinator: cannot open job state in '%s': %s\n",
-                cfg.state_dir, st_strerror(r));
+        fprintf(stderr, "spottrain coordinator: cannot set up the job (TLS files, state in "
+                "'%s'): %s\n", cfg.state_dir, st_strerror(r));
         ret = r == -EINVAL || r == -EEXIST || r == -EPROTO || r == -ENOTDIR || r == -EACCES ||
                       r == -EROFS
                   ? CLI_EXIT_INPUT

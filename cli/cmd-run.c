@@ -24,6 +24,7 @@
 #include "common.h"
 #include "coord-loop.h"
 #include "coordinator.h"
+#include "coordinator-train.h" /* cli_ckpt_latest, cli_ckpt_prune */
 #include "migrate.h"
 #include "planner.h"
 #include "run-worker.h"
@@ -90,23 +91,6 @@ static int spawn_worker(void *userdata, const struct cloud_instance *inst,
     cmd->argv[k] = NULL;
     if (!getenv("SPOTTRAIN_DEBUG"))
         cmd->env[0] = "SPOTTRAIN_DEBUG=warn"; /* workers' own lines: problems only */
-    return 0;
-}
-
-static int ckpt_latest(void *userdata, const char *root, char *dir, size_t dirsz,
-                       uint64_t *ret_step) {
-    (void)userdata;
-    int r = mig_ckpt_latest(root, dir, dirsz);
-    if (r < 0)
-        return r;
-    struct mig_ckpt *c = NULL;
-    r = mig_ckpt_open(dir, &c, NULL);
-    if (r < 0)
-        return r;
-    struct mig_ckpt_meta m;
-    mig_ckpt_get_meta(c, &m);
-    *ret_step = m.step;
-    mig_ckpt_free(c);
     return 0;
 }
 
@@ -249,7 +233,8 @@ static void print_summary(FILE *f, const struct coord_loop_summary *s, const str
     fprintf(f, "  steps              %" PRIu64 "%s\n", s->steps,
             s->finished ? "" : " (not finished)");
     fprintf(f, "  samples committed  %" PRIu64 "\n", s->samples);
-    fprintf(f, "  final loss         %.4f\n", s->final_loss);
+    fprintf(f, "  final loss         %.4f (first reported %.4f)\n", s->final_loss,
+            s->first_loss);
     fprintf(f, "  wall time          %.1f s\n", s->wall_seconds);
     fprintf(f, "  time per shape    ");
     for (int i = 0; i < s->nshapes; i++)
@@ -276,6 +261,8 @@ static int write_json(const char *path, const struct coord_loop_summary *s) {
         fprintf(f, "  \"final_loss\": %.9g,\n", s->final_loss);
     else
         fprintf(f, "  \"final_loss\": null,\n");
+    if (isfinite(s->first_loss))
+        fprintf(f, "  \"first_loss\": %.9g,\n", s->first_loss);
     fprintf(f, "  \"wall_seconds\": %.3f,\n  \"checkpoint_restores\": %" PRIu64 ",\n",
             s->wall_seconds, s->count[COORD_LOOP_RESTORE]);
     fprintf(f, "  \"migrations\": {");
@@ -394,7 +381,10 @@ static int run_job(const struct run_opts *o, struct st_spec *spec) {
     lc->steps = spec->training.steps;
     lc->time_scale = o->time_scale > 0 ? o->time_scale : spec->fleet.time_scale;
     lc->cost = cost;
-    lc->ckpt_latest = ckpt_latest;
+    lc->ckpt_latest = cli_ckpt_latest;
+    lc->ckpt_prune = cli_ckpt_prune;
+    lc->ckpt_commit = cli_ckpt_commit;
+    lc->ckpt_userdata = spec;
     if (spec->checkpoint.interval > 0) {
         snprintf(lc->ckpt_root, sizeof(lc->ckpt_root), "%s/ckpt", state);
         lc->ckpt_interval = spec->checkpoint.interval * lc->time_scale;
@@ -486,6 +476,8 @@ static int run_job(const struct run_opts *o, struct st_spec *spec) {
         goto out;
     }
     bool tty = isatty(STDOUT_FILENO);
+    if (tty && !getenv("SPOTTRAIN_DEBUG"))
+        st_log_set_level(ST_LOG_WARN); /* events show in the status block, not as lines */
     int drawn = 0;
     double last_draw = 0;
     char last_event[160] = "";
@@ -583,19 +575,19 @@ int cli_cmd_run(int argc, char **argv) {
             break;
         }
         case 's':
-            if (parse_num("--steps", optarg, 1, 1e8, &v) < 0)
+            if (parse_num("--steps", optarg, 1, 1e8, &v) != 0)
                 return CLI_EXIT_INPUT;
             if (v != floor(v))
                 return cli_usage_error("run", "invalid --steps '%s' (an integer)", optarg);
             o.steps = (int)v;
             break;
         case 'x':
-            if (parse_num("--time-scale", optarg, 1e-6, 1e6, &v) < 0)
+            if (parse_num("--time-scale", optarg, 1e-6, 1e6, &v) != 0)
                 return CLI_EXIT_INPUT;
             o.time_scale = v;
             break;
         case 't':
-            if (parse_num("--threads", optarg, 1, 1024, &v) < 0)
+            if (parse_num("--threads", optarg, 1, 1024, &v) != 0)
                 return CLI_EXIT_INPUT;
             o.threads = (int)v;
             break;
@@ -622,7 +614,7 @@ int cli_cmd_run(int argc, char **argv) {
         if (nerrs == 0)
             fprintf(stderr, "spottrain run: cannot load '%s': %s\n", o.job, st_strerror(r));
         st_free(spec);
-        return r == -EINVAL ? CLI_EXIT_INPUT : CLI_EXIT_FAILURE;
+        return r == -EINVAL || r == -ENOENT ? CLI_EXIT_INPUT : CLI_EXIT_FAILURE;
     }
     int code = CLI_EXIT_INPUT;
     if (spec->fleet.provider != ST_PROVIDER_SIM) {

@@ -2,8 +2,10 @@
  * running job from the coordinator's REST API.
  *
  * One idea: three GETs (/v1/job, /v1/workers, /v1/events) over a tiny HTTP/1.0 client on a
- * plain socket (the API is loopback or a port-forward; no TLS), rendered as a table or passed
- * through as one JSON object for scripts. */
+ * plain socket for http://, or libcurl for https:// (a coordinator with spec.coordinator.tls;
+ * --tls-ca verifies it, --tls-cert/--tls-key answer a client-certificate request), rendered
+ * as a table or passed through as one JSON object for scripts. */
+#include <curl/curl.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <netdb.h>
@@ -25,14 +27,22 @@
 struct endpoint {
     char host[256];
     char port[8];
+    bool https;
+    char base[300];              /* https: "https://HOST:PORT" as given, for libcurl */
+    const char *ca, *cert, *key; /* https: PEM files; NULL = system CAs / no client cert */
 };
 
 static int parse_endpoint(const char *url, struct endpoint *ep) {
     const char *p = url;
-    if (strncmp(p, "http://", 7) == 0)
+    ep->https = false;
+    if (strncmp(p, "http://", 7) == 0) {
         p += 7;
-    else if (strstr(p, "://"))
+    } else if (strncmp(p, "https://", 8) == 0) {
+        p += 8;
+        ep->https = true;
+    } else if (strstr(p, "://")) {
         return -EINVAL;
+    }
     size_t n = strcspn(p, "/");
     char hp[300];
     if (n == 0 || n >= sizeof(hp))
@@ -48,8 +58,9 @@ static int parse_endpoint(const char *url, struct endpoint *ep) {
             return -EINVAL;
         snprintf(ep->port, sizeof(ep->port), "%ld", port);
     } else {
-        snprintf(ep->port, sizeof(ep->port), "80");
+        snprintf(ep->port, sizeof(ep->port), "%s", ep->https ? "443" : "80");
     }
+    snprintf(ep->base, sizeof(ep->base), "https://%.*s", (int)n, p);
     char *h = hp;
     if (h[0] == '[') {
         h++;
@@ -64,9 +75,94 @@ static int parse_endpoint(const char *url, struct endpoint *ep) {
     return 0;
 }
 
+struct curl_buf {
+    char *data;
+    size_t len;
+    bool too_big;
+};
+
+static size_t curl_sink(char *ptr, size_t size, size_t nmemb, void *userdata) {
+    struct curl_buf *b = userdata;
+    size_t n = size * nmemb;
+    if (b->len + n + 1 > STATUS_MAX_RESPONSE) {
+        b->too_big = true;
+        return 0;
+    }
+    char *d = st_realloc(b->data, b->len + n + 1);
+    if (!d)
+        return 0;
+    memcpy(d + b->len, ptr, n);
+    b->len += n;
+    d[b->len] = '\0';
+    b->data = d;
+    return n;
+}
+
+/* GET over https with libcurl: the same contract as http_get. */
+static int https_get(const struct endpoint *ep, const char *path, const char *token,
+                     char **ret_body) {
+    char url[1400], auth[300];
+    struct curl_buf b = {NULL, 0, false};
+    struct curl_slist *hdrs = NULL;
+    int r = -ENOMEM;
+    CURL *h = curl_easy_init();
+    if (!h)
+        return -ENOMEM;
+    snprintf(url, sizeof(url), "%s%s", ep->base, path);
+    hdrs = curl_slist_append(NULL, "Accept: application/json");
+    if (token && hdrs) {
+        snprintf(auth, sizeof(auth), "Authorization: Bearer %s", token);
+        struct curl_slist *t = curl_slist_append(hdrs, auth);
+        hdrs = t ? t : hdrs;
+        if (!t)
+            goto out;
+    }
+    if (!hdrs)
+        goto out;
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, curl_sink);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT, 10L);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "https");
+    if (ep->ca)
+        curl_easy_setopt(h, CURLOPT_CAINFO, ep->ca);
+    if (ep->cert) {
+        curl_easy_setopt(h, CURLOPT_SSLCERT, ep->cert);
+        curl_easy_setopt(h, CURLOPT_SSLKEY, ep->key);
+    }
+    CURLcode cc = curl_easy_perform(h);
+    if (cc != CURLE_OK) {
+        fprintf(stderr, "spottrain status: %s: %s\n", url, curl_easy_strerror(cc));
+        r = b.too_big ? -EFBIG
+            : cc == CURLE_COULDNT_CONNECT ? -ECONNREFUSED
+            : cc == CURLE_OPERATION_TIMEDOUT ? -ETIMEDOUT
+            : cc == CURLE_PEER_FAILED_VERIFICATION || cc == CURLE_SSL_CONNECT_ERROR ||
+                      cc == CURLE_SSL_CACERT_BADFILE || cc == CURLE_SSL_CERTPROBLEM
+                ? -EPROTO
+                : -EIO;
+        goto out;
+    }
+    long status = 0;
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+    char *body = st_strdup(b.data ? b.data : "");
+    if (!body)
+        goto out;
+    *ret_body = body;
+    r = (int)status;
+out:
+    st_free(b.data);
+    curl_slist_free_all(hdrs);
+    curl_easy_cleanup(h);
+    return r;
+}
+
 /* GET path; returns the HTTP status and the body (caller frees), or negative errno. */
 static int http_get(const struct endpoint *ep, const char *path, const char *token,
                     char **ret_body) {
+    if (ep->https)
+        return https_get(ep, path, token, ret_body);
     struct addrinfo hints, *ai = NULL;
     memset(&hints, 0, sizeof(hints));
     hints.ai_socktype = SOCK_STREAM;
@@ -253,9 +349,13 @@ int cli_cmd_status(int argc, char **argv) {
         {"json", no_argument, NULL, 'j'},
         {"watch", no_argument, NULL, 'w'},
         {"token-file", required_argument, NULL, 't'},
+        {"tls-ca", required_argument, NULL, 'A'},
+        {"tls-cert", required_argument, NULL, 'C'},
+        {"tls-key", required_argument, NULL, 'K'},
         {NULL, 0, NULL, 0},
     };
     const char *url = "http://127.0.0.1:8080", *token_file = NULL;
+    const char *tls_ca = NULL, *tls_cert = NULL, *tls_key = NULL;
     bool as_json = false, watch = false;
     int opt;
     optind = 1;
@@ -266,6 +366,9 @@ int cli_cmd_status(int argc, char **argv) {
         case 'j': as_json = true; break;
         case 'w': watch = true; break;
         case 't': token_file = optarg; break;
+        case 'A': tls_ca = optarg; break;
+        case 'C': tls_cert = optarg; break;
+        case 'K': tls_key = optarg; break;
         default:
             return cli_usage_error("status", "unknown option '%s'", argv[optind - 1]);
         }
@@ -274,7 +377,21 @@ int cli_cmd_status(int argc, char **argv) {
         return cli_usage_error("status", "unexpected argument '%s'", argv[optind]);
     struct endpoint ep;
     if (parse_endpoint(url, &ep) < 0)
-        return cli_usage_error("status", "bad --endpoint '%s' (want http://HOST:PORT)", url);
+        return cli_usage_error("status", "bad --endpoint '%s' (want http://HOST:PORT or "
+                               "https://HOST:PORT)", url);
+    if (!tls_cert != !tls_key)
+        return cli_usage_error("status", "--tls-cert and --tls-key go together");
+    if ((tls_ca || tls_cert) && !ep.https)
+        return cli_usage_error("status", "--tls-ca/--tls-cert need an https:// --endpoint");
+    const char *tls_files[3] = {tls_ca, tls_cert, tls_key};
+    static const char *const tls_flag[3] = {"--tls-ca", "--tls-cert", "--tls-key"};
+    for (int i = 0; i < 3; i++)
+        if (tls_files[i] && access(tls_files[i], R_OK) < 0)
+            return cli_usage_error("status", "cannot read %s '%s': %s", tls_flag[i],
+                                   tls_files[i], st_strerror(-errno));
+    ep.ca = tls_ca;
+    ep.cert = tls_cert;
+    ep.key = tls_key;
     char token[256];
     if (token_file) {
         char why[512];
@@ -284,20 +401,30 @@ int cli_cmd_status(int argc, char **argv) {
         }
     }
     const char *tok = token_file ? token : NULL;
-    if (!watch)
-        return show(&ep, tok, as_json) < 0 ? CLI_EXIT_FAILURE : CLI_EXIT_OK;
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    sigprocmask(SIG_BLOCK, &set, NULL);
-    for (;;) {
-        if (!as_json)
-            printf("\033[H\033[2J");
-        (void)show(&ep, tok, as_json);
-        struct timespec two = {2, 0};
-        int sig = sigtimedwait(&set, NULL, &two);
-        if (sig == SIGINT || sig == SIGTERM)
-            return CLI_EXIT_OK;
+    if (ep.https && curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+        fprintf(stderr, "spottrain status: cannot initialise libcurl\n");
+        return CLI_EXIT_FAILURE;
     }
+    int ret = CLI_EXIT_OK;
+    if (!watch) {
+        ret = show(&ep, tok, as_json) < 0 ? CLI_EXIT_FAILURE : CLI_EXIT_OK;
+    } else {
+        sigset_t set;
+        sigemptyset(&set);
+        sigaddset(&set, SIGINT);
+        sigaddset(&set, SIGTERM);
+        sigprocmask(SIG_BLOCK, &set, NULL);
+        for (;;) {
+            if (!as_json)
+                printf("\033[H\033[2J");
+            (void)show(&ep, tok, as_json);
+            struct timespec two = {2, 0};
+            int sig = sigtimedwait(&set, NULL, &two);
+            if (sig == SIGINT || sig == SIGTERM)
+                break;
+        }
+    }
+    if (ep.https)
+        curl_global_cleanup();
+    return ret;
 }

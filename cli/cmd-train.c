@@ -457,6 +457,9 @@ int cli_cmd_train(int argc, char **argv) {
                 o->job);
         return CLI_EXIT_INPUT;
     }
+    if (spec.training.precision != ST_PRECISION_FP32)
+        return cli_usage_error("train", "'%s': training.precision bf16 is not supported by the "
+                                        "CPU engine (use fp32)", o->job);
     int nl = kern_num_layers(&run.cfg.model);
     if (o->pp > nl)
         return cli_usage_error("train", "--pp %d is more than the model's %d layers "
@@ -466,19 +469,24 @@ int cli_cmd_train(int argc, char **argv) {
         return cli_usage_error("train", "global_batch %d is not a multiple of dp %d x "
                                         "micro_batch %d", run.cfg.global_batch, o->dp,
                                run.cfg.micro_batch);
-    uint64_t params[WORKER_MAX_STAGES + 8];
     uint32_t lo[WORKER_MAX_STAGES + 1];
     int stage_lo[WORKER_MAX_STAGES + 1];
-    if (nl > (int)ST_ARRAY_SIZE(params))
-        return cli_usage_error("train", "the model has too many layers for --local");
+    uint64_t *params = st_calloc((size_t)nl, sizeof(uint64_t));
+    if (!params) {
+        fprintf(stderr, "spottrain train: out of memory\n");
+        return CLI_EXIT_FAILURE;
+    }
     for (int l = 0; l < nl; l++)
         params[l] = kern_layer_param_count(&run.cfg.model, l);
-    if (plan_stage_split((uint32_t)nl, params, (uint32_t)o->pp, lo) < 0)
-        return cli_usage_error("train", "cannot split %d layers into %d stages", nl, o->pp);
-    for (int s = 0; s <= o->pp; s++)
+    /* pp <= nl was checked, so the split and the layout cannot fail on input. */
+    r = plan_stage_split((uint32_t)nl, params, (uint32_t)o->pp, lo);
+    st_free(params);
+    for (int s = 0; s <= o->pp && r >= 0; s++)
         stage_lo[s] = (int)lo[s];
-    if (worker_layout_init(&run.layout, o->dp, o->pp, stage_lo, nl) < 0)
-        return cli_usage_error("train", "invalid layout");
+    if (r < 0 || worker_layout_init(&run.layout, o->dp, o->pp, stage_lo, nl) < 0) {
+        fprintf(stderr, "spottrain train: cannot split %d layers into %d stages\n", nl, o->pp);
+        return CLI_EXIT_FAILURE;
+    }
     if (o->threads == 0) {
         long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
         o->threads = (int)ST_MAX(1, ncpu / (o->dp * o->pp));

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "common.h"
@@ -63,6 +64,9 @@ int cli_cmd_worker(int argc, char **argv) {
         {"instance-id", required_argument, NULL, 'I'},
         {"instance-type", required_argument, NULL, 'T'},
         {"gpus", required_argument, NULL, 'g'},
+        {"tls-ca", required_argument, NULL, 'A'},
+        {"tls-cert", required_argument, NULL, 'C'},
+        {"tls-key", required_argument, NULL, 'K'},
         {NULL, 0, NULL, 0},
     };
     struct worker_agent_config cfg;
@@ -119,6 +123,19 @@ int cli_cmd_worker(int argc, char **argv) {
             cfg.gpus = (int)g;
             break;
         }
+        case 'A':
+        case 'C':
+        case 'K': {
+            char *dst = opt == 'A' ? cfg.tls_ca : opt == 'C' ? cfg.tls_cert : cfg.tls_key;
+            const char *flag = opt == 'A' ? "--tls-ca" : opt == 'C' ? "--tls-cert" : "--tls-key";
+            if (!*v || strlen(v) >= sizeof(cfg.tls_ca))
+                return cli_usage_error("worker", "bad %s '%s'", flag, v);
+            if (access(v, R_OK) < 0)
+                return cli_usage_error("worker", "cannot read %s '%s': %s", flag, v,
+                                       st_strerror(-errno));
+            snprintf(dst, sizeof(cfg.tls_ca), "%s", v);
+            break;
+        }
         default:
             return cli_usage_error("worker", "unknown option '%s'", argv[optind - 1]);
         }
@@ -127,6 +144,10 @@ int cli_cmd_worker(int argc, char **argv) {
         return cli_usage_error("worker", "unexpected argument '%s'", argv[optind]);
     if (!cfg.coordinator[0])
         return cli_usage_error("worker", "--coordinator HOST:PORT is required");
+    if (!cfg.tls_cert[0] != !cfg.tls_key[0])
+        return cli_usage_error("worker", "--tls-cert and --tls-key go together");
+    if (cfg.tls_cert[0] && !cfg.tls_ca[0])
+        return cli_usage_error("worker", "--tls-cert needs --tls-ca (the coordinator's CA)");
     if (token_file) {
         char why[512];
         if (coord_token_read(token_file, cfg.token, sizeof(cfg.token), why, sizeof(why)) < 0) {
@@ -156,7 +177,8 @@ int cli_cmd_worker(int argc, char **argv) {
         fprintf(stderr, "spottrain worker: bad configuration: %s\n", st_strerror(r));
         return CLI_EXIT_INPUT;
     }
-    printf("worker id=%s coordinator=%s\n", cfg.id, cfg.coordinator);
+    printf("worker id=%s coordinator=%s%s\n", cfg.id, cfg.coordinator,
+           cfg.tls_ca[0] ? " tls=on" : "");
     fflush(stdout);
     r = worker_agent_start(a);
     int ret = CLI_EXIT_FAILURE;

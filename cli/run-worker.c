@@ -119,16 +119,16 @@ int cli_worker_job_main(int argc, char **argv) {
             snprintf(cfg->agent.instance_type, sizeof(cfg->agent.instance_type), "%s", v);
             break;
         case 'g':
-            if (parse_int("--gpus", v, 0, 1024, &cfg->agent.gpus) < 0)
+            if (parse_int("--gpus", v, 0, 1024, &cfg->agent.gpus) != 0)
                 goto out;
             break;
         case 'j': job = v; break;
         case 's':
-            if (parse_int("--steps", v, 1, 100000000, &cfg->steps) < 0)
+            if (parse_int("--steps", v, 1, 100000000, &cfg->steps) != 0)
                 goto out;
             break;
         case 'k':
-            if (parse_int("--threads", v, 1, 1024, &cfg->threads) < 0)
+            if (parse_int("--threads", v, 1, 1024, &cfg->threads) != 0)
                 goto out;
             break;
         case 'o':

@@ -7,7 +7,7 @@
  *   --job JOB.yaml   the job to train (model, data, optimizer)
  *   --steps N        total steps (replaces training.steps, as `train --steps` does)
  *   --threads K      kernel threads (default 1)
- *   --timeout S      data-plane no-progress limit (default 20 s)
+ *   --timeout S      data-plane no-progress limit (default 8 s)
  * argv[0] is the subcommand name. Returns an exit code (CLI_EXIT_*). */
 int cli_worker_job_main(int argc, char **argv);
 

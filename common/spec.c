@@ -186,10 +186,20 @@ static const struct field checkpoint_fields[] = {
 };
 static const struct table checkpoint_table = TABLE(checkpoint_fields);
 
+static const struct field tls_fields[] = {
+    {"cert", F_PATH, STR(coordinator.tls_cert), 0, 0, NULL, NULL, EMPTY_OK, NULL},
+    {"key", F_PATH, STR(coordinator.tls_key), 0, 0, NULL, NULL, EMPTY_OK, NULL},
+    {"client_ca", F_PATH, STR(coordinator.tls_client_ca), 0, 0, NULL, NULL, EMPTY_OK, NULL},
+};
+static const struct table tls_table = TABLE(tls_fields);
+
 static const struct field coordinator_fields[] = {
     {"listen", F_LISTEN, STR(coordinator.listen), 0, 0, NULL, NULL, 0, NULL},
     {"heartbeat_deadline", F_DURATION, OFF(coordinator.heartbeat_deadline), 0, 0, 3600, NULL,
      NULL, MIN_EXCL, NULL},
+    {"tls", F_MAP, 0, 0, 0, 0, NULL, &tls_table, 0, NULL},
+    {"events_keep", F_INT, OFF(coordinator.events_keep), 0, 100, 100000000, NULL, NULL, 0,
+     NULL},
 };
 static const struct table coordinator_table = TABLE(coordinator_fields);
 
@@ -969,6 +979,21 @@ static void check_cross(struct parse_ctx *c) {
     check_file(c, "spec.fleet.trace", s->fleet.trace);
     check_file(c, "spec.model.profile", s->model.profile);
     check_file(c, "spec.status.token_file", s->status.token_file);
+    check_file(c, "spec.coordinator.tls.cert", s->coordinator.tls_cert);
+    check_file(c, "spec.coordinator.tls.key", s->coordinator.tls_key);
+    check_file(c, "spec.coordinator.tls.client_ca", s->coordinator.tls_client_ca);
+    /* TLS needs the certificate and its key together; a client CA only makes sense with both. */
+    if (usable(c, "spec.coordinator.tls.cert") && usable(c, "spec.coordinator.tls.key") &&
+        usable(c, "spec.coordinator.tls.client_ca")) {
+        const struct st_spec_coordinator *co = &s->coordinator;
+        if (co->tls_cert[0] && !co->tls_key[0])
+            missing_error(c, "spec.coordinator.tls", "key", "cert needs its private key");
+        else if (co->tls_key[0] && !co->tls_cert[0])
+            missing_error(c, "spec.coordinator.tls", "cert", "key needs its certificate");
+        else if (co->tls_client_ca[0] && !co->tls_cert[0])
+            missing_error(c, "spec.coordinator.tls", "cert",
+                          "client_ca needs the server's cert and key");
+    }
 
     if (given(c, "apiVersion") && strcmp(s->api_version, "spottrain/v1") != 0)
         cross_error(c, "apiVersion", "unsupported apiVersion '%s' (expected 'spottrain/v1')",
@@ -1017,6 +1042,7 @@ void st_spec_defaults(struct st_spec *spec) {
     spec->checkpoint.keep = 2;
     snprintf(spec->coordinator.listen, sizeof(spec->coordinator.listen), "127.0.0.1:7070");
     spec->coordinator.heartbeat_deadline = 10;
+    spec->coordinator.events_keep = 10000;
     snprintf(spec->status.listen, sizeof(spec->status.listen), "127.0.0.1:8080");
 }
 
@@ -1294,6 +1320,12 @@ char *st_spec_to_json(const struct st_spec *spec) {
     jset(sp, "checkpoint", ckpt, &ok);
     jset(coord, "listen", json_string(spec->coordinator.listen), &ok);
     jset(coord, "heartbeat_deadline", json_real(spec->coordinator.heartbeat_deadline), &ok);
+    json_t *tls = json_object();
+    jset(tls, "cert", json_string(spec->coordinator.tls_cert), &ok);
+    jset(tls, "key", json_string(spec->coordinator.tls_key), &ok);
+    jset(tls, "client_ca", json_string(spec->coordinator.tls_client_ca), &ok);
+    jset(coord, "tls", tls, &ok);
+    jset(coord, "events_keep", json_integer(spec->coordinator.events_keep), &ok);
     jset(sp, "coordinator", coord, &ok);
     jset(status, "listen", json_string(spec->status.listen), &ok);
     jset(status, "token_file", json_string(spec->status.token_file), &ok);

@@ -108,6 +108,12 @@ struct st_spec_checkpoint {
 struct st_spec_coordinator {
     char listen[128];     /* HOST:PORT for gRPC */
     double heartbeat_deadline; /* seconds of silence before a worker is declared lost */
+    /* coordinator.tls: cert + key turn on TLS for gRPC and REST; client_ca also requires
+     * and verifies client certificates (mutual TLS). "" = not set; files must exist. */
+    char tls_cert[ST_SPEC_PATH_MAX];      /* PEM certificate chain of the server */
+    char tls_key[ST_SPEC_PATH_MAX];       /* PEM private key of tls_cert */
+    char tls_client_ca[ST_SPEC_PATH_MAX]; /* PEM CA bundle client certificates must chain to */
+    int events_keep;      /* journal keeps the newest N events (default 10000) */
 };
 
 struct st_spec_status {

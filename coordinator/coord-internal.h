@@ -92,6 +92,9 @@ struct coord {
     /* REST */
     struct MHD_Daemon *mhd;
     char rest_addr[COORD_ADDR_MAX];
+
+    /* TLS (tls.c): PEM texts, NULL when TLS is off; tls_ca_pem NULL = no client certs */
+    char *tls_cert_pem, *tls_key_pem, *tls_ca_pem;
 };
 
 /* ---- state.c (all called with c->lock held unless said otherwise) ------------------- */
@@ -138,6 +141,16 @@ int coord__rest_start(struct coord *c);
 void coord__rest_stop(struct coord *c);
 /* The Prometheus text of /metrics (lock held). Caller frees with st_free(). */
 char *coord__metrics_text(struct coord *c);
+
+/* ---- tls.c -------------------------------------------------------------------------- */
+
+/* Resolves cfg.tls_* against spec.coordinator.tls (an empty field takes the spec's), checks
+ * that cert and key come together and client_ca only with them, and reads the PEM files.
+ * Returns 0 (TLS off when no cert), -EINVAL for a bad pairing or a file that is not PEM, or
+ * the negative errno of reading a file; logged with the path. */
+int coord__tls_load(struct coord *c);
+/* Releases the PEM texts (the key wiped first). Idempotent. */
+void coord__tls_free(struct coord *c);
 
 /* ---- validate.c ---------------------------------------------------------------------- */
 

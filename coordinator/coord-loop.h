@@ -63,6 +63,16 @@ const char *coord_loop_kind_name(enum coord_loop_kind k);
 typedef int coord_ckpt_latest_fn(void *userdata, const char *root, char *dir, size_t dirsz,
                                  uint64_t *ret_step);
 
+/* Removes old checkpoints under root, keeping the newest `keep` committed ones. Injected by the
+ * caller; returns the number removed or negative errno. */
+typedef int coord_ckpt_prune_fn(void *userdata, const char *root, int keep);
+
+/* Commits a checkpoint whose layer files every stage has written (the manifest, last: the
+ * commit point) for `step` steps done, written by a (dp, pp) layout. Injected by the caller;
+ * returns 0 or negative errno. */
+typedef int coord_ckpt_commit_fn(void *userdata, const char *dir, uint64_t step, int dp,
+                                 int pp);
+
 /* A forced shape: from step `step` on, run (dp, pp) (tests and demos; bypasses the planner). */
 struct coord_loop_forced {
     uint64_t step;
@@ -79,6 +89,8 @@ struct coord_loop_config {
     struct cloud_provider *provider; /* borrowed; NULL = workers come and go by themselves */
     const struct plan_cost *cost;   /* borrowed; NULL = simple policy (fill the fleet) */
     coord_ckpt_latest_fn *ckpt_latest; /* required for restores */
+    coord_ckpt_prune_fn *ckpt_prune;   /* NULL = keep every checkpoint */
+    coord_ckpt_commit_fn *ckpt_commit; /* required for periodic checkpoints */
     void *ckpt_userdata;
     struct coord_loop_forced forced[COORD_LOOP_MAX_FORCED]; /* sorted by step */
     int nforced;
@@ -105,6 +117,7 @@ struct coord_loop_record {
 struct coord_loop_summary {
     uint64_t steps;                /* steps committed */
     uint64_t samples;              /* samples committed */
+    double first_loss;             /* loss of the first step reported; NaN when unknown */
     double final_loss;             /* NaN when unknown */
     double wall_seconds;
     uint64_t count[COORD_LOOP_NKINDS], bytes[COORD_LOOP_NKINDS];

@@ -36,6 +36,7 @@ struct coord;
 
 #define COORD_ADDR_MAX 128
 #define COORD_MAX_MESSAGE_DEFAULT (4 << 20) /* bytes; larger gRPC messages: RESOURCE_EXHAUSTED */
+#define COORD_EVENTS_KEEP_DEFAULT 10000     /* newest events kept in the journal */
 
 enum coord_worker_state {
     COORD_WORKER_JOINED = 0, /* known and alive, no role in the current epoch yet */
@@ -151,6 +152,13 @@ struct coord_config {
                                          0 = min(1, deadline / 4) */
     double tick;                      /* seconds between on_tick calls; 0 = 0.25 */
     size_t max_message;               /* bytes; 0 = COORD_MAX_MESSAGE_DEFAULT */
+    /* TLS for gRPC and REST: PEM files; "" = spec.coordinator.tls.*. cert + key turn TLS on;
+     * client_ca also requires client certificates chaining to it (mutual TLS). "-" in
+     * tls_cert turns TLS off whatever the spec says. */
+    char tls_cert[ST_SPEC_PATH_MAX];
+    char tls_key[ST_SPEC_PATH_MAX];
+    char tls_client_ca[ST_SPEC_PATH_MAX];
+    int events_keep;                  /* newest events the journal keeps; 0 = spec's value */
 };
 
 /* Fills defaults (everything "" / 0). */

@@ -517,12 +517,29 @@ int coord__grpc_start(struct coord *c) {
                                              GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
     c->m_report = grpc_server_register_method(c->server, method_paths[M_REPORT], NULL,
                                               GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
-    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
-    int bound = grpc_server_add_http2_port(c->server, c->cfg.listen, creds);
-    grpc_server_credentials_release(creds);
+    grpc_server_credentials *creds;
+    if (c->tls_cert_pem) {
+        /* TLS; with a client CA, a client without a certificate chaining to it is refused
+         * in the handshake, before any RPC exists. */
+        grpc_ssl_pem_key_cert_pair pair = {c->tls_key_pem, c->tls_cert_pem};
+        creds = grpc_ssl_server_credentials_create_ex(
+            c->tls_ca_pem, &pair, 1,
+            c->tls_ca_pem ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                          : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+            NULL);
+    } else {
+        creds = grpc_insecure_server_credentials_create();
+    }
+    int bound = creds ? grpc_server_add_http2_port(c->server, c->cfg.listen, creds) : 0;
+    if (creds)
+        grpc_server_credentials_release(creds);
+    else
+        st_log(ST_LOG_ERR, "coord", "gRPC refused the TLS certificate or key");
     if (bound <= 0 || !c->m_join || !c->m_watch || !c->m_report) {
         r = st_log_errno(-EADDRNOTAVAIL, "Cannot listen for gRPC on '%s' (in use or not a local "
-                         "address)", c->cfg.listen);
+                         "address%s)", c->cfg.listen,
+                         c->tls_cert_pem ? ", or a TLS certificate and key that do not match"
+                                         : "");
         /* Never started: destroying needs no shutdown notification. */
         grpc_server_destroy(c->server);
         c->server = NULL;

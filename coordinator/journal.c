@@ -17,6 +17,7 @@
 struct coord_journal {
     sqlite3 *db;
     char path[ST_SPEC_PATH_MAX + 32];
+    int64_t events_keep; /* newest events kept; 0 = all */
 };
 
 static const char schema[] =
@@ -445,7 +446,23 @@ int64_t coord__journal_event_add(struct coord_journal *j, double time, const cha
         sqlite3_bind_null(st, 3);
     sqlite3_bind_text(st, 4, message ? message : "", -1, SQLITE_TRANSIENT);
     TRY(step_done(j, st));
-    return (int64_t)sqlite3_last_insert_rowid(j->db);
+    int64_t seq = (int64_t)sqlite3_last_insert_rowid(j->db);
+    /* Retention: seq never repeats (AUTOINCREMENT), so readers paging with since=N only see
+     * the oldest events disappear. A range delete on the rowid, usually one row. */
+    if (j->events_keep > 0 && seq > j->events_keep) {
+        TRY(prepare(j, "DELETE FROM events WHERE seq <= ?", &st));
+        sqlite3_bind_int64(st, 1, seq - j->events_keep);
+        TRY(step_done(j, st));
+    }
+    return seq;
+}
+
+void coord__journal_events_keep(struct coord_journal *j, int64_t keep) {
+    j->events_keep = keep > 0 ? keep : 0;
+}
+
+int64_t coord__journal_event_count(struct coord_journal *j) {
+    return count_rows(j, "SELECT COUNT(*) FROM events");
 }
 
 int coord__journal_events(struct coord_journal *j, int64_t since, int limit,

@@ -93,6 +93,11 @@ int64_t coord__journal_command_count(struct coord_journal *j);
 /* Appends an event; returns its seq (> 0) or negative errno. */
 int64_t coord__journal_event_add(struct coord_journal *j, double time, const char *kind,
                                  const char *worker_id, const char *message);
+/* Retention: from now on each event_add deletes events older than the newest `keep`
+ * (0 = keep all). Sequence numbers are never reused. */
+void coord__journal_events_keep(struct coord_journal *j, int64_t keep);
+/* Number of rows in the events table (tests). */
+int64_t coord__journal_event_count(struct coord_journal *j);
 /* Events with seq > since, at most limit, in seq order. */
 int coord__journal_events(struct coord_journal *j, int64_t since, int limit,
                           coord_journal_event_fn *fn, void *userdata);

@@ -55,6 +55,9 @@ struct lworker {
     double loss;
     uint64_t ckpt_step;        /* last checkpoint written */
     char ckpt_dir[ST_SPEC_PATH_MAX];
+    uint64_t ckw_step;         /* last background checkpoint whose layers it wrote */
+    int ckw_stage;
+    char ckw_dir[ST_SPEC_PATH_MAX];
 };
 
 /* A cloud instance as the provider reported it. */
@@ -103,7 +106,8 @@ struct coord_loop {
     int nlayers;
     uint64_t layer_params[PLAN_MIG_MAX_LAYERS];
     struct reconf rc;
-    int restore_tries;
+    int restore_tries;        /* failed reconfigurations since progress past fail_at */
+    uint64_t fail_at;         /* highest boundary a reconfiguration failed at */
     bool need_restore;        /* a restore is owed once workers are available */
 
     double t0, last_tick, next_plan, last_ckpt, last_grant, shape_since;
@@ -115,6 +119,10 @@ struct coord_loop {
     double rate_t;
     uint64_t rate_step;
     uint64_t last_ckpt_step;
+    bool ckpt_pending;        /* a periodic checkpoint waits for its stages' layer files */
+    uint64_t ckpt_pend_step;
+    int ckpt_pend_dp, ckpt_pend_pp;
+    char ckpt_pend_dir[ST_SPEC_PATH_MAX + 32];
     double steps_per_s;
     bool save_ordered, cancel;
     double stop_at;
@@ -219,6 +227,11 @@ static void hook_report(struct coord *c, const struct coord_report *r, void *use
         } else if (!strcmp(k, "step-failed")) {
             uint64_t e = kv_u64(d, "epoch");
             w->fail_epoch = e ? e : UINT64_MAX; /* UINT64_MAX: whatever epoch is current */
+        } else if (!strcmp(k, "ckpt-written")) {
+            w->ckw_step = kv_u64(d, "step");
+            w->ckw_stage = (int)kv_u64(d, "stage");
+            if (!kv(d, "dir", w->ckw_dir, sizeof(w->ckw_dir)))
+                w->ckw_dir[0] = '\0';
         } else if (!strcmp(k, "checkpointed")) {
             w->ckpt_step = kv_u64(d, "step");
             if (!kv(d, "dir", w->ckpt_dir, sizeof(w->ckpt_dir)))
@@ -360,25 +373,29 @@ static bool engine_shape_ok(const struct coord_loop *L, int dp, int pp) {
     return true;
 }
 
-/* Best engine-feasible shape near (dp, pp) within n workers: keep pp if possible (largest
- * feasible dp), else the largest usable shape. {0,0} when nothing fits. */
+/* The shape to run on n workers: (dp, pp) itself when the engine can run it there, else the
+ * feasible shape with the best throughput under the cost model (without one: the most
+ * workers), preferring the wanted pp on ties. {0,0} when nothing fits. */
 static void clamp_shape(const struct coord_loop *L, int n, int *dp, int *pp) {
-    int want_pp = *pp > 0 ? *pp : 1;
-    for (int p = want_pp; p >= 1; p--)
-        for (int d = ST_MIN(*dp > 0 ? *dp : n, n / p); d >= 1; d--)
-            if (engine_shape_ok(L, d, p)) {
-                *dp = d;
-                *pp = p;
-                return;
-            }
-    int best = 0, bd = 0, bp = 0;
+    if (*dp >= 1 && *pp >= 1 && *dp * *pp <= n && engine_shape_ok(L, *dp, *pp))
+        return;
+    int want_pp = *pp > 0 ? *pp : 1, bd = 0, bp = 0;
+    double best = -1;
     for (int p = 1; p <= L->nlayers; p++)
-        for (int d = 1; d * p <= n; d++)
-            if (engine_shape_ok(L, d, p) && d * p > best) {
-                best = d * p;
+        for (int d = 1; d * p <= n; d++) {
+            if (!engine_shape_ok(L, d, p))
+                continue;
+            double v = L->cfg.cost ? plan_cost_throughput(L->cfg.cost, d, p) : 0;
+            if (!(v > 0))
+                v = 1e-9 * d * p; /* not in the model: prefer using more workers */
+            bool better = v > best * (1 + 1e-9) ||
+                          (v >= best * (1 - 1e-9) && p == want_pp && bp != want_pp);
+            if (better) {
+                best = v;
                 bd = d;
                 bp = p;
             }
+        }
     *dp = bd;
     *pp = bp;
 }
@@ -520,6 +537,14 @@ static int rc_set_participants(struct coord_loop *L, char (*ids)[ST_UUID_STR_LEN
 
 /* ---- ordering epochs ---------------------------------------------------------------------- */
 
+static bool wv_before(const struct wv *a, const struct wv *b) {
+    size_t la = strlen(a->w.instance_id), lb = strlen(b->w.instance_id);
+    if (la != lb)
+        return la < lb;
+    int c = strcmp(a->w.instance_id, b->w.instance_id);
+    return c ? c < 0 : strcmp(a->w.id, b->w.id) < 0;
+}
+
 /* Orders a fresh start (mode=init at step 0) or a restore from the newest checkpoint onto the
  * available workers. */
 static int start_restore(struct coord_loop *L, const struct wv *v, size_t nv, double now,
@@ -554,8 +579,22 @@ static int start_restore(struct coord_loop *L, const struct wv *v, size_t nv, do
     ids = st_calloc((size_t)(dp * pp), sizeof(*ids));
     if (!as || !ids)
         TRY_GOTO(-ENOMEM, r, out);
+    /* Positions in instance-name order (the cloud's launch order; worker id without one):
+     * deterministic whatever order the workers joined in. */
+    size_t *ord = st_calloc(nv + 1, sizeof(*ord));
+    if (!ord)
+        TRY_GOTO(-ENOMEM, r, out);
+    for (size_t i = 0; i < nv; i++)
+        ord[i] = i;
+    for (size_t i = 1; i < nv; i++)
+        for (size_t j = i; j > 0 && wv_before(&v[ord[j]], &v[ord[j - 1]]); j--) {
+            size_t t = ord[j];
+            ord[j] = ord[j - 1];
+            ord[j - 1] = t;
+        }
     int k = 0;
-    for (size_t i = 0; i < nv && k < dp * pp; i++) {
+    for (size_t oi = 0; oi < nv && k < dp * pp; oi++) {
+        size_t i = ord[oi];
         if (v[i].dead || v[i].leaving || v[i].w.state == COORD_WORKER_STOPPED)
             continue;
         int s = k / dp, rep = k % dp;
@@ -567,6 +606,7 @@ static int start_restore(struct coord_loop *L, const struct wv *v, size_t nv, do
         snprintf(ids[k], sizeof(ids[k]), "%s", v[i].w.id);
         k++;
     }
+    st_free(ord);
     char rdv[1024];
     rendezvous(rdv, sizeof(rdv), dir[0] ? "restore" : "init", split, pp, dir[0] ? dir : NULL);
     uint64_t epoch = 0;
@@ -840,7 +880,8 @@ static void phase_reconf(struct coord_loop *L, const struct wv *v, size_t nv, do
         L->epoch = L->rc.epoch; /* the workers left the old epoch (or will, and fail) */
         L->dp = L->rc.dp;
         L->pp = L->rc.pp;
-        if (++L->restore_tries > 20) {
+        L->fail_at = ST_MAX(L->fail_at, L->rc.at);
+        if (++L->restore_tries > 10) {
             set_event(L, "giving up after %d failed reconfigurations", L->restore_tries);
             L->phase = PH_STOPPING;
             L->stop_at = now;
@@ -854,7 +895,6 @@ static void phase_reconf(struct coord_loop *L, const struct wv *v, size_t nv, do
     if (done < L->rc.npart)
         return;
     record_done(L, true, moved, stall, now);
-    L->restore_tries = 0;
     L->epoch = L->rc.epoch;
     L->dp = L->rc.dp;
     L->pp = L->rc.pp;
@@ -867,7 +907,9 @@ static void phase_reconf(struct coord_loop *L, const struct wv *v, size_t nv, do
     L->phase = PH_RUNNING;
     set_event(L, "epoch %" PRIu64 " running %dx%d from step %" PRIu64 " (%s, %" PRIu64
               " bytes moved of %" PRIu64 " planned, stall %.3f s)", L->epoch, L->dp, L->pp,
-              L->lease, coord_loop_kind_name(L->rc.rec.kind), moved, L->rc.rec.planned_bytes,
+              L->lease,
+              L->rc.rec.kind == COORD_LOOP_RESTORE && !L->rc.restore
+                  ? "start" : coord_loop_kind_name(L->rc.rec.kind), moved, L->rc.rec.planned_bytes,
               stall);
 }
 
@@ -897,10 +939,14 @@ static void phase_running(struct coord_loop *L, const struct wv *v, size_t nv, d
         if (v[i].w.stage == L->pp - 1 && v[i].w.replica == 0 && v[i].step > 0) {
             L->st.loss = v[i].loss;
             L->sum.final_loss = v[i].loss;
+            if (!isfinite(L->sum.first_loss))
+                L->sum.first_loss = v[i].loss;
         }
     }
     if (npos == 0)
         minstep = 0;
+    if (minstep > L->fail_at)
+        L->restore_tries = 0; /* progress past every failed boundary: failures are not a loop */
     L->st.step = minstep;
     L->sum.steps = minstep;
     /* throughput estimate */
@@ -950,7 +996,8 @@ static void phase_running(struct coord_loop *L, const struct wv *v, size_t nv, d
     bool member = L->membership || navail != L->planned_avail;
     L->membership = false;
     pthread_mutex_unlock(&L->lock);
-    if (leaving || forced_due || ((interval || member) && L->cfg.nforced == 0)) {
+    bool last = L->lease >= L->total; /* every step is leased: a new shape gains nothing */
+    if (!last && (leaving || forced_due || ((interval || member) && L->cfg.nforced == 0))) {
         if (interval)
             L->next_plan = now + L->cfg.spec.planner.interval * L->cfg.time_scale;
         L->planned_avail = navail;
@@ -968,8 +1015,19 @@ static void phase_running(struct coord_loop *L, const struct wv *v, size_t nv, d
         L->cfg.ckpt_interval && L->lease > 0 && L->lease < L->total && L->lease > minstep) {
         char dir[ST_SPEC_PATH_MAX + 32];
         snprintf(dir, sizeof(dir), "%s/step-%" PRIu64, L->cfg.ckpt_root, L->lease);
-        if (coord_checkpoint(L->c, dir, L->lease) > 0)
+        if (coord_checkpoint(L->c, dir, L->lease) > 0) {
             set_event(L, "checkpoint at step %" PRIu64 " ordered", L->lease);
+            L->ckpt_pending = true; /* an older pending one is abandoned (stays torn) */
+            L->ckpt_pend_step = L->lease;
+            L->ckpt_pend_dp = L->dp;
+            L->ckpt_pend_pp = L->pp;
+            snprintf(L->ckpt_pend_dir, sizeof(L->ckpt_pend_dir), "%s", dir);
+        }
+        /* The one just ordered is not committed yet: keep `keep` committed ones besides. */
+        if (L->cfg.ckpt_prune)
+            (void)L->cfg.ckpt_prune(L->cfg.ckpt_userdata, L->cfg.ckpt_root,
+                                    L->cfg.spec.checkpoint.keep > 0
+                                        ? L->cfg.spec.checkpoint.keep : 2);
         L->last_ckpt_step = L->lease;
         L->last_ckpt = now;
     }
@@ -1043,8 +1101,17 @@ static void phase_wait_first(struct coord_loop *L, const struct wv *v, size_t nv
         L->stop_at = now;
         return;
     }
-    if (n == 0)
+    if (n == 0) {
+        /* Nobody left and nobody coming: the trace is over (or every worker crashed). */
+        if (L->cfg.provider && alive_instances(L) == 0 &&
+            cloud_provider_next_deadline(L->cfg.provider, now) < 0 && now - L->t0 > 2.0) {
+            set_event(L, "no instances left and none coming; giving up");
+            (void)coord_stop(L->c, "no instances");
+            L->phase = PH_STOPPING;
+            L->stop_at = now;
+        }
         return;
+    }
     if (!L->need_restore && L->epoch == 0 && n < L->cfg.expect_workers &&
         now - L->t0 < L->cfg.first_wait)
         return;
@@ -1089,6 +1156,33 @@ static void phase_finish_save(struct coord_loop *L, const struct wv *v, size_t n
     (void)coord_stop(L->c, "job finished");
     L->phase = PH_STOPPING;
     L->stop_at = now;
+}
+
+/* Commits the pending periodic checkpoint once every stage's writer reported its layers. */
+static void ckpt_commit_check(struct coord_loop *L) {
+    if (!L->ckpt_pending || !L->cfg.ckpt_commit)
+        return;
+    uint64_t seen = 0;
+    int pp = L->ckpt_pend_pp;
+    pthread_mutex_lock(&L->lock);
+    for (size_t i = 0; i < L->nlw; i++) {
+        const struct lworker *w = &L->lw[i];
+        if (w->ckw_step == L->ckpt_pend_step && !strcmp(w->ckw_dir, L->ckpt_pend_dir) &&
+            w->ckw_stage >= 0 && w->ckw_stage < pp && w->ckw_stage < 64)
+            seen |= 1ull << w->ckw_stage;
+    }
+    pthread_mutex_unlock(&L->lock);
+    if (pp > 64 || seen != (pp == 64 ? ~0ull : (1ull << pp) - 1))
+        return;
+    L->ckpt_pending = false;
+    int r = L->cfg.ckpt_commit(L->cfg.ckpt_userdata, L->ckpt_pend_dir, L->ckpt_pend_step,
+                               L->ckpt_pend_dp, pp);
+    if (r < 0)
+        set_event(L, "checkpoint at step %" PRIu64 " could not be committed: %s",
+                  L->ckpt_pend_step, st_strerror(r));
+    else
+        st_log(ST_LOG_INFO, "loop", "Checkpoint at step %" PRIu64 " committed",
+               L->ckpt_pend_step);
 }
 
 /* ---- public --------------------------------------------------------------------------------- */
@@ -1136,6 +1230,7 @@ int coord_loop_tick(struct coord_loop *L, double now) {
     L->st.alive = alive >= 0 ? alive : live;
     coord_metrics_set_instances(L->c, L->forecast > 0 ? L->forecast : L->st.alive, L->st.alive);
 
+    ckpt_commit_check(L);
     switch (L->phase) {
     case PH_WAIT_FIRST: phase_wait_first(L, v, nv, now); break;
     case PH_RESYNC: phase_resync(L, v, nv, now); break;
@@ -1190,6 +1285,7 @@ int coord_loop_new(const struct coord_loop_config *cfg, struct coord_loop **ret)
     }
     L->nlayers = nl;
     L->sum.final_loss = NAN;
+    L->sum.first_loss = NAN;
     L->st.loss = NAN;
     pthread_mutex_init(&L->lock, NULL);
     *ret = L;

@@ -7,6 +7,9 @@
 #include <arpa/inet.h>
 #include <jansson.h>
 #include <microhttpd.h>
+#ifdef COORD_HAVE_GNUTLS
+#include <gnutls/gnutls.h>
+#endif
 #include <netdb.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -354,6 +357,26 @@ static enum MHD_Result route(struct coord *c, struct MHD_Connection *conn, const
     return send_json(conn, MHD_HTTP_OK, j, NULL);
 }
 
+/* Mutual TLS: true when the peer sent a certificate that chains to the client CA (set as
+ * libmicrohttpd's trust store) and is valid now. */
+static bool client_cert_ok(struct MHD_Connection *conn) {
+#ifdef COORD_HAVE_GNUTLS
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_GNUTLS_SESSION);
+    if (!ci || !ci->tls_session)
+        return false;
+    gnutls_session_t s = (gnutls_session_t)ci->tls_session;
+    unsigned status = 0;
+    if (gnutls_certificate_type_get(s) != GNUTLS_CRT_X509 ||
+        !gnutls_certificate_get_peers(s, &(unsigned){0}))
+        return false;
+    return gnutls_certificate_verify_peers2(s, &status) == 0 && status == 0;
+#else
+    (void)conn;
+    return false;
+#endif
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version,
                                   const char *upload_data, size_t *upload_data_size,
@@ -379,6 +402,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (rq->too_big)
         return send_error(conn, MHD_HTTP_CONTENT_TOO_LARGE, "payload_too_large", NULL,
                           "request body over %d bytes", REST_MAX_BODY);
+    if (c->tls_ca_pem && !client_cert_ok(conn))
+        return send_error(conn, MHD_HTTP_FORBIDDEN, "client_certificate_required", NULL,
+                          "this coordinator requires a client certificate signed by its "
+                          "client CA");
     return route(c, conn, url, method);
 }
 
@@ -411,10 +438,38 @@ int coord__rest_start(struct coord *c) {
     unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ITC;
     if (ai->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
+    /* TLS: the same certificate as gRPC. A client CA makes libmicrohttpd ask for a client
+     * certificate; whether it chains to the CA is checked per request (client_cert_ok). */
+    struct MHD_OptionItem tls_opts[4];
+    size_t ntls = 0;
+    if (c->tls_cert_pem) {
+        if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) {
+            freeaddrinfo(ai);
+            return st_log_errno(-ENOTSUP, "REST over TLS: this libmicrohttpd was built without "
+                                "TLS support (turn REST off with --status-listen '')");
+        }
+#ifndef COORD_HAVE_GNUTLS
+        if (c->tls_ca_pem) {
+            freeaddrinfo(ai);
+            return st_log_errno(-ENOTSUP, "REST client certificates need gnutls at build time "
+                                "(install libgnutls28-dev, or turn REST off)");
+        }
+#endif
+        flags |= MHD_USE_TLS;
+        tls_opts[ntls++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_CERT, 0,
+                                                   c->tls_cert_pem};
+        tls_opts[ntls++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_KEY, 0,
+                                                   c->tls_key_pem};
+        if (c->tls_ca_pem)
+            tls_opts[ntls++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_TRUST, 0,
+                                                       c->tls_ca_pem};
+    }
+    tls_opts[ntls] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
     c->mhd = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, c,
                               MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT,
                               (unsigned)256, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30,
-                              MHD_OPTION_NOTIFY_COMPLETED, on_completed, c, MHD_OPTION_END);
+                              MHD_OPTION_NOTIFY_COMPLETED, on_completed, c, MHD_OPTION_ARRAY,
+                              tls_opts, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!c->mhd)
         return st_log_errno(-EADDRINUSE, "Cannot listen for REST on '%s' (in use or not a "

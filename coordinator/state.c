@@ -936,7 +936,13 @@ int coord_new(const struct coord_config *cfg, const struct coord_hooks *hooks,
                          c->cfg.status_listen);
         goto out;
     }
+    TRY_GOTO(coord__tls_load(c), r, out);
+    if (c->cfg.events_keep <= 0)
+        c->cfg.events_keep = c->spec.coordinator.events_keep > 0
+                                 ? c->spec.coordinator.events_keep
+                                 : COORD_EVENTS_KEEP_DEFAULT;
     TRY_GOTO(coord__journal_open(c->cfg.state_dir, &c->journal), r, out);
+    coord__journal_events_keep(c->journal, c->cfg.events_keep);
     r = coord__journal_job_load(c->journal, &c->job);
     if (r == -ENOENT) {
         memset(&c->job, 0, sizeof(c->job));
@@ -1019,6 +1025,7 @@ struct coord *coord_free(struct coord *c) {
     st_free(c->workers);
     st_free(c->notes);
     st_free(c->plan_detail);
+    coord__tls_free(c);
     coord__journal_close(c->journal);
     pthread_mutex_destroy(&c->lock);
     c->magic = 0;

@@ -16,7 +16,9 @@
  *
  * Backward functions ACCUMULATE (+=) into parameter gradients and into input gradients, as
  * llm.c does; callers zero what they need. Every op is deterministic: the same inputs give
- * bitwise the same outputs whatever the thread count. */
+ * bitwise the same outputs whatever the OpenMP thread count (each output element is computed
+ * by one thread in a fixed order); matrix products are OpenBLAS sgemm calls of fixed shapes,
+ * which split work by output blocks, not along the summed dimension. */
 #ifndef ST_KERNELS_H
 #define ST_KERNELS_H
 

@@ -24,6 +24,7 @@ void plan_options_init(struct plan_options *o) {
     o->hysteresis = 0.003;
     o->defer = 0.003;
     o->defer_max = 3;
+    o->analogs = 0;
 }
 
 static bool shape_ok(const struct plan_cost *c, const struct plan_options *o, int dp, int pp) {
@@ -81,6 +82,141 @@ static int candidates(const struct plan_cost *c, const struct plan_options *o, c
 }
 
 #define MAXC 2048
+#define JMAX 8 /* additions beyond the path tracked by the stochastic DP */
+
+/* The additions model, fitted online from the history alone (no look at the future): the
+ * distribution of instances added in an interval, p[g][m] for m = 0..JMAX (JMAX: that many
+ * or more), conditioned on g = whether the interval before also added instances. Clouds
+ * announce losses (notices) but never additions, and additions come in bursts: after a
+ * join, another join within minutes is far likelier than at a random time, which a point
+ * forecast (last value) cannot express. Laplace-smoothed counts over the last `window`
+ * intervals; returns false (no model) when the history is too short. */
+static bool join_model(const int *hist, int nhist, int window, double p[2][JMAX + 1]) {
+    if (window <= 0 || nhist < 3)
+        return false;
+    double cnt[2][JMAX + 1] = {{0}};
+    int first = ST_MAX(2, nhist - window);
+    for (int j = first; j < nhist; j++) {
+        int g = hist[j - 1] > hist[j - 2];
+        int m = ST_MIN(JMAX, ST_MAX(0, hist[j] - hist[j - 1]));
+        cnt[g][m] += 1;
+    }
+    for (int g = 0; g < 2; g++) {
+        double tot = 0;
+        for (int m = 0; m <= JMAX; m++)
+            tot += cnt[g][m];
+        /* smoothing: one pseudo-interval without a join */
+        for (int m = 0; m <= JMAX; m++)
+            p[g][m] = (cnt[g][m] + (m == 0)) / (tot + 1);
+    }
+    return true;
+}
+
+/* Transition matrices M[a * K + b] (ms) per (N before, n_out), kept for the decision. */
+struct mcache {
+    int slots, used, next;
+    int key_n[16], key_out[16];
+    double *m[16];
+};
+
+static const double *mcache_get(struct mcache *mc, const struct plan_cost *cost,
+                                 const struct plan_shape *cand, int K, int N, int n_in,
+                                 int n_out) {
+    for (int i = 0; i < mc->used; i++)
+        if (mc->key_n[i] == N && mc->key_out[i] == n_out)
+            return mc->m[i];
+    int i = mc->used < mc->slots ? mc->used++ : (mc->next++ % mc->slots);
+    double *M = mc->m[i];
+    for (int a = 0; a < K; a++)
+        for (int b = 0; b < K; b++)
+            M[(size_t)a * K + b] =
+                (a == b && n_out == 0)
+                    ? 0
+                    : plan_cost_transition_estimate_ms(cost, N, cand[a].dp, cand[a].pp, n_in,
+                                                       n_out, cand[b].dp, cand[b].pp, NULL);
+    mc->key_n[i] = N;
+    mc->key_out[i] = n_out;
+    return M;
+}
+
+/* Backward pass over the path with additions drawn from the join model (non-anticipative:
+ * each interval's shape is chosen knowing only the additions so far). The state after
+ * interval t is (shape, J = instances added beyond the path so far, g = whether interval t
+ * added instances). On return Wn[b] = expected best value of intervals 1..L-1 given shape b
+ * in interval 0 and state (0, g0). Without a model (pj == NULL) it is the deterministic DP
+ * over the path. Wa and Wb are scratch of K * (JMAX + 1) * 2 entries. */
+static void dp_backward(const struct plan_cost *cost, const struct plan_options *o,
+                        const struct plan_shape *cand, const double *thr, int K, const int *path,
+                        const int *nin, const int *nout, int L, double (*pj)[JMAX + 1], int g0,
+                        int ncap, struct mcache *mc, double *Wn, double *Wa, double *Wb) {
+    int JS = pj ? JMAX + 1 : 1, GS = pj ? 2 : 1;
+#define IDX(k, j, g) (((size_t)(k) * (size_t)JS + (size_t)(j)) * (size_t)GS + (size_t)(g))
+    double *Wnext = Wa, *Wcur = Wb;
+    for (int k = 0; k < K; k++)
+        for (int j = 0; j < JS; j++)
+            for (int g = 0; g < GS; g++)
+                Wnext[IDX(k, j, g)] = o->tail * PLAN_INTERVAL_S * thr[k];
+    for (int t = L - 1; t >= 1; t--) {
+        for (int j = 0; j < JS; j++) {
+            int Nprev = ST_MIN(path[t - 1] + j, ncap);
+            /* with no loss the transition does not depend on N: one matrix for every j */
+            const double *M = mcache_get(mc, cost, cand, K, nout[t] == 0 ? -1 : Nprev + o->spares,
+                                         nin[t], nout[t]);
+            for (int g = 0; g < GS; g++) {
+                for (int a = 0; a < K; a++) {
+                    if (cand[a].dp * cand[a].pp > Nprev + o->spares) {
+                        Wcur[IDX(a, j, g)] = -INFINITY;
+                        continue;
+                    }
+                    double ev = 0;
+                    for (int m = 0; m < (pj ? JMAX + 1 : 1); m++) {
+                        double pm = pj ? pj[g][m] : 1;
+                        if (pm <= 0)
+                            continue;
+                        int j2 = ST_MIN(j + m, JS - 1), g2 = pj ? m > 0 : 0;
+                        int Nt = ST_MIN(path[t] + j2, ncap);
+                        double best = -INFINITY;
+                        for (int b = 0; b < K; b++) {
+                            double wn = Wnext[IDX(b, j2, g2)];
+                            if (cand[b].dp * cand[b].pp > Nt || wn == -INFINITY)
+                                continue;
+                            double ms = M[(size_t)a * K + b];
+                            double v = thr[b] * ST_MAX(0.0, PLAN_INTERVAL_S - ms / 1000.0) + wn;
+                            if (v > best)
+                                best = v;
+                        }
+                        /* nothing fits later: the job idles, keep the value so far */
+                        ev += pm * (best == -INFINITY ? 0 : best);
+                    }
+                    Wcur[IDX(a, j, g)] = ev;
+                }
+            }
+        }
+        double *tmp = Wnext;
+        Wnext = Wcur;
+        Wcur = tmp;
+    }
+    for (int k = 0; k < K; k++)
+        Wn[k] = Wnext[IDX(k, 0, pj ? g0 : 0)];
+#undef IDX
+}
+
+/* Value of keeping shape k over intervals 1..L-1 of a path; -INFINITY if it stops fitting. */
+static double keep_value(const struct plan_cost *cost, const struct plan_options *o,
+                         struct plan_shape sh, double thr, const int *path, const int *nin,
+                         const int *nout, int L) {
+    double v = 0;
+    for (int t = 1; t < L; t++) {
+        if (sh.dp * sh.pp > path[t])
+            return -INFINITY;
+        double ms = nout[t] == 0 ? 0
+                                 : plan_cost_transition_estimate_ms(cost, path[t - 1] + o->spares,
+                                                                    sh.dp, sh.pp, nin[t],
+                                                                    nout[t], sh.dp, sh.pp, NULL);
+        v += thr * ST_MAX(0.0, PLAN_INTERVAL_S - ms / 1000.0);
+    }
+    return v + o->tail * PLAN_INTERVAL_S * thr;
+}
 
 int plan_decide(const struct plan_cost *cost, const struct plan_situation *s,
                 const struct plan_options *o, struct plan_decision *ret) {
@@ -142,73 +278,63 @@ int plan_decide(const struct plan_cost *cost, const struct plan_situation *s,
     for (int t = 0; t < L; t++)
         d.pred_n[t] = path[t] + o->spares;
 
+    /* The additions model (only without the true future). */
+    double pj[2][JMAX + 1];
+    bool have_pj = !s->future && join_model(s->hist, s->nhist, o->analogs, pj);
+    int g0 = s->n_in > 0;
+    int cpath[PLAN_MAX_LOOKAHEAD];
+    for (int t = 0; t < L; t++)
+        cpath[t] = path[t] + (have_pj && t > 0 ? JMAX : 0);
+
     static const int maxc = MAXC;
     struct plan_shape *cand = st_malloc(sizeof(*cand) * MAXC);
-    double *W = st_malloc(sizeof(double) * MAXC * 2);
-    double *M = NULL;
+    double *W = st_malloc(sizeof(double) * MAXC * 3);
+    double *Wab = NULL;
+    double *Mbuf = NULL;
+    struct mcache mc = {0};
     if (!cand || !W) {
         r = -ENOMEM;
         goto out;
     }
-    int K = candidates(cost, o, path, L, s->cur, cand, maxc);
-    M = st_malloc(sizeof(double) * (size_t)ST_MAX(K, 1) * (size_t)ST_MAX(K, 1));
-    if (!M) {
+    int K = candidates(cost, o, cpath, L, s->cur, cand, maxc);
+    size_t msz = (size_t)ST_MAX(K, 1) * (size_t)ST_MAX(K, 1);
+    /* matrix cache: up to 16 (N, n_out) keys within 32 MiB */
+    mc.slots = (int)ST_MIN((size_t)16, ST_MAX((size_t)1, ((size_t)32 << 20) / (msz * sizeof(double))));
+    Mbuf = st_malloc(sizeof(double) * msz * (size_t)mc.slots);
+    if (!Mbuf) {
         r = -ENOMEM;
         goto out;
     }
-    double *Wn = W, *Wt = W + MAXC;
+    for (int i = 0; i < mc.slots; i++)
+        mc.m[i] = Mbuf + msz * (size_t)i;
+    size_t wsz = (size_t)ST_MAX(K, 1) * (JMAX + 1) * 2;
+    Wab = st_malloc(sizeof(double) * wsz * 2);
+    if (!Wab) {
+        r = -ENOMEM;
+        goto out;
+    }
+    double *Wn = W;
     double thr[MAXC];
     for (int k = 0; k < K; k++)
         thr[k] = plan_cost_throughput(cost, cand[k].dp, cand[k].pp);
-    /* Backward pass: Wn[b] = best value of intervals t+1.. given shape b in interval t. */
+    int ncap = ST_MAX(cost->max_n, N0);
+    dp_backward(cost, o, cand, thr, K, path, nin, nout, L, have_pj ? pj : NULL, g0, ncap, &mc,
+                Wn, Wab, Wab + wsz);
+    int stay = -1;
     for (int k = 0; k < K; k++)
-        Wn[k] = o->tail * PLAN_INTERVAL_S * thr[k];
-    int key_N = -1, key_in = -1, key_out = -1;
-    for (int t = L - 1; t >= 1; t--) {
-        int Nprev = path[t - 1] + o->spares;
-        if (Nprev != key_N || nin[t] != key_in || nout[t] != key_out) {
-            for (int a = 0; a < K; a++)
-                for (int b = 0; b < K; b++)
-                    M[(size_t)a * K + b] =
-                        (a == b && nout[t] == 0)
-                            ? 0
-                            : plan_cost_transition_estimate_ms(cost, Nprev, cand[a].dp,
-                                                               cand[a].pp, nin[t], nout[t],
-                                                               cand[b].dp, cand[b].pp, NULL);
-            key_N = Nprev;
-            key_in = nin[t];
-            key_out = nout[t];
-        }
-        for (int a = 0; a < K; a++) {
-            double best = -INFINITY;
-            if (cand[a].dp * cand[a].pp > path[t - 1] + o->spares) {
-                Wt[a] = -INFINITY;
-                continue;
-            }
-            for (int b = 0; b < K; b++) {
-                if (cand[b].dp * cand[b].pp > path[t] || Wn[b] == -INFINITY)
-                    continue;
-                double ms = M[(size_t)a * K + b];
-                double v = thr[b] * ST_MAX(0.0, PLAN_INTERVAL_S - ms / 1000.0) + Wn[b];
-                if (v > best)
-                    best = v;
-            }
-            /* nothing fits later: the job idles, keep the value so far */
-            Wt[a] = best == -INFINITY ? 0 : best;
-        }
-        double *tmp = Wn;
-        Wn = Wt;
-        Wt = tmp;
-    }
+        if (cand[k].dp == s->cur.dp && cand[k].pp == s->cur.pp)
+            stay = k;
+    double keepv_after =
+        stay >= 0 ? keep_value(cost, o, cand[stay], thr[stay], path, nin, nout, L) : -INFINITY;
     /* First step from the current shape. */
-    int best = -1, stay = -1;
+    int best = -1;
     double bestv = -INFINITY, stayv = -INFINITY, best_ms = 0;
     enum plan_mig_kind best_kind = PLAN_KIND_NONE;
     for (int b = 0; b < K; b++) {
         if (cand[b].dp * cand[b].pp > path[0] || Wn[b] == -INFINITY)
             continue;
         enum plan_mig_kind kind = PLAN_KIND_NONE;
-        bool same = cand[b].dp == s->cur.dp && cand[b].pp == s->cur.pp;
+        bool same = b == stay;
         double ms = (same && s->n_out == 0)
                         ? 0
                         : plan_cost_transition_estimate_ms(cost, s->n_before + o->spares,
@@ -225,30 +351,16 @@ int plan_decide(const struct plan_cost *cost, const struct plan_situation *s,
             best_ms = ms;
             best_kind = ms > 0 ? kind : PLAN_KIND_NONE;
         }
-        if (same) {
-            stay = b;
+        if (same)
             stayv = v;
-        }
     }
+    if (stayv == -INFINITY)
+        stay = -1;
     /* Value of keeping the current shape for the whole window: the yardstick a change must
      * beat (comparing with "stay now, move later" would let the DP put a change off forever). */
     double keepv = -INFINITY;
-    if (stay >= 0) {
-        keepv = stayv - Wn[stay];
-        for (int t = 1; t < L && keepv != -INFINITY; t++) {
-            if (cand[stay].dp * cand[stay].pp > path[t]) {
-                keepv = -INFINITY;
-                break;
-            }
-            double ms = nout[t] == 0 ? 0
-                                     : plan_cost_transition_estimate_ms(
-                                           cost, path[t - 1] + o->spares, cand[stay].dp,
-                                           cand[stay].pp, nin[t], nout[t], cand[stay].dp,
-                                           cand[stay].pp, NULL);
-            keepv += thr[stay] * ST_MAX(0.0, PLAN_INTERVAL_S - ms / 1000.0);
-        }
-        keepv += o->tail * PLAN_INTERVAL_S * thr[stay];
-    }
+    if (stay >= 0 && keepv_after != -INFINITY)
+        keepv = stayv - Wn[stay] + keepv_after;
     /* Intervals since the count last changed: a change is deferred at most defer_max of them,
      * so "later" cannot become "never". */
     int quiet = 0;
@@ -296,6 +408,7 @@ int plan_decide(const struct plan_cost *cost, const struct plan_situation *s,
 out:
     st_free(cand);
     st_free(W);
-    st_free(M);
+    st_free(Wab);
+    st_free(Mbuf);
     return r;
 }

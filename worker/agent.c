@@ -67,6 +67,9 @@ struct worker_agent {
     /* progress (lock) */
     uint64_t step, samples;
     double loss, step_seconds, stall_seconds;
+
+    /* TLS PEM texts read by worker_agent_new; NULL = not configured */
+    char *tls_ca_pem, *tls_cert_pem, *tls_key_pem;
 };
 
 void worker_agent_config_init(struct worker_agent_config *cfg) {
@@ -120,16 +123,59 @@ int worker_agent_id_load(const char *state_dir, const char *want_id,
     return 0;
 }
 
+/* Reads one PEM file for the TLS channel; logs the path on failure. */
+static int read_pem(const char *what, const char *path, char **ret_pem) {
+    char *data = NULL;
+    size_t len = 0;
+    int r = st_read_file(path, 1 << 20, &data, &len);
+    if (r < 0)
+        return st_log_errno(r, "Cannot read the TLS %s '%s'", what, path);
+    if (len == 0 || !strstr(data, "-----BEGIN ")) {
+        st_free(data);
+        return st_log_errno(-EINVAL, "TLS %s '%s' is not PEM (no '-----BEGIN' line)", what,
+                            path);
+    }
+    *ret_pem = data;
+    return 0;
+}
+
+/* Frees the PEM texts, wiping the key first. */
+static void tls_free(struct worker_agent *a) {
+    if (a->tls_key_pem) {
+        volatile char *p = a->tls_key_pem;
+        while (*p)
+            *p++ = '\0';
+    }
+    st_free(a->tls_key_pem);
+    st_free(a->tls_cert_pem);
+    st_free(a->tls_ca_pem);
+    a->tls_key_pem = a->tls_cert_pem = a->tls_ca_pem = NULL;
+}
+
 int worker_agent_new(const struct worker_agent_config *cfg, const struct worker_agent_ops *ops,
                      struct worker_agent **ret_a) {
     if (!cfg || !ret_a || !cfg->coordinator[0] || !st_uuid_valid(cfg->id) || cfg->gpus < 0 ||
         cfg->rpc_timeout < 0 || cfg->backoff_max < 0)
+        return -EINVAL;
+    if (!cfg->tls_cert[0] != !cfg->tls_key[0] || (cfg->tls_cert[0] && !cfg->tls_ca[0]))
         return -EINVAL;
     struct worker_agent *a = st_calloc(1, sizeof(*a));
     if (!a)
         return -ENOMEM;
     a->magic = AGENT_MAGIC;
     a->cfg = *cfg;
+    int r = 0;
+    if (cfg->tls_ca[0])
+        r = read_pem("CA", cfg->tls_ca, &a->tls_ca_pem);
+    if (r >= 0 && cfg->tls_cert[0])
+        r = read_pem("certificate", cfg->tls_cert, &a->tls_cert_pem);
+    if (r >= 0 && cfg->tls_key[0])
+        r = read_pem("key", cfg->tls_key, &a->tls_key_pem);
+    if (r < 0) {
+        tls_free(a);
+        st_free(a);
+        return r;
+    }
     if (a->cfg.rpc_timeout == 0)
         a->cfg.rpc_timeout = 5;
     if (a->cfg.backoff_max == 0)
@@ -235,7 +281,16 @@ static grpc_channel *channel_new(const struct worker_agent *a) {
                          {.integer = 100}};
     args[5] = (grpc_arg){GRPC_ARG_INTEGER, GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, {.integer = 2000}};
     grpc_channel_args chargs = {ST_ARRAY_SIZE(args), args};
-    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+    grpc_channel_credentials *creds;
+    if (a->tls_ca_pem) {
+        /* Verifies the coordinator's certificate against tls_ca only (never the system
+         * roots) and its name or IP against the HOST of cfg.coordinator. */
+        grpc_ssl_pem_key_cert_pair pair = {a->tls_key_pem, a->tls_cert_pem};
+        creds = grpc_ssl_credentials_create(a->tls_ca_pem, a->tls_cert_pem ? &pair : NULL,
+                                            NULL, NULL);
+    } else {
+        creds = grpc_insecure_credentials_create();
+    }
     grpc_channel *ch = grpc_channel_create(a->cfg.coordinator, creds, &chargs);
     grpc_channel_credentials_release(creds);
     return ch;
@@ -732,6 +787,7 @@ struct worker_agent *worker_agent_free(struct worker_agent *a) {
     worker_agent_stop(a);
     pthread_cond_destroy(&a->cond);
     pthread_mutex_destroy(&a->lock);
+    tls_free(a);
     a->magic = 0;
     st_free(a);
     return NULL;

@@ -15,6 +15,7 @@
 
 #include "check.h" /* TRY, TRY_GOTO */
 #include "common.h"
+#include "kernels.h" /* kern_layer_tensor: checkpoint tensor names */
 #include "migrate.h"
 #include "migrate-execute.h"
 #include "worker.h"
@@ -22,6 +23,21 @@
 
 #define RUNNER_MAX_QUEUE 4096
 #define RUNNER_MAX_CKPTS 16
+
+/* A checkpoint being written in the background: a snapshot of this stage's layers (PARAM and
+ * the full moments, gathered from the stage's replicas at the boundary) that a thread writes
+ * as layer files; the coordinator commits the manifest once every stage reported. */
+struct bgckpt {
+    pthread_t th;
+    bool running;
+    struct runner *R;
+    char dir[ST_SPEC_PATH_MAX];
+    uint64_t step;
+    int stage, pp, lo, hi;     /* layers [lo, hi) */
+    float **snap;              /* per layer: param | m | v, 3 * n floats */
+    size_t *n;
+    int result;
+};
 
 struct runner {
     struct worker_runner_config cfg;
@@ -52,6 +68,7 @@ struct runner {
     int nckpt;
     double last_loss;
     bool noticed;             /* a cloud notice was relayed */
+    struct bgckpt bg;
     double next_notice_poll;
 };
 
@@ -398,12 +415,10 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
         TRY_GOTO(worker_engine_reshape_commit(R->eng), r, out);
     reshaped = false;
     R->comm = mig_comm_free(R->comm);
-    if (cfg) {
-        R->comm = comm;
-        comm = NULL;
-    } else {
+    R->comm = comm; /* a send-only worker keeps it open too: its peers may still be reading */
+    comm = NULL;
+    if (!cfg)
         R->eng = worker_engine_free(R->eng); /* gave everything away: now a spare */
-    }
     R->epoch = mig->epoch;
     R->done = m->at_step;
     R->lease = m->at_step;
@@ -563,7 +578,13 @@ static bool try_reconfigure(struct runner *R) {
         return false;
     }
     uint64_t at = R->pmig->migrate->at_step;
-    bool have_state = R->eng && !R->failed;
+    /* State counts only if it is the previous epoch's: a worker left out of an epoch (a
+     * spare during a restore) holds stale state the plan knows nothing about. */
+    if (R->eng && (R->failed || R->epoch + 1 != R->pmig->epoch)) {
+        drop_state(R);
+        R->failed = false;
+    }
+    bool have_state = R->eng != NULL;
     if (have_state && R->done < at)
         return false; /* train up to the boundary first */
     if (have_state && R->done > at) {
@@ -586,6 +607,124 @@ static bool try_reconfigure(struct runner *R) {
     return true;
 }
 
+static void bg_free(struct bgckpt *b) {
+    for (int i = 0; b->snap && i < b->hi - b->lo; i++)
+        st_free(b->snap[i]);
+    st_free(b->snap);
+    st_free(b->n);
+    b->snap = NULL;
+    b->n = NULL;
+}
+
+/* Waits for the background writer (if any) and releases its snapshot. */
+static void bg_join(struct runner *R) {
+    if (R->bg.running) {
+        pthread_join(R->bg.th, NULL);
+        R->bg.running = false;
+    }
+    bg_free(&R->bg);
+}
+
+static void *bg_main(void *arg) {
+    struct bgckpt *b = arg;
+    struct runner *R = b->R;
+    struct mig_ckpt_writer *w = NULL;
+    double t0 = st_now();
+    int r = mig_ckpt_writer_new(b->dir, &w);
+    for (int i = 0; r >= 0 && i < b->hi - b->lo; i++) {
+        int layer = b->lo + i;
+        struct mig_tensor t[3 * KERN_MAX_TENSORS];
+        char names[KERN_MAX_TENSORS][KERN_TENSOR_NAME_MAX];
+        int nt = kern_layer_tensor_count(&R->tc.model, layer);
+        if (nt <= 0 || nt > KERN_MAX_TENSORS) {
+            r = -EINVAL;
+            break;
+        }
+        for (int k = 0; k < nt; k++) {
+            struct kern_tensor_info ti;
+            kern_layer_tensor(&R->tc.model, layer, k, &ti);
+            memcpy(names[k], ti.name, sizeof(names[k]));
+            for (int kind = 0; kind < 3; kind++) {
+                struct mig_tensor *x = &t[3 * k + kind];
+                x->name = names[k];
+                x->kind = (enum mig_tensor_kind)kind;
+                x->count = ti.numel;
+                x->data = b->snap[i] + (size_t)kind * b->n[i] + ti.offset;
+            }
+        }
+        r = mig_ckpt_write_layer(w, layer, t, (size_t)(3 * nt));
+    }
+    mig_ckpt_writer_free(w);
+    b->result = r;
+    if (r < 0)
+        notice(R, "step-failed", "checkpoint step=%llu: writing '%s': %s",
+               (unsigned long long)b->step, b->dir, st_strerror(r));
+    else
+        notice(R, "ckpt-written", "step=%llu stage=%d pp=%d seconds=%.6f dir=%s",
+               (unsigned long long)b->step, b->stage, b->pp, st_now() - t0, b->dir);
+    return NULL;
+}
+
+/* At the boundary: gathers this stage's moments (collective over the stage's replicas) into a
+ * snapshot; replica 0 hands it to a background writer. Training resumes right after. */
+static int bg_start(struct runner *R, const char *dir) {
+    bg_join(R); /* one writer at a time */
+    struct bgckpt *b = &R->bg;
+    const struct worker_layout *lay = worker_engine_layout(R->eng);
+    int s = worker_engine_stage(R->eng), rep = worker_engine_replica(R->eng), dp = lay->dp;
+    int group[WORKER_MAX_RANKS];
+    size_t counts[WORKER_MAX_RANKS];
+    int r = 0;
+    memset(b, 0, sizeof(*b));
+    b->R = R;
+    snprintf(b->dir, sizeof(b->dir), "%s", dir);
+    b->step = R->done;
+    b->stage = s;
+    b->pp = lay->pp;
+    b->lo = lay->stage_lo[s];
+    b->hi = lay->stage_lo[s + 1];
+    b->snap = st_calloc((size_t)(b->hi - b->lo), sizeof(*b->snap));
+    b->n = st_calloc((size_t)(b->hi - b->lo), sizeof(*b->n));
+    if (!b->snap || !b->n)
+        TRY_GOTO(-ENOMEM, r, out);
+    for (int k = 0; k < dp; k++)
+        group[k] = lay->ranks[s * dp + k];
+    for (int i = 0; i < b->hi - b->lo; i++) {
+        struct worker_layer_bufs L;
+        TRY_GOTO(worker_engine_layer(R->eng, WORKER_VIEW_CURRENT, b->lo + i, &L), r, out);
+        float *x = st_malloc(3 * L.n * sizeof(float));
+        if (!x)
+            TRY_GOTO(-ENOMEM, r, out);
+        b->snap[i] = x;
+        b->n[i] = L.n;
+        memcpy(x, L.param, L.n * sizeof(float));
+        if (dp == 1) {
+            memcpy(x + L.n, L.adam_m, L.n * sizeof(float));
+            memcpy(x + 2 * L.n, L.adam_v, L.n * sizeof(float));
+            continue;
+        }
+        for (int k = 0; k < dp; k++) {
+            size_t lo, hi;
+            worker_shard(L.n, dp, k, &lo, &hi);
+            counts[k] = hi - lo;
+        }
+        TRY_GOTO(mig_allgather(R->comm, group, dp, L.adam_m, x + L.n, counts, MIG_F32), r, out);
+        TRY_GOTO(mig_allgather(R->comm, group, dp, L.adam_v, x + 2 * L.n, counts, MIG_F32), r,
+                 out);
+    }
+    if (rep != 0) {
+        bg_free(b); /* replica 0 of the stage writes */
+        return 0;
+    }
+    if (pthread_create(&b->th, NULL, bg_main, b) != 0)
+        TRY_GOTO(-EAGAIN, r, out);
+    b->running = true;
+out:
+    if (r < 0)
+        bg_free(b);
+    return r;
+}
+
 static void run_checkpoints(struct runner *R) {
     int keep = 0;
     for (int i = 0; i < R->nckpt; i++) {
@@ -599,6 +738,20 @@ static void run_checkpoints(struct runner *R) {
             continue;
         }
         double t0 = st_now();
+        if (R->done < (uint64_t)R->tc.total_steps) {
+            /* Periodic: snapshot now, write in the background, the coordinator commits. */
+            int r = bg_start(R, R->ckpt[i].dir);
+            if (r < 0) {
+                R->failed = true;
+                drop_state(R);
+                notice(R, "step-failed", "checkpoint step=%llu: %s",
+                       (unsigned long long)R->done, st_strerror(r));
+            } else {
+                progress(R, 0.0, st_now() - t0);
+            }
+            continue;
+        }
+        /* The final one (--save): written and committed here, before Stop. */
         int r = worker_engine_save(R->eng, R->ckpt[i].dir, R->done);
         if (r < 0) {
             R->failed = true;
@@ -691,7 +844,7 @@ int worker_runner_run(const struct worker_runner_config *cfg) {
         return -ENOMEM;
     R->cfg = *cfg;
     if (R->cfg.timeout <= 0)
-        R->cfg.timeout = 20;
+        R->cfg.timeout = 8;
     if (R->cfg.reconfig_timeout <= 0)
         R->cfg.reconfig_timeout = 60;
     if (R->cfg.notice_interval <= 0)
@@ -740,6 +893,7 @@ int worker_runner_run(const struct worker_runner_config *cfg) {
             ;
     }
 out:
+    bg_join(R);
     if (R->agent)
         R->agent = worker_agent_free(R->agent);
     drop_state(R);

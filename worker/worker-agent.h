@@ -35,6 +35,12 @@ struct worker_agent_config {
     int gpus;
     double rpc_timeout;       /* seconds per unary call; 0 = 5 */
     double backoff_max;       /* seconds between reconnect attempts, at most; 0 = 2 */
+    /* TLS (PEM files, read by worker_agent_new): tls_ca set = connect over TLS and trust only
+     * certificates chaining to it; tls_cert + tls_key = present a client certificate (for a
+     * coordinator with a client CA). All "" = plaintext. */
+    char tls_ca[ST_SPEC_PATH_MAX];
+    char tls_cert[ST_SPEC_PATH_MAX];
+    char tls_key[ST_SPEC_PATH_MAX];
 };
 
 /* Called on the watch thread for every command not applied yet. Returns 0 when applied (ack
@@ -57,8 +63,10 @@ void worker_agent_config_init(struct worker_agent_config *cfg);
 int worker_agent_id_load(const char *state_dir, const char *want_id,
                          char ret_id[ST_UUID_STR_LEN]);
 
-/* Validates the config and creates the agent (nothing connects yet). Returns 0 and *ret_a,
- * or -EINVAL. Caller frees with worker_agent_free(). ops may be NULL; it is copied. */
+/* Validates the config, reads the TLS files, and creates the agent (nothing connects yet).
+ * Returns 0 and *ret_a; -EINVAL for a bad config (a cert without its key, TLS files without
+ * tls_ca, a file that is not PEM), or the negative errno of reading a TLS file (logged with
+ * the path). Caller frees with worker_agent_free(). ops may be NULL; it is copied. */
 int worker_agent_new(const struct worker_agent_config *cfg, const struct worker_agent_ops *ops,
                      struct worker_agent **ret_a);
 

@@ -38,7 +38,7 @@ struct worker_runner_config {
     struct st_spec spec;              /* the job (model, data, training); copied */
     int steps;                        /* total steps (LR schedule and end); <= 0 = spec's */
     int threads;                      /* kernel threads; 0 = 1 */
-    double timeout;                   /* data-plane no-progress limit, seconds; 0 = 20 */
+    double timeout;                   /* data-plane no-progress limit, seconds; 0 = 8 */
     double reconfig_timeout;          /* longest wait for the parts of one reconfiguration,
                                          seconds; 0 = 60 */
     worker_notice_poll_fn *poll_notice; /* NULL = no cloud notices */

@@ -13,6 +13,7 @@ any sequence of migrations must give the same bits.
   inter       forced 2x2 -> 2x2 with a noticed worker replaced by a spare (inter-stage)
   pipeline    forced 2x1 -> 1x2 -> 1x3 (pipeline repartition)
   reshard     forced 1x2 -> 2x2 -> 4x1 (ZeRO-1 optimizer shards resharded when dp changes)
+  restart     kill -9 of a standalone coordinator mid-run, restart: the job continues
   input       invalid input exits 2 with a message naming it
 Each per-kind test checks that the bytes the workers received equal the plan's bytes.
 
@@ -156,13 +157,16 @@ def test_reshard():
 
 
 def test_inter():
-    # 5 instances: a 2x2 job and one spare. Node removal at minute 1 with notice; the spare
-    # takes the noticed worker's position: its stage's weights and moments move to it.
+    # 5 instances: a 2x2 job and one spare. A positioned node is removed at minute 1 with
+    # notice; the spare takes its position: that stage's weights and moments move to it.
     d = tempfile.mkdtemp(prefix="st-run-")
     try:
         steps = 400
-        job = write_job(d, "inter", steps, "seconds,N\n0,5\n60,4\n600,4\n", scale=0.01,
-                        notice="120s", planner="dp: 2, pp: 2")
+        # Named events: positions go to instances in launch order, so node3 (the third
+        # instance) holds stage 1, replica 0 of the 2x2 layout and node5 is the spare.
+        trace = "".join("0,add,node%d\n" % i for i in range(1, 6)) + "60000,remove,node3\n"
+        job = write_job(d, "inter", steps, trace, scale=0.01, notice="120s",
+                        planner="dp: 2, pp: 2")
         ref = reference(d, job, steps)
         save, s = run(d, job, steps)
         check(s["finished"], "job did not finish")
@@ -199,6 +203,74 @@ def test_central():
         shutil.rmtree(d, ignore_errors=True)
 
 
+def free_port():
+    import socket
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        return so.getsockname()[1]
+
+
+def test_restart():
+    # A standalone coordinator (`spottrain coordinator --train`) and two `spottrain worker
+    # --job` processes; the coordinator is killed with SIGKILL mid-run and restarted on the
+    # same state directory: the job resumes from the journal and finishes with the same bits.
+    import signal
+    import time
+    d = tempfile.mkdtemp(prefix="st-run-")
+    procs = []
+    try:
+        steps = 3000
+        job = write_job(d, "restart", steps, "seconds,N\n0,2\n600,2\n",
+                        planner="dp: 2, pp: 1", ckpt="0s")
+        ref = reference(d, job, steps)
+        tok = os.path.join(d, "token")
+        with open(tok, "w") as f:
+            f.write("restart-test-token\n")
+        port = free_port()
+        addr = "127.0.0.1:%d" % port
+        save = os.path.join(d, "save")
+        coord = [BIN, "coordinator", "--job", job, "--train", "--listen", addr,
+                 "--status-listen", "", "--token-file", tok, "--state-dir",
+                 os.path.join(d, "state"), "--save", save]
+        log = open(os.path.join(d, "coord.log"), "w")
+        c1 = subprocess.Popen(coord, stdout=log, stderr=subprocess.STDOUT)
+        procs.append(c1)
+        for i in range(2):
+            w = subprocess.Popen([BIN, "worker", "--coordinator", addr, "--token-file", tok,
+                                  "--job", job, "--data-addr", "127.0.0.1:0", "--state-dir",
+                                  os.path.join(d, "w%d" % i)],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            procs.append(w)
+        # Let it train for a while (a second or two of steps), then kill -9.
+        deadline = time.time() + 60
+        while time.time() < deadline and c1.poll() is None:
+            with open(os.path.join(d, "coord.log")) as f:
+                if "running 2x1" in f.read():
+                    break
+            time.sleep(0.2)
+        time.sleep(1.5)
+        check(c1.poll() is None, "the coordinator ended before it could be killed")
+        c1.send_signal(signal.SIGKILL)
+        c1.wait()
+        time.sleep(1.0)
+        c2 = subprocess.Popen(coord, stdout=log, stderr=subprocess.STDOUT)
+        procs.append(c2)
+        rc = c2.wait(timeout=150)
+        log.close()
+        with open(os.path.join(d, "coord.log")) as f:
+            text = f.read()
+        sys.stdout.write(text[-3000:])
+        check(rc == 0, "restarted coordinator exited %d" % rc)
+        check("after a restart" in text, "the restarted coordinator did not resume the epoch")
+        same(ref, save)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def test_input():
     d = tempfile.mkdtemp(prefix="st-run-")
     try:
@@ -228,7 +300,7 @@ def test_input():
         shutil.rmtree(d, ignore_errors=True)
 
 
-TESTS = {"central": test_central, "intra": test_intra, "inter": test_inter,
+TESTS = {"restart": test_restart, "central": test_central, "intra": test_intra, "inter": test_inter,
          "pipeline": test_pipeline, "reshard": test_reshard, "input": test_input}
 
 if __name__ == "__main__":

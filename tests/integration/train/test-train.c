@@ -458,6 +458,24 @@ static int test_bad_input(void) {
         tok[i] = (uint16_t)(i * 3);
     ASSERT_OK(st_tokens_write(baddata, ST_TOKENS_NANOGPT, tok, 100));
     X(2, "cannot use data", "--local", nosynth);
+    /* Data shorter than one sample. */
+    for (int i = 0; i < 10; i++)
+        tok[i] = (uint16_t)i;
+    ASSERT_OK(st_tokens_write(baddata, ST_TOKENS_NANOGPT, tok, 10));
+    X(2, "shorter than seq_len + 1 tokens", "--local", nosynth);
+    /* bf16 is a valid spec but not something the CPU engine does. */
+    char bf16[300];
+    snprintf(bf16, sizeof(bf16), "%s/bf16.yaml", tmp);
+    s = slurp(spec);
+    char *sd = strstr(s, "    seed: 11\n");
+    ASSERT_TRUE(sd != NULL);
+    char *s2 = malloc(strlen(s) + 64);
+    memcpy(s2, s, (size_t)(sd - s));
+    sprintf(s2 + (sd - s), "    precision: bf16\n%s", sd);
+    st_write_file_atomic(bf16, s2, strlen(s2));
+    free(s);
+    free(s2);
+    X(2, "precision bf16 is not supported", "--local", bf16);
     /* A corpus that cannot be written (its directory is a file): runtime failure, exit 1. */
     char unwritable[300];
     snprintf(unwritable, sizeof(unwritable), "%s/unwritable.yaml", tmp);

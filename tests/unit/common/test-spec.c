@@ -203,6 +203,23 @@ static const struct bad_case bad_cases[] = {
     {BASE "  ? [a]\n  : 1\n", 1, 10, 5, "spec", "keys must be plain names, found a list"},
     {BASE "  status: {token_file: \"a\\0b\"}\n", 1, 10, 24, "spec.status.token_file",
      "contains a NUL character"},
+    /* coordinator.tls: cert and key go together, client_ca needs both, files must exist */
+    {BASE "  coordinator: {tls: {cert: token}}\n", 1, 10, 22, "spec.coordinator.tls",
+     "missing required key 'key' (cert needs its private key)"},
+    {BASE "  coordinator: {tls: {key: token}}\n", 1, 10, 22, "spec.coordinator.tls",
+     "missing required key 'cert' (key needs its certificate)"},
+    {BASE "  coordinator: {tls: {client_ca: token}}\n", 1, 10, 22, "spec.coordinator.tls",
+     "missing required key 'cert' (client_ca needs the server's cert and key)"},
+    {BASE "  coordinator: {tls: {cert: ., key: token}}\n", 1, 10, 29,
+     "spec.coordinator.tls.cert", NULL},
+    {BASE "  coordinator: {tls: {cert: token, key: token, client_ca: .}}\n", 1, 10, 59,
+     "spec.coordinator.tls.client_ca", NULL},
+    {BASE "  coordinator: {tls: {cert: token, key: token, clientca: token}}\n", 1, 10, 48,
+     "spec.coordinator.tls", "unknown key 'clientca' (did you mean 'client_ca'?)"},
+    {BASE "  coordinator: {tls: yes}\n", 1, 10, 22, "spec.coordinator.tls",
+     "expected a mapping, found 'yes'"},
+    {BASE "  coordinator: {events_keep: 10}\n", 1, 10, 30, "spec.coordinator.events_keep",
+     "must be between 100 and 100000000, found 10"},
 };
 
 static int test_bad_cases(void) {
@@ -449,6 +466,9 @@ static int test_defaults(void) {
     ASSERT_NEAR(s.coordinator.heartbeat_deadline, 10, 0, 0);
     ASSERT_STREQ(s.status.listen, "127.0.0.1:8080");
     ASSERT_STREQ(s.status.token_file, "");
+    ASSERT_STREQ(s.coordinator.tls_cert, "");
+    ASSERT_STREQ(s.coordinator.tls_client_ca, "");
+    ASSERT_EQ(s.coordinator.events_keep, 10000);
     /* Relative paths resolved against the spec's directory, made absolute. */
     ASSERT_TRUE(s.data.train[0] == '/');
     ASSERT_CONTAINS(s.data.train, "/tests/unit/common/specs/tokens.bin");
@@ -792,7 +812,35 @@ static int test_cli_validate(void) {
     return 0;
 }
 
-TEST_MAIN(TEST(test_bad_cases), TEST(test_nul_byte),
+/* coordinator.tls and events_keep: paths resolve against the spec's directory; the resolved
+ * JSON carries them. */
+static int test_tls_fields(void) {
+    setup();
+    static const char yaml[] = BASE "  coordinator:\n    events_keep: 500\n"
+                                    "    tls: {cert: token, key: token, client_ca: token}\n";
+    struct st_spec s;
+    struct st_error errs[4];
+    size_t n = 0;
+    ASSERT_OK(st_spec_parse(inline_name, yaml, strlen(yaml), &s, errs, 4, &n));
+    ASSERT_EQ(s.coordinator.events_keep, 500);
+    ASSERT_TRUE(s.coordinator.tls_cert[0] == '/');
+    ASSERT_CONTAINS(s.coordinator.tls_cert, "/tests/unit/common/specs/token");
+    ASSERT_CONTAINS(s.coordinator.tls_key, "/specs/token");
+    ASSERT_CONTAINS(s.coordinator.tls_client_ca, "/specs/token");
+    char *text = st_spec_to_json(&s);
+    ASSERT_TRUE(text != NULL);
+    json_t *root = json_loads(text, 0, NULL);
+    st_free(text);
+    ASSERT_TRUE(root != NULL);
+    json_t *co = json_object_get(json_object_get(root, "spec"), "coordinator");
+    ASSERT_EQ(json_integer_value(json_object_get(co, "events_keep")), 500);
+    ASSERT_CONTAINS(json_string_value(json_object_get(json_object_get(co, "tls"), "key")),
+                    "/specs/token");
+    json_decref(root);
+    return 0;
+}
+
+TEST_MAIN(TEST(test_bad_cases), TEST(test_nul_byte), TEST(test_tls_fields),
           TEST(test_all_errors_in_order), TEST(test_billion_laughs), TEST(test_deep_nesting),
           TEST(test_quickstart_valid), TEST(test_defaults), TEST(test_profile_spec), TEST(test_docs_example),
           TEST(test_missing_file), TEST(test_non_utf8_file), TEST(test_too_large),

@@ -242,4 +242,49 @@ static int test_agent_bad_config(void) {
     return 0;
 }
 
-TEST_MAIN(TEST(test_hooks_and_agent), TEST(test_agent_bad_config))
+/* TLS files are read by worker_agent_new: bad pairings, missing and non-PEM files are refused
+ * with nothing created; PEM files are accepted (the handshake is in tests/integration/tls). */
+static int test_agent_tls_config(void) {
+    char dir[] = "/tmp/st-agenttls-XXXXXX";
+    ASSERT_TRUE(mkdtemp(dir) != NULL);
+    char pem[64], junk[64];
+    snprintf(pem, sizeof(pem), "%s/x.pem", dir);
+    snprintf(junk, sizeof(junk), "%s/junk.pem", dir);
+    ASSERT_OK(st_write_file_atomic(pem, "-----BEGIN CERTIFICATE-----\nAA==\n", 33));
+    ASSERT_OK(st_write_file_atomic(junk, "not pem\n", 8));
+    struct worker_agent_config wc;
+    struct worker_agent *a = NULL;
+    worker_agent_config_init(&wc);
+    snprintf(wc.coordinator, sizeof(wc.coordinator), "127.0.0.1:1");
+    snprintf(wc.id, sizeof(wc.id), "0b8c3f4e-1a2b-4c3d-8e9f-0123456789ab");
+    struct {
+        const char *ca, *cert, *key;
+        int err;
+    } cases[] = {
+        {pem, pem, "", -EINVAL},   /* cert without key */
+        {pem, "", pem, -EINVAL},   /* key without cert */
+        {"", pem, pem, -EINVAL},   /* client cert without a CA */
+        {junk, "", "", -EINVAL},   /* not PEM */
+        {pem, pem, junk, -EINVAL},
+        {"/nonexistent/ca.pem", "", "", -ENOENT},
+        {pem, "/nonexistent/c.pem", pem, -ENOENT},
+    };
+    for (size_t i = 0; i < ST_ARRAY_SIZE(cases); i++) {
+        snprintf(wc.tls_ca, sizeof(wc.tls_ca), "%s", cases[i].ca);
+        snprintf(wc.tls_cert, sizeof(wc.tls_cert), "%s", cases[i].cert);
+        snprintf(wc.tls_key, sizeof(wc.tls_key), "%s", cases[i].key);
+        ASSERT_ERR(worker_agent_new(&wc, NULL, &a), cases[i].err);
+        ASSERT_TRUE(a == NULL);
+    }
+    snprintf(wc.tls_key, sizeof(wc.tls_key), "%s", pem);
+    snprintf(wc.tls_cert, sizeof(wc.tls_cert), "%s", pem);
+    snprintf(wc.tls_ca, sizeof(wc.tls_ca), "%s", pem);
+    ASSERT_OK(worker_agent_new(&wc, NULL, &a));
+    a = worker_agent_free(a);
+    remove(pem);
+    remove(junk);
+    rmdir(dir);
+    return 0;
+}
+
+TEST_MAIN(TEST(test_hooks_and_agent), TEST(test_agent_bad_config), TEST(test_agent_tls_config))

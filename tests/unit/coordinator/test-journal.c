@@ -254,5 +254,123 @@ static int test_coord_api(void) {
     return 0;
 }
 
+static int first_seq(int64_t seq, double time, const char *kind, const char *worker_id,
+                     const char *message, void *userdata) {
+    (void)time, (void)kind, (void)worker_id, (void)message;
+    int64_t *first = userdata;
+    if (*first == 0)
+        *first = seq;
+    return 0;
+}
+
+/* Retention: the journal keeps the newest N events, sequence numbers never repeat; the
+ * coordinator takes N from the config, else the spec, else COORD_EVENTS_KEEP_DEFAULT. */
+static int test_events_retention(void) {
+    char *d = tmpdir();
+    struct coord_journal *j = NULL;
+    ASSERT_OK(coord__journal_open(d, &j));
+    coord__journal_events_keep(j, 100);
+    for (int i = 1; i <= 250; i++)
+        ASSERT_EQ(coord__journal_event_add(j, i, "k", NULL, "m"), i);
+    ASSERT_EQ(coord__journal_event_count(j), 100);
+    int64_t first = 0;
+    ASSERT_OK(coord__journal_events(j, 0, 1000, first_seq, &first));
+    ASSERT_EQ(first, 151);
+    coord__journal_events_keep(j, 0); /* 0 = keep everything */
+    for (int i = 0; i < 50; i++)
+        ASSERT_TRUE(coord__journal_event_add(j, 1, "k", NULL, "m") > 250);
+    ASSERT_EQ(coord__journal_event_count(j), 150);
+    coord__journal_close(j);
+    rm_rf(d);
+
+    d = tmpdir();
+    struct st_spec spec;
+    st_spec_defaults(&spec);
+    ASSERT_EQ(spec.coordinator.events_keep, COORD_EVENTS_KEEP_DEFAULT);
+    snprintf(spec.name, sizeof(spec.name), "keep");
+    spec.coordinator.events_keep = 120;
+    struct coord_config cfg;
+    coord_config_init(&cfg);
+    cfg.spec = &spec;
+    snprintf(cfg.state_dir, sizeof(cfg.state_dir), "%s", d);
+    snprintf(cfg.listen, sizeof(cfg.listen), "127.0.0.1:0");
+    snprintf(cfg.status_listen, sizeof(cfg.status_listen), "-");
+    struct coord *c = NULL;
+    ASSERT_OK(coord_new(&cfg, NULL, &c));
+    for (int i = 0; i < 300; i++)
+        ASSERT_TRUE(coord_event(c, "tick", NULL, "event %d", i) > 0);
+    ASSERT_EQ(coord__journal_event_count(c->journal), 120);
+    c = coord_free(c);
+    cfg.events_keep = 150; /* the config overrides the spec */
+    ASSERT_OK(coord_new(&cfg, NULL, &c));
+    for (int i = 0; i < 300; i++)
+        ASSERT_TRUE(coord_event(c, "tick", NULL, "event %d", i) > 0);
+    ASSERT_EQ(coord__journal_event_count(c->journal), 150);
+    c = coord_free(c);
+    rm_rf(d);
+    return 0;
+}
+
+/* TLS settings are resolved and read in coord_new: bad pairings and unreadable or non-PEM
+ * files are refused before anything listens or any journal is created. */
+static int test_tls_config(void) {
+    char *d = tmpdir();
+    char pem[128], junk[128], state[128];
+    snprintf(pem, sizeof(pem), "%s/x.pem", d);
+    snprintf(junk, sizeof(junk), "%s/junk.pem", d);
+    snprintf(state, sizeof(state), "%s/state", d);
+    ASSERT_OK(st_write_file_atomic(pem, "-----BEGIN CERTIFICATE-----\nAA==\n", 33));
+    ASSERT_OK(st_write_file_atomic(junk, "not pem\n", 8));
+    struct st_spec spec;
+    st_spec_defaults(&spec);
+    snprintf(spec.name, sizeof(spec.name), "tls");
+    struct coord_config cfg;
+    coord_config_init(&cfg);
+    cfg.spec = &spec;
+    snprintf(cfg.state_dir, sizeof(cfg.state_dir), "%s", state);
+    snprintf(cfg.listen, sizeof(cfg.listen), "127.0.0.1:0");
+    snprintf(cfg.status_listen, sizeof(cfg.status_listen), "-");
+    struct coord *c = NULL;
+    struct {
+        const char *cert, *key, *ca;
+        int err;
+    } cases[] = {
+        {pem, "", "", -EINVAL},            /* cert without key */
+        {"", pem, "", -EINVAL},            /* key without cert */
+        {"", "", pem, -EINVAL},            /* client CA without cert and key */
+        {junk, pem, "", -EINVAL},          /* not PEM */
+        {pem, junk, "", -EINVAL},
+        {pem, pem, junk, -EINVAL},
+        {"/nonexistent/c.pem", pem, "", -ENOENT},
+    };
+    for (size_t i = 0; i < ST_ARRAY_SIZE(cases); i++) {
+        snprintf(cfg.tls_cert, sizeof(cfg.tls_cert), "%s", cases[i].cert);
+        snprintf(cfg.tls_key, sizeof(cfg.tls_key), "%s", cases[i].key);
+        snprintf(cfg.tls_client_ca, sizeof(cfg.tls_client_ca), "%s", cases[i].ca);
+        ASSERT_ERR(coord_new(&cfg, NULL, &c), cases[i].err);
+        ASSERT_TRUE(c == NULL);
+        ASSERT_TRUE(access(state, F_OK) < 0); /* nothing created */
+    }
+    /* The spec's files are used when the config leaves them empty; "-" turns TLS off. */
+    snprintf(spec.coordinator.tls_cert, sizeof(spec.coordinator.tls_cert), "%s", junk);
+    snprintf(spec.coordinator.tls_key, sizeof(spec.coordinator.tls_key), "%s", pem);
+    cfg.tls_cert[0] = cfg.tls_key[0] = cfg.tls_client_ca[0] = '\0';
+    ASSERT_ERR(coord_new(&cfg, NULL, &c), -EINVAL);
+    snprintf(cfg.tls_cert, sizeof(cfg.tls_cert), "-");
+    ASSERT_OK(coord_new(&cfg, NULL, &c));
+    ASSERT_TRUE(c->tls_cert_pem == NULL);
+    c = coord_free(c);
+    /* Readable PEM files are loaded (the handshake itself is tested in tests/integration/tls). */
+    snprintf(cfg.tls_cert, sizeof(cfg.tls_cert), "%s", pem);
+    snprintf(cfg.tls_key, sizeof(cfg.tls_key), "%s", pem);
+    snprintf(cfg.tls_client_ca, sizeof(cfg.tls_client_ca), "%s", pem);
+    ASSERT_OK(coord_new(&cfg, NULL, &c));
+    ASSERT_TRUE(c->tls_cert_pem && c->tls_key_pem && c->tls_ca_pem);
+    c = coord_free(c);
+    rm_rf(d);
+    return 0;
+}
+
 TEST_MAIN(TEST(test_create_reopen), TEST(test_corrupt), TEST(test_foreign),
-          TEST(test_unusable_dir), TEST(test_coord_api))
+          TEST(test_unusable_dir), TEST(test_coord_api), TEST(test_events_retention),
+          TEST(test_tls_config))

@@ -450,8 +450,10 @@ static int test_head_grad(void) {
 
 static int run_block(int threads, float *grads_out, float *din_out) {
     kern_set_threads(threads);
-    struct kern_config c = {.layers = 2, .channels = 32, .heads = 4, .vocab = 64, .seq_len = 16};
-    int B = 3;
+    /* Big enough that OpenBLAS splits its products across threads. */
+    struct kern_config c = {.layers = 2, .channels = 256, .heads = 4, .vocab = 64,
+                            .seq_len = 64};
+    int B = 4;
     size_t BTC = (size_t)B * c.seq_len * c.channels, n = kern_layer_param_count(&c, 1);
     float *p = malloc(n * sizeof(float));
     kern_layer_init(&c, 1, 5, p);
@@ -469,7 +471,7 @@ static int run_block(int threads, float *grads_out, float *din_out) {
 }
 
 static int test_thread_determinism(void) {
-    size_t n = 12 * 32 * 32 + 13 * 32, BTC = 3 * 16 * 32;
+    size_t n = 12 * 256 * 256 + 13 * 256, BTC = 4 * 64 * 256;
     float *g1 = malloc(n * sizeof(float)), *g2 = malloc(n * sizeof(float));
     float *d1 = malloc(BTC * sizeof(float)), *d2 = malloc(BTC * sizeof(float));
     run_block(1, g1, d1);
