@@ -71,12 +71,12 @@ int main(int argc, char **argv) {
         print_help(stdout);
         return CLI_EXIT_OK;
     }
-    if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "version") == 0) {
+    if (strcmp(cmd, "--version") == 0) {
         printf("spottrain %s\n", ST_VERSION);
         return CLI_EXIT_OK;
     }
     if (strcmp(cmd, "help") == 0) {
-        if (argc < 3) {
+        if (argc < 3 || strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0) {
             print_help(stdout);
             return CLI_EXIT_OK;
         }
@@ -104,8 +104,8 @@ int main(int argc, char **argv) {
 }
 
 int cli_cmd_version(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
+    if (argc > 1)
+        return cli_usage_error("version", "unexpected argument '%s'", argv[1]);
     printf("spottrain %s\n", ST_VERSION);
     return CLI_EXIT_OK;
 }

@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""The spottrain command surface: --help everywhere, exit 2 on bad input, version, help."""
+import os
+import subprocess
+import sys
+
+BIN = os.environ["SPOTTRAIN_BIN"]
+failures = []
+
+
+def run(*args):
+    p = subprocess.run([BIN, *args], capture_output=True, text=True, timeout=30)
+    return p.returncode, p.stdout, p.stderr
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print(f"not ok - {what}")
+    else:
+        print(f"ok - {what}")
+
+
+rc, out, err = run("--help")
+check(rc == 0 and "Commands:" in out, "--help lists commands")
+commands = []
+listing = False
+for line in out.splitlines():
+    if line.startswith("Commands:"):
+        listing = True
+        continue
+    if listing and line.startswith("  ") and line.strip():
+        name = line.split()[0]
+        if name != "help":
+            commands.append(name)
+    elif listing and not line.strip():
+        break
+for must in ["validate", "simulate", "predict", "plan", "train", "ckpt", "data",
+             "coordinator", "worker", "status"]:
+    check(must in commands, f"'{must}' is listed")
+
+for c in commands:
+    rc, out, err = run(c, "--help")
+    check(rc == 0 and "Usage: spottrain " + c in out, f"{c} --help exits 0 with usage")
+    rc, out, err = run("help", c)
+    check(rc == 0 and "Usage: spottrain " + c in out, f"help {c} prints the usage")
+    rc, out, err = run(c, "--no-such-flag")
+    check(rc == 2 and err.strip() != "", f"{c} --no-such-flag exits 2 with a message")
+
+rc, out, err = run()
+check(rc == 2 and "Usage:" in err, "no command: usage on stderr, exit 2")
+rc, out, err = run("no-such-command")
+check(rc == 2 and "unknown command 'no-such-command'" in err, "unknown command exits 2")
+rc, out, err = run("help", "no-such-command")
+check(rc == 2, "help of an unknown command exits 2")
+rc, out, err = run("help", "--help")
+check(rc == 0 and "Commands:" in out, "help --help prints the help")
+rc, out, err = run("--version")
+check(rc == 0 and out.startswith("spottrain "), "--version")
+rc, out, err = run("version")
+check(rc == 0 and out.startswith("spottrain "), "version")
+rc, out, err = run("version", "extra")
+check(rc == 2, "version with an argument exits 2")
+
+print(f"{len(failures) == 0 and 'all' or len(failures)} {'passed' if not failures else 'failed'}")
+sys.exit(1 if failures else 0)
