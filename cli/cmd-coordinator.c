@@ -13,6 +13,7 @@
 #include "cli.h"
 #include "common.h"      /* st_spec_load, st_error_format */
 #include "coordinator.h" /* coord_new, coord_start */
+#include "coordinator-train.h" /* --train */
 
 #define COORD_MAX_ERRS 50
 
@@ -27,6 +28,8 @@ int cli_cmd_coordinator(int argc, char **argv) {
         {"tls-cert", required_argument, NULL, 'C'},
         {"tls-key", required_argument, NULL, 'K'},
         {"tls-client-ca", required_argument, NULL, 'A'},
+        {"train", no_argument, NULL, 'R'},
+        {"save", required_argument, NULL, 'S'},
         {NULL, 0, NULL, 0},
     };
     const char *tls[3] = {NULL, NULL, NULL}; /* cert, key, client CA */
@@ -34,6 +37,8 @@ int cli_cmd_coordinator(int argc, char **argv) {
                *state_dir = NULL;
     double deadline = 0;
     int opt;
+    bool train = false;      /* --train: the planning loop drives the job (coordinator-train.c) */
+    const char *save = NULL; /* --save DIR: final checkpoint (with --train) */
 
     optind = 1;
     opterr = 0;
@@ -47,6 +52,8 @@ int cli_cmd_coordinator(int argc, char **argv) {
         case 'C': tls[0] = optarg; break;
         case 'K': tls[1] = optarg; break;
         case 'A': tls[2] = optarg; break;
+        case 'R': train = true; break;
+        case 'S': save = optarg; break;
         case 'H':
             if (st_parse_duration(optarg, &deadline) < 0 || deadline <= 0)
                 return cli_usage_error("coordinator", "bad --heartbeat-deadline '%s'", optarg);
@@ -57,6 +64,8 @@ int cli_cmd_coordinator(int argc, char **argv) {
     }
     if (optind < argc)
         return cli_usage_error("coordinator", "unexpected argument '%s'", argv[optind]);
+    if (save && !train)
+        return cli_usage_error("coordinator", "--save needs --train");
     if (!job)
         return cli_usage_error("coordinator", "--job JOB.yaml is required");
     if (!tls[0] != !tls[1])
@@ -135,6 +144,10 @@ int cli_cmd_coordinator(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
 
     st_log_set_role("coordinator", spec->name);
+    if (train) {
+        ret = cli_coordinator_train(&cfg, spec, save, &set);
+        goto out;
+    }
     r = coord_new(&cfg, NULL, &c);
     if (r < 0) {
         fprintf(stderr, "spottrain coordinator: cannot set up the job (TLS files, state in "

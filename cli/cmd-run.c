@@ -70,8 +70,7 @@ static int spawn_worker(void *userdata, const struct cloud_instance *inst,
     snprintf(s->zone, sizeof(s->zone), "%s", inst->zone[0] ? inst->zone : "local-1a");
     int k = 0;
     cmd->argv[k++] = s->exe;
-    cmd->argv[k++] = "run"; /* TEMP until cmd-worker.c takes --job */
-    cmd->argv[k++] = "--as-worker";
+    cmd->argv[k++] = "worker";
     cmd->argv[k++] = "--coordinator";
     cmd->argv[k++] = s->coordinator;
     cmd->argv[k++] = "--token-file";
@@ -245,6 +244,8 @@ static void print_summary(FILE *f, const struct coord_loop_summary *s, const str
                 coord_loop_kind_name((enum coord_loop_kind)k), s->count[k], s->bytes[k],
                 s->stall[k]);
     fprintf(f, "  checkpoint restores %" PRIu64 "\n", s->count[COORD_LOOP_RESTORE]);
+    fprintf(f, "  notices relayed    %d (read by workers from their IMDSv2 endpoint)\n",
+            s->worker_notices);
     fprintf(f, "  fleet              %.3f instance-hours of trace time: $%.2f spot, $%.2f on "
                "demand (%.2f/%.2f $/h)\n", s->instance_hours, s->spot_dollars,
             s->on_demand_dollars, sp->fleet.spot_price, sp->fleet.on_demand_price);
@@ -263,8 +264,9 @@ static int write_json(const char *path, const struct coord_loop_summary *s) {
         fprintf(f, "  \"final_loss\": null,\n");
     if (isfinite(s->first_loss))
         fprintf(f, "  \"first_loss\": %.9g,\n", s->first_loss);
-    fprintf(f, "  \"wall_seconds\": %.3f,\n  \"checkpoint_restores\": %" PRIu64 ",\n",
-            s->wall_seconds, s->count[COORD_LOOP_RESTORE]);
+    fprintf(f, "  \"wall_seconds\": %.3f,\n  \"checkpoint_restores\": %" PRIu64 ",\n"
+               "  \"worker_notices\": %d,\n",
+            s->wall_seconds, s->count[COORD_LOOP_RESTORE], s->worker_notices);
     fprintf(f, "  \"migrations\": {");
     for (int k = 0; k < COORD_LOOP_NKINDS; k++)
         fprintf(f, "%s\n    \"%s\": {\"count\": %" PRIu64 ", \"bytes\": %" PRIu64
@@ -556,8 +558,6 @@ int cli_cmd_run(int argc, char **argv) {
     struct run_opts o;
     memset(&o, 0, sizeof(o));
     int c;
-    if (argc > 1 && !strcmp(argv[1], "--as-worker")) /* TEMP until cmd-worker.c takes --job */
-        return cli_worker_job_main(argc - 1, argv + 1);
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {

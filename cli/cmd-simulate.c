@@ -145,7 +145,8 @@ out:
 }
 
 /* Times plan_decide on synthetic situations around n instances. */
-static int bench_decide(const char *cmd, const struct plan_cost *prof, int n, int L) {
+static int bench_decide(const char *cmd, const struct plan_cost *prof, int n, int L,
+                        int count_window) {
     struct plan_cost *an = NULL;
     const struct plan_cost *c = prof;
     if (!c || n > c->max_n) {
@@ -164,6 +165,7 @@ static int bench_decide(const char *cmd, const struct plan_cost *prof, int n, in
     struct plan_options o;
     plan_options_init(&o);
     o.lookahead = L;
+    o.count_window = count_window;
     int reps = n >= 1024 ? 15 : 60;
     double spent = 0, worst = 0;
     int rc = CLI_EXIT_OK;
@@ -230,6 +232,7 @@ int cli_cmd_simulate(int argc, char **argv) {
         {"tail", required_argument, NULL, 'T'},
         {"defer", required_argument, NULL, 'D'},
         {"defer-max", required_argument, NULL, 'M'},
+        {"count-window", required_argument, NULL, 'W'},
         {"help", no_argument, NULL, 'h'},
         {0},
     };
@@ -312,6 +315,12 @@ int cli_cmd_simulate(int argc, char **argv) {
                 return cli_usage_error(cmd, "bad --defer-max '%s' (intervals)", optarg);
             so.defer_max = (int)v;
             break;
+        case 'W':
+            if (!parse_double(optarg, 0, 1e6, &v) || v != floor(v))
+                return cli_usage_error(cmd, "bad --count-window '%s' (intervals, 0 = off)",
+                                       optarg);
+            so.count_window = (int)v;
+            break;
         case 'T':
             if (!parse_double(optarg, 0, 1000, &so.tail))
                 return cli_usage_error(cmd, "bad --tail '%s' (0..1000 intervals)", optarg);
@@ -385,7 +394,7 @@ int cli_cmd_simulate(int argc, char **argv) {
         }
     }
     if (bench_n) {
-        rc = bench_decide(cmd, cost, bench_n, so.lookahead);
+        rc = bench_decide(cmd, cost, bench_n, so.lookahead, so.count_window);
         goto out;
     }
     if (load(cmd, "trace", trace_path, &ttext, &tlen) < 0) {

@@ -15,6 +15,7 @@
 #include "cli.h"
 #include "common.h"
 #include "coordinator.h" /* coord_token_read */
+#include "run-worker.h"  /* cli_worker_job_main: --job */
 #include "worker.h"      /* worker_agent_* */
 
 static int print_command(struct worker_agent *a, const Spottrain__V1__Command *cmd, char *err,
@@ -73,6 +74,10 @@ int cli_cmd_worker(int argc, char **argv) {
     const char *token_file = NULL, *want_id = NULL;
     int opt;
 
+    /* With --job the worker trains (worker/runner.c); without, it only talks (this file). */
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--job") || !strncmp(argv[i], "--job=", 6))
+            return cli_worker_job_main(argc, argv);
     worker_agent_config_init(&cfg);
     optind = 1;
     opterr = 0;

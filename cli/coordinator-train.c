@@ -128,6 +128,8 @@ int cli_coordinator_train(struct coord_config *cfg, const struct st_spec *spec,
         return CLI_EXIT_FAILURE;
     }
     lc->spec = *spec;
+    if (cfg->heartbeat_deadline > 0)
+        lc->spec.coordinator.heartbeat_deadline = cfg->heartbeat_deadline;
     lc->time_scale = 1.0; /* no trace: planning intervals are real seconds */
     lc->ckpt_latest = cli_ckpt_latest;
     lc->ckpt_prune = cli_ckpt_prune;

@@ -57,6 +57,9 @@ int cli_worker_job_main(int argc, char **argv) {
         {"steps", required_argument, NULL, 's'},
         {"threads", required_argument, NULL, 'k'},
         {"timeout", required_argument, NULL, 'o'},
+        {"tls-ca", required_argument, NULL, 'A'},
+        {"tls-cert", required_argument, NULL, 'C'},
+        {"tls-key", required_argument, NULL, 'K'},
         {NULL, 0, NULL, 0},
     };
     struct worker_runner_config *cfg = st_calloc(1, sizeof(*cfg));
@@ -137,6 +140,18 @@ int cli_worker_job_main(int argc, char **argv) {
                 goto out;
             }
             break;
+        case 'A':
+        case 'C':
+        case 'K': {
+            char *dst = opt == 'A' ? cfg->agent.tls_ca : opt == 'C' ? cfg->agent.tls_cert
+                                                                     : cfg->agent.tls_key;
+            if (!*v || strlen(v) >= sizeof(cfg->agent.tls_ca)) {
+                cli_usage_error("worker", "bad TLS file name '%s'", v);
+                goto out;
+            }
+            snprintf(dst, sizeof(cfg->agent.tls_ca), "%s", v);
+            break;
+        }
         default:
             cli_usage_error("worker", "unknown option '%s'", argv[optind - 1]);
             goto out;
@@ -154,6 +169,14 @@ int cli_worker_job_main(int argc, char **argv) {
         cli_usage_error("worker", "--job JOB.yaml is required to train");
         goto out;
     }
+    if (!cfg->agent.tls_cert[0] != !cfg->agent.tls_key[0]) {
+        cli_usage_error("worker", "--tls-cert and --tls-key go together");
+        goto out;
+    }
+    if (cfg->agent.tls_cert[0] && !cfg->agent.tls_ca[0]) {
+        cli_usage_error("worker", "--tls-cert needs --tls-ca (the coordinator's CA)");
+        goto out;
+    }
     struct st_error errs[8];
     size_t nerrs = 0;
     int r = st_spec_load(job, &cfg->spec, errs, ST_ARRAY_SIZE(errs), &nerrs);
@@ -165,7 +188,7 @@ int cli_worker_job_main(int argc, char **argv) {
         }
         if (nerrs == 0)
             fprintf(stderr, "spottrain worker: cannot load '%s': %s\n", job, st_strerror(r));
-        ret = r == -EINVAL ? CLI_EXIT_INPUT : CLI_EXIT_FAILURE;
+        ret = r == -EINVAL || r == -ENOENT ? CLI_EXIT_INPUT : CLI_EXIT_FAILURE;
         goto out;
     }
     if (token_file) {

@@ -8,6 +8,7 @@
  *   --steps N        total steps (replaces training.steps, as `train --steps` does)
  *   --threads K      kernel threads (default 1)
  *   --timeout S      data-plane no-progress limit (default 8 s)
+ *   --tls-ca F, --tls-cert F, --tls-key F   as for the agent-only worker
  * argv[0] is the subcommand name. Returns an exit code (CLI_EXIT_*). */
 int cli_worker_job_main(int argc, char **argv);
 

@@ -19,7 +19,6 @@
 #include <stdint.h>
 
 #include "common.h"
-#include "coordinator.h" /* struct coord_transfer */
 
 struct coord;
 struct coord_hooks;
@@ -30,20 +29,6 @@ struct coord_loop;
 #define COORD_LOOP_MAX_FORCED 64
 #define COORD_LOOP_MAX_RECORDS 256
 #define COORD_LOOP_MAX_SHAPES 64
-
-/* A member of a migration's communicator (Migrate.peers): rank = index in the list. stage -1
- * marks a worker that only sends (it holds state but gets no position). */
-struct coord_peer {
-    char worker_id[ST_UUID_STR_LEN];
-    int stage, replica;
-};
-
-/* coord_migrate() with the epoch's communicator: the coordinator fills each peer's data-plane
- * address from its table. Returns 0 and the command id (may be NULL), -ENOENT (unknown
- * worker), -EINVAL (bad transfer or peer). */
-int coord_migrate_peers(struct coord *c, const char *worker_id, const struct coord_transfer *t,
-                        size_t n, uint64_t at_step, const struct coord_peer *peers,
-                        size_t npeers, uint64_t *ret_command_id);
 
 /* Summary kinds: the planner's migration classes, plus checkpoint restores. dp resharding is
  * counted apart (a migration that changes dp is also one of the classes). */
@@ -129,6 +114,8 @@ struct coord_loop_summary {
     double instance_hours;         /* trace-time instance hours the fleet was up */
     double spot_dollars, on_demand_dollars;
     bool finished;                 /* every step done (and saved, with save_dir) */
+    int worker_notices;            /* interruption notices workers read from their cloud
+                                    * metadata endpoint and relayed */
 };
 
 /* A short description of what the loop is doing, for status lines. */

@@ -216,6 +216,20 @@ int coord_configure(struct coord *c, int dp, int pp, const struct coord_assignme
 int coord_migrate(struct coord *c, const char *worker_id, const struct coord_transfer *t,
                   size_t n, uint64_t at_step, uint64_t *ret_command_id);
 
+/* A member of a migration's communicator (Migrate.peers): rank = index in the list. stage -1
+ * marks a worker that only sends (it holds state but gets no position). */
+struct coord_peer {
+    char worker_id[ST_UUID_STR_LEN];
+    int stage, replica;
+};
+
+/* coord_migrate() with the epoch's communicator: the coordinator fills each peer's data-plane
+ * address from its table. Returns 0 and the command id (may be NULL), -ENOENT (unknown
+ * worker), -EINVAL (bad transfer or peer, duplicate peer, a peer without a data address). */
+int coord_migrate_peers(struct coord *c, const char *worker_id, const struct coord_transfer *t,
+                        size_t n, uint64_t at_step, const struct coord_peer *peers,
+                        size_t npeers, uint64_t *ret_command_id);
+
 /* Sends a Checkpoint (dir, at_step) to every ACTIVE worker. Returns the number of workers
  * addressed, or negative errno. */
 int coord_checkpoint(struct coord *c, const char *dir, uint64_t at_step);
@@ -252,5 +266,7 @@ int coord_token_read(const char *path, char *buf, size_t size, char *why, size_t
 const char *coord_worker_state_name(enum coord_worker_state s);
 const char *coord_job_state_name(enum coord_job_state s);
 const char *coord_migration_kind_name(enum coord_migration_kind k);
+
+#include "coord-loop.h" /* the planning loop (end-to-end issue) */
 
 #endif

@@ -216,6 +216,8 @@ static void hook_report(struct coord *c, const struct coord_report *r, void *use
     for (size_t i = 0; w && i < r->nnotices; i++) {
         const char *k = r->notices[i].kind, *d = r->notices[i].detail ? r->notices[i].detail : "";
         if (!strcmp(k, "terminate")) {
+            if (!w->terminate)
+                L->sum.worker_notices++;
             w->terminate = true;
         } else if (!strcmp(k, "reconfigured")) {
             w->reconf_epoch = kv_u64(d, "epoch");
@@ -225,8 +227,7 @@ static void hook_report(struct coord *c, const struct coord_report *r, void *use
         } else if (!strcmp(k, "reconfig-failed")) {
             w->reconf_fail_epoch = kv_u64(d, "epoch");
         } else if (!strcmp(k, "step-failed")) {
-            uint64_t e = kv_u64(d, "epoch");
-            w->fail_epoch = e ? e : UINT64_MAX; /* UINT64_MAX: whatever epoch is current */
+            w->fail_epoch = kv_u64(d, "epoch");
         } else if (!strcmp(k, "ckpt-written")) {
             w->ckw_step = kv_u64(d, "step");
             w->ckw_stage = (int)kv_u64(d, "stage");
@@ -350,7 +351,7 @@ static int view_get(struct coord_loop *L, struct wv **ret, size_t *ret_n) {
         v[i].step = lw ? lw->step : w[i].step;
         v[i].loss = lw ? lw->loss : w[i].loss;
         v[i].failed = v[i].positioned && lw &&
-                      (lw->fail_epoch == L->epoch || lw->fail_epoch == UINT64_MAX);
+                      (lw->fail_epoch == L->epoch || lw->reconf_fail_epoch == L->epoch);
     }
     pthread_mutex_unlock(&L->lock);
     st_free(w);
@@ -375,7 +376,8 @@ static bool engine_shape_ok(const struct coord_loop *L, int dp, int pp) {
 
 /* The shape to run on n workers: (dp, pp) itself when the engine can run it there, else the
  * feasible shape with the best throughput under the cost model (without one: the most
- * workers), preferring the wanted pp on ties. {0,0} when nothing fits. */
+ * workers), where keeping the current depth counts 20% extra (a repartition moves whole
+ * layers) and the wanted pp wins ties. {0,0} when nothing fits. */
 static void clamp_shape(const struct coord_loop *L, int n, int *dp, int *pp) {
     if (*dp >= 1 && *pp >= 1 && *dp * *pp <= n && engine_shape_ok(L, *dp, *pp))
         return;
@@ -388,6 +390,8 @@ static void clamp_shape(const struct coord_loop *L, int n, int *dp, int *pp) {
             double v = L->cfg.cost ? plan_cost_throughput(L->cfg.cost, d, p) : 0;
             if (!(v > 0))
                 v = 1e-9 * d * p; /* not in the model: prefer using more workers */
+            if (L->epoch > 0 && p == L->pp)
+                v *= 1.2; /* keeping the depth avoids a repartition: it must gain 20% to pay */
             bool better = v > best * (1 + 1e-9) ||
                           (v >= best * (1 - 1e-9) && p == want_pp && bp != want_pp);
             if (better) {
@@ -765,8 +769,14 @@ static int start_migrate(struct coord_loop *L, const struct wv *v, size_t nv, in
         }
         r = order_migrate(L, peers[k].worker_id, tr, nt, at, peers, np);
         if (r < 0) {
-            st_log(ST_LOG_ERR, "loop", "Cannot send the migration order to %s: %s",
-                   peers[k].worker_id, st_strerror(r));
+            /* The epoch is open but incomplete: its workers cannot finish it. Restore. */
+            set_event(L, "epoch %" PRIu64 ": cannot send the migration order to %.8s: %s",
+                      epoch, peers[k].worker_id, st_strerror(r));
+            L->epoch = epoch;
+            L->dp = dp;
+            L->pp = pp;
+            L->need_restore = true;
+            L->phase = PH_WAIT_FIRST;
             goto out;
         }
     }
@@ -1046,7 +1056,8 @@ static void phase_running(struct coord_loop *L, const struct wv *v, size_t nv, d
         uint64_t to = ST_MIN(L->total, minstep + w);
         if (fnext && to > fnext)
             to = fnext;
-        if (to > L->lease) {
+        /* Extend once half the window is used: fewer commands, never a dry lease. */
+        if (to > L->lease && (L->lease < minstep + w / 2 || to == L->total || to == fnext)) {
             grant(L, v, nv, to);
             L->last_grant = now;
         }
@@ -1080,7 +1091,9 @@ static void phase_resync(struct coord_loop *L, const struct wv *v, size_t nv, do
         L->resync_changed = now;
         return;
     }
-    if (now - L->resync_changed < 1.5)
+    /* Quiet for more than two report intervals (deadline / 4 each): nobody is still moving. */
+    double quiet = ST_MAX(1.5, 0.6 * L->cfg.spec.coordinator.heartbeat_deadline);
+    if (now - L->resync_changed < quiet)
         return;
     L->lease = lo;
     L->rate_step = lo;
@@ -1186,15 +1199,6 @@ static void ckpt_commit_check(struct coord_loop *L) {
 }
 
 /* ---- public --------------------------------------------------------------------------------- */
-
-/* PEERS-PENDING: until Migrate carries peers (proto), the order goes without them. */
-int coord_migrate_peers(struct coord *c, const char *worker_id, const struct coord_transfer *t,
-                        size_t n, uint64_t at_step, const struct coord_peer *peers,
-                        size_t npeers, uint64_t *ret_command_id) {
-    (void)peers;
-    (void)npeers;
-    return coord_migrate(c, worker_id, t, n, at_step, ret_command_id);
-}
 
 /* See coord-loop.h. */
 int coord_loop_tick(struct coord_loop *L, double now) {

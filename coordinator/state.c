@@ -385,13 +385,23 @@ int coord_configure(struct coord *c, int dp, int pp, const struct coord_assignme
 
 int coord_migrate(struct coord *c, const char *worker_id, const struct coord_transfer *t,
                   size_t n, uint64_t at_step, uint64_t *ret_command_id) {
+    return coord_migrate_peers(c, worker_id, t, n, at_step, NULL, 0, ret_command_id);
+}
+
+/* See coordinator.h. */
+int coord_migrate_peers(struct coord *c, const char *worker_id, const struct coord_transfer *t,
+                        size_t n, uint64_t at_step, const struct coord_peer *peers,
+                        size_t npeers, uint64_t *ret_command_id) {
     struct outbox o = {0};
     Spottrain__V1__Transfer *tr = NULL;
     Spottrain__V1__Transfer **trp = NULL;
+    Spottrain__V1__Peer *pv = NULL;
+    Spottrain__V1__Peer **pp = NULL;
     int r = 0;
     bool in_tx = false;
 
-    if (!c || c->magic != COORD_MAGIC || !worker_id || (n > 0 && !t) || n > COORD_MAX_TRANSFERS)
+    if (!c || c->magic != COORD_MAGIC || !worker_id || (n > 0 && !t) || n > COORD_MAX_TRANSFERS ||
+        (npeers > 0 && !peers) || npeers > COORD_MAX_PEERS)
         return -EINVAL;
     pthread_mutex_lock(&c->lock);
     struct coord_wk *wk = coord__worker_find(c, worker_id);
@@ -405,7 +415,9 @@ int coord_migrate(struct coord *c, const char *worker_id, const struct coord_tra
     }
     tr = st_calloc(n + 1, sizeof(*tr));
     trp = st_calloc(n + 1, sizeof(*trp));
-    if (!tr || !trp) {
+    pv = st_calloc(npeers + 1, sizeof(*pv));
+    pp = st_calloc(npeers + 1, sizeof(*pp));
+    if (!tr || !trp || !pv || !pp) {
         r = -ENOMEM;
         goto out;
     }
@@ -425,10 +437,31 @@ int coord_migrate(struct coord *c, const char *worker_id, const struct coord_tra
         tr[i].count = t[i].count;
         trp[i] = &tr[i];
     }
+    /* The migration's communicator: addresses from the table (the worker's last Join). */
+    for (size_t i = 0; i < npeers; i++) {
+        struct coord_wk *pw = coord__worker_find(c, peers[i].worker_id);
+        if (!pw || !pw->pub.data_addr[0] || peers[i].stage < -1 || peers[i].replica < -1) {
+            r = -EINVAL;
+            goto out;
+        }
+        for (size_t k = 0; k < i; k++)
+            if (!strcmp(peers[k].worker_id, peers[i].worker_id)) {
+                r = -EINVAL;
+                goto out;
+            }
+        spottrain__v1__peer__init(&pv[i]);
+        pv[i].worker_id = pw->pub.id;
+        pv[i].data_addr = pw->pub.data_addr;
+        pv[i].stage = (uint32_t)peers[i].stage;     /* -1 (send only) becomes 0xffffffff */
+        pv[i].replica = (uint32_t)peers[i].replica;
+        pp[i] = &pv[i];
+    }
     Spottrain__V1__Migrate mg = SPOTTRAIN__V1__MIGRATE__INIT;
     mg.n_transfers = n;
     mg.transfers = trp;
     mg.at_step = at_step;
+    mg.n_peers = npeers;
+    mg.peers = pp;
     Spottrain__V1__Command cmd = SPOTTRAIN__V1__COMMAND__INIT;
     cmd.id = wk->next_command;
     cmd.epoch = c->job.epoch;
@@ -451,6 +484,8 @@ out:
     outbox_done(&o);
     st_free(tr);
     st_free(trp);
+    st_free(pv);
+    st_free(pp);
     return r;
 }
 

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "ops-internal.h"
 
 enum { BLK_LN1W, BLK_LN1B, BLK_QKVW, BLK_QKVB, BLK_ATTPROJW, BLK_ATTPROJB, BLK_LN2W, BLK_LN2B,
        BLK_FCW, BLK_FCB, BLK_FCPROJW, BLK_FCPROJB, BLK_NTENSORS };
@@ -330,19 +331,16 @@ int kern_head_forward_backward(const struct kern_config *cfg, const float *wte, 
                                float *losses, float *dwte, float *dx, double *ret_loss_sum) {
     if (!targets || !losses || !dwte || !dx)
         return -EINVAL;
-    double sum = 0.0;
-    int r = kern_head_forward(cfg, wte, B, x, targets, logits, losses, &sum);
-    if (r < 0)
-        return r;
+    if (!cfg || !wte || !x || !logits || B <= 0)
+        return -EINVAL;
     int T = cfg->seq_len, C = cfg->channels, V = cfg->vocab;
     int N = B * T;
-    /* In place: probs -> dlogits = (probs - onehot) * dloss. */
-#pragma omp parallel for if ((size_t)N * V >= (size_t)1 << 16)
-    for (int n = 0; n < N; n++) {
-        float *p = logits + (size_t)n * V;
-        for (int i = 0; i < V; i++)
-            p[i] = (p[i] - (i == targets[n] ? 1.0f : 0.0f)) * dloss;
-    }
+    kern_matmul_forward(logits, x, wte, NULL, B, T, C, V);
+    /* In place, one pass per row: logits -> dlogits = (probs - onehot) * dloss. */
+    kern_softmax_xent_fused(logits, losses, targets, dloss, N, V);
+    double sum = 0.0;
+    for (int n = 0; n < N; n++)
+        sum += losses[n];
     memset(dx, 0, (size_t)N * C * sizeof(float));
     kern_matmul_backward(dx, dwte, NULL, logits, x, wte, B, T, C, V);
     if (ret_loss_sum)

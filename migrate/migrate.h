@@ -248,4 +248,6 @@ int mig_ckpt_latest(const char *root, char *ret_dir, size_t size);
  * tools. */
 uint64_t mig_xxh64(const void *data, size_t len, uint64_t seed);
 
+#include "migrate-execute.h" /* running a transfer list at a step boundary */
+
 #endif

@@ -7,7 +7,11 @@
  * migration priced by the cost model's expectation over which instances leave (exact
  * hypergeometric probability of staying intra-stage). Only the first step is acted on
  * (receding horizon), and a change must beat staying by the hysteresis margin over the
- * window, so a forecast wobble cannot buy a reconfiguration that does not pay for itself. */
+ * window, so a forecast wobble cannot buy a reconfiguration that does not pay for itself.
+ * Optionally (plan_options.count_window > 0) the path is not a point forecast: a
+ * stochastic DP draws the change of the count per interval from a distribution fitted on
+ * the history (docs/planner.md says what it gains and where it loses; it is off by
+ * default). */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -24,7 +28,8 @@ void plan_options_init(struct plan_options *o) {
     o->hysteresis = 0.003;
     o->defer = 0.003;
     o->defer_max = 3;
-    o->analogs = 0;
+    o->count_window = 0;
+    o->announced = 2;
 }
 
 static bool shape_ok(const struct plan_cost *c, const struct plan_options *o, int dp, int pp) {
@@ -82,140 +87,188 @@ static int candidates(const struct plan_cost *c, const struct plan_options *o, c
 }
 
 #define MAXC 2048
-#define JMAX 8 /* additions beyond the path tracked by the stochastic DP */
+#define JM 8                  /* instances added beyond the path the stochastic DP tracks */
+#define JL 4                  /* instances lost beyond the path it tracks */
+#define NJ (JM + JL + 1)      /* count offsets -JL..JM */
+#define STOCH_MAXK 128        /* more candidates than this: the deterministic DP only */
 
-/* The additions model, fitted online from the history alone (no look at the future): the
- * distribution of instances added in an interval, p[g][m] for m = 0..JMAX (JMAX: that many
- * or more), conditioned on g = whether the interval before also added instances. Clouds
- * announce losses (notices) but never additions, and additions come in bursts: after a
- * join, another join within minutes is far likelier than at a random time, which a point
- * forecast (last value) cannot express. Laplace-smoothed counts over the last `window`
- * intervals; returns false (no model) when the history is too short. */
-static bool join_model(const int *hist, int nhist, int window, double p[2][JMAX + 1]) {
+/* The count model, fitted online from the history alone (no look at the future): the
+ * distribution of the change of the count in one interval, p[g][d + JL] for d = -JL..JM
+ * (clamped), conditioned on g = whether the interval before added instances. Clouds announce
+ * losses (notices) but never additions, and additions come in bursts. One smoothing
+ * pseudo-interval without a change. Returns false when the history is too short. */
+static bool count_model(const int *hist, int nhist, int window, double p[2][NJ]) {
     if (window <= 0 || nhist < 3)
         return false;
-    double cnt[2][JMAX + 1] = {{0}};
+    double cnt[2][NJ] = {{0}};
     int first = ST_MAX(2, nhist - window);
     for (int j = first; j < nhist; j++) {
         int g = hist[j - 1] > hist[j - 2];
-        int m = ST_MIN(JMAX, ST_MAX(0, hist[j] - hist[j - 1]));
-        cnt[g][m] += 1;
+        int d = ST_MIN(JM, ST_MAX(-JL, hist[j] - hist[j - 1]));
+        cnt[g][d + JL] += 1;
     }
     for (int g = 0; g < 2; g++) {
         double tot = 0;
-        for (int m = 0; m <= JMAX; m++)
-            tot += cnt[g][m];
-        /* smoothing: one pseudo-interval without a join */
-        for (int m = 0; m <= JMAX; m++)
-            p[g][m] = (cnt[g][m] + (m == 0)) / (tot + 1);
+        for (int k = 0; k < NJ; k++)
+            tot += cnt[g][k];
+        for (int k = 0; k < NJ; k++)
+            p[g][k] = (cnt[g][k] + (k == JL)) / (tot + 1);
     }
     return true;
 }
 
-/* Transition matrices M[a * K + b] (ms) per (N before, n_out), kept for the decision. */
-struct mcache {
-    int slots, used, next;
-    int key_n[16], key_out[16];
-    double *m[16];
+/* Transition matrices of the stochastic DP, one per (instances before, instances lost). A
+ * repartition's estimate depends on the loss only through the add/remove restart, so it is
+ * computed once per pair (rep0: without the restart) and completed per key; same-depth
+ * pairs are priced by the estimate. */
+struct smats {
+    const struct plan_cost *cost;
+    const struct plan_shape *cand;
+    int K, slots, used, next;
+    int key_n[64], key_out[64];
+    double *m[64];
+    double *rep0, *rst_add, *rst_rm;
 };
 
-static const double *mcache_get(struct mcache *mc, const struct plan_cost *cost,
-                                 const struct plan_shape *cand, int K, int N, int n_in,
-                                 int n_out) {
-    for (int i = 0; i < mc->used; i++)
-        if (mc->key_n[i] == N && mc->key_out[i] == n_out)
-            return mc->m[i];
-    int i = mc->used < mc->slots ? mc->used++ : (mc->next++ % mc->slots);
-    double *M = mc->m[i];
+static const double *smats_get(struct smats *sm, int N, int n_out) {
+    for (int i = 0; i < sm->used; i++)
+        if (sm->key_n[i] == N && sm->key_out[i] == n_out)
+            return sm->m[i];
+    int i = sm->used < sm->slots ? sm->used++ : (sm->next++ % sm->slots);
+    int K = sm->K;
+    const struct plan_shape *c = sm->cand;
+    double *M = sm->m[i];
     for (int a = 0; a < K; a++)
-        for (int b = 0; b < K; b++)
-            M[(size_t)a * K + b] =
-                (a == b && n_out == 0)
-                    ? 0
-                    : plan_cost_transition_estimate_ms(cost, N, cand[a].dp, cand[a].pp, n_in,
-                                                       n_out, cand[b].dp, cand[b].pp, NULL);
-    mc->key_n[i] = N;
-    mc->key_out[i] = n_out;
+        for (int b = 0; b < K; b++) {
+            size_t ab = (size_t)a * K + b;
+            if (a == b && n_out == 0)
+                M[ab] = 0;
+            else if (c[a].pp != c[b].pp)
+                M[ab] = sm->rep0[ab] + (c[b].dp * c[b].pp > c[a].dp * c[a].pp - n_out
+                                            ? sm->rst_add[b]
+                                            : sm->rst_rm[b]);
+            else
+                M[ab] = plan_cost_transition_estimate_ms(sm->cost, N, c[a].dp, c[a].pp, 0,
+                                                         n_out, c[b].dp, c[b].pp, NULL);
+        }
+    sm->key_n[i] = N;
+    sm->key_out[i] = n_out;
     return M;
 }
 
-/* Backward pass over the path with additions drawn from the join model (non-anticipative:
- * each interval's shape is chosen knowing only the additions so far). The state after
- * interval t is (shape, J = instances added beyond the path so far, g = whether interval t
- * added instances). On return Wn[b] = expected best value of intervals 1..L-1 given shape b
- * in interval 0 and state (0, g0). Without a model (pj == NULL) it is the deterministic DP
- * over the path. Wa and Wb are scratch of K * (JMAX + 1) * 2 entries. */
-static void dp_backward(const struct plan_cost *cost, const struct plan_options *o,
-                        const struct plan_shape *cand, const double *thr, int K, const int *path,
-                        const int *nin, const int *nout, int L, double (*pj)[JMAX + 1], int g0,
-                        int ncap, struct mcache *mc, double *Wn, double *Wa, double *Wb) {
-    int JS = pj ? JMAX + 1 : 1, GS = pj ? 2 : 1;
-#define IDX(k, j, g) (((size_t)(k) * (size_t)JS + (size_t)(j)) * (size_t)GS + (size_t)(g))
-    double *Wnext = Wa, *Wcur = Wb;
+/* Non-anticipative stochastic DP over the window: the count in interval t is the path plus
+ * an offset J (-JL..JM) that moves by the count model's draws, each interval's shape chosen
+ * knowing only the draws so far. Losses in the first `announced` intervals are left to the
+ * notices (already on the path). Fills Wn[b] = expected best value of intervals 1..L-1 with
+ * shape b in interval 0, and *ret_keep = the expected value of keeping shape `stay` (moving
+ * only when it stops fitting). Returns 0 or -ENOMEM. */
+static int stoch_dp(const struct plan_cost *cost, const struct plan_options *o,
+                    const struct plan_shape *cand, const double *thr, int K, const int *path,
+                    const int *nout, int L, double (*pm)[NJ], int g0, int announced, int stay,
+                    int ncap, double *Wn, double *ret_keep) {
+    int r = 0;
+    size_t ksz = (size_t)K * K, wsz = (size_t)K * NJ * 2;
+    struct smats sm = {.cost = cost, .cand = cand, .K = K};
+    sm.slots = (int)ST_MIN((size_t)64, ST_MAX((size_t)4, ((size_t)8 << 20) / (ksz * 8)));
+    double *buf = st_malloc(sizeof(double) * (ksz * (size_t)(sm.slots + 1) + 2 * (size_t)K +
+                                              2 * wsz + 4 * NJ));
+    if (!buf)
+        return -ENOMEM;
+    for (int i = 0; i < sm.slots; i++)
+        sm.m[i] = buf + ksz * (size_t)i;
+    sm.rep0 = buf + ksz * (size_t)sm.slots;
+    sm.rst_add = sm.rep0 + ksz;
+    sm.rst_rm = sm.rst_add + K;
+    double *Wa = sm.rst_rm + K, *Wb = Wa + wsz, *Ka = Wb + wsz, *Kb = Ka + 2 * NJ;
+    for (int b = 0; b < K; b++) {
+        sm.rst_add[b] = plan_cost_restart_ms(cost, cand[b].dp, cand[b].pp, true);
+        sm.rst_rm[b] = plan_cost_restart_ms(cost, cand[b].dp, cand[b].pp, false);
+    }
+    for (int a = 0; a < K; a++)
+        for (int b = 0; b < K; b++) {
+            if (cand[a].pp == cand[b].pp) {
+                sm.rep0[(size_t)a * K + b] = 0;
+                continue;
+            }
+            bool add = cand[b].dp * cand[b].pp > cand[a].dp * cand[a].pp;
+            sm.rep0[(size_t)a * K + b] =
+                plan_cost_transition_estimate_ms(cost, 0, cand[a].dp, cand[a].pp, 0, 0,
+                                                 cand[b].dp, cand[b].pp, NULL) -
+                (add ? sm.rst_add[b] : sm.rst_rm[b]);
+        }
+#define WI(k, j, g) (((size_t)(k) * NJ + (size_t)(j)) * 2 + (size_t)(g))
+    double *Wnext = Wa, *Wcur = Wb, *Knext = Ka, *Kcur = Kb;
     for (int k = 0; k < K; k++)
-        for (int j = 0; j < JS; j++)
-            for (int g = 0; g < GS; g++)
-                Wnext[IDX(k, j, g)] = o->tail * PLAN_INTERVAL_S * thr[k];
+        for (int j = 0; j < NJ; j++)
+            for (int g = 0; g < 2; g++)
+                Wnext[WI(k, j, g)] = o->tail * PLAN_INTERVAL_S * thr[k];
+    for (int i = 0; i < 2 * NJ; i++)
+        Knext[i] = stay >= 0 ? o->tail * PLAN_INTERVAL_S * thr[stay] : 0;
     for (int t = L - 1; t >= 1; t--) {
-        for (int j = 0; j < JS; j++) {
-            int Nprev = ST_MIN(path[t - 1] + j, ncap);
-            /* with no loss the transition does not depend on N: one matrix for every j */
-            const double *M = mcache_get(mc, cost, cand, K, nout[t] == 0 ? -1 : Nprev + o->spares,
-                                         nin[t], nout[t]);
-            for (int g = 0; g < GS; g++) {
-                for (int a = 0; a < K; a++) {
-                    if (cand[a].dp * cand[a].pp > Nprev + o->spares) {
-                        Wcur[IDX(a, j, g)] = -INFINITY;
+        for (int j = 0; j < NJ; j++) {
+            int Np = ST_MIN(ncap, ST_MAX(0, path[t - 1] + j - JL));
+            for (int g = 0; g < 2; g++) {
+                for (int a = 0; a < K; a++)
+                    Wcur[WI(a, j, g)] =
+                        cand[a].dp * cand[a].pp > Np + o->spares ? -INFINITY : 0;
+                Kcur[j * 2 + g] = 0;
+                for (int dk = 0; dk < NJ; dk++) {
+                    double p = pm[g][dk];
+                    int d = dk - JL;
+                    if (t <= announced && d < 0)
+                        continue; /* announced: the loss is on the path already */
+                    if (t <= announced && d == 0)
+                        for (int e = 0; e < JL; e++)
+                            p += pm[g][e];
+                    if (p <= 0)
                         continue;
-                    }
-                    double ev = 0;
-                    for (int m = 0; m < (pj ? JMAX + 1 : 1); m++) {
-                        double pm = pj ? pj[g][m] : 1;
-                        if (pm <= 0)
+                    int j2 = ST_MIN(NJ - 1, ST_MAX(0, j + d)), g2 = d > 0;
+                    int lost = d < 0 ? ST_MIN(-d, Np) : 0;
+                    int Nt = ST_MIN(ncap, ST_MAX(0, path[t] + j2 - JL));
+                    const double *M = smats_get(&sm, Np + o->spares, nout[t] + lost);
+                    for (int a = 0; a < K; a++) {
+                        if (Wcur[WI(a, j, g)] == -INFINITY)
                             continue;
-                        int j2 = ST_MIN(j + m, JS - 1), g2 = pj ? m > 0 : 0;
-                        int Nt = ST_MIN(path[t] + j2, ncap);
                         double best = -INFINITY;
                         for (int b = 0; b < K; b++) {
-                            double wn = Wnext[IDX(b, j2, g2)];
+                            double wn = Wnext[WI(b, j2, g2)];
                             if (cand[b].dp * cand[b].pp > Nt || wn == -INFINITY)
                                 continue;
-                            double ms = M[(size_t)a * K + b];
-                            double v = thr[b] * ST_MAX(0.0, PLAN_INTERVAL_S - ms / 1000.0) + wn;
+                            double v = thr[b] * ST_MAX(0.0, PLAN_INTERVAL_S -
+                                                                M[(size_t)a * K + b] / 1000.0) +
+                                       wn;
                             if (v > best)
                                 best = v;
                         }
-                        /* nothing fits later: the job idles, keep the value so far */
-                        ev += pm * (best == -INFINITY ? 0 : best);
+                        /* nothing fits: the job idles, keep the value so far */
+                        double v = best == -INFINITY ? 0 : best;
+                        Wcur[WI(a, j, g)] += p * v;
+                        if (a == stay) {
+                            /* keeping: stay while it fits, else the forced best move */
+                            double kv = v;
+                            if (cand[stay].dp * cand[stay].pp <= Nt)
+                                kv = thr[stay] * ST_MAX(0.0, PLAN_INTERVAL_S -
+                                                                 M[(size_t)a * K + a] / 1000.0) +
+                                     Knext[j2 * 2 + g2];
+                            Kcur[j * 2 + g] += p * kv;
+                        }
                     }
-                    Wcur[IDX(a, j, g)] = ev;
                 }
             }
         }
         double *tmp = Wnext;
         Wnext = Wcur;
         Wcur = tmp;
+        tmp = Knext;
+        Knext = Kcur;
+        Kcur = tmp;
     }
     for (int k = 0; k < K; k++)
-        Wn[k] = Wnext[IDX(k, 0, pj ? g0 : 0)];
-#undef IDX
-}
-
-/* Value of keeping shape k over intervals 1..L-1 of a path; -INFINITY if it stops fitting. */
-static double keep_value(const struct plan_cost *cost, const struct plan_options *o,
-                         struct plan_shape sh, double thr, const int *path, const int *nin,
-                         const int *nout, int L) {
-    double v = 0;
-    for (int t = 1; t < L; t++) {
-        if (sh.dp * sh.pp > path[t])
-            return -INFINITY;
-        double ms = nout[t] == 0 ? 0
-                                 : plan_cost_transition_estimate_ms(cost, path[t - 1] + o->spares,
-                                                                    sh.dp, sh.pp, nin[t],
-                                                                    nout[t], sh.dp, sh.pp, NULL);
-        v += thr * ST_MAX(0.0, PLAN_INTERVAL_S - ms / 1000.0);
-    }
-    return v + o->tail * PLAN_INTERVAL_S * thr;
+        Wn[k] = Wnext[WI(k, JL, g0)];
+    *ret_keep = stay >= 0 ? Knext[JL * 2 + g0] : -INFINITY;
+#undef WI
+    st_free(buf);
+    return r;
 }
 
 int plan_decide(const struct plan_cost *cost, const struct plan_situation *s,
@@ -278,63 +331,91 @@ int plan_decide(const struct plan_cost *cost, const struct plan_situation *s,
     for (int t = 0; t < L; t++)
         d.pred_n[t] = path[t] + o->spares;
 
-    /* The additions model (only without the true future). */
-    double pj[2][JMAX + 1];
-    bool have_pj = !s->future && join_model(s->hist, s->nhist, o->analogs, pj);
-    int g0 = s->n_in > 0;
-    int cpath[PLAN_MAX_LOOKAHEAD];
-    for (int t = 0; t < L; t++)
-        cpath[t] = path[t] + (have_pj && t > 0 ? JMAX : 0);
-
     static const int maxc = MAXC;
     struct plan_shape *cand = st_malloc(sizeof(*cand) * MAXC);
-    double *W = st_malloc(sizeof(double) * MAXC * 3);
-    double *Wab = NULL;
-    double *Mbuf = NULL;
-    struct mcache mc = {0};
+    double *W = st_malloc(sizeof(double) * MAXC * 2);
+    double *M = NULL;
     if (!cand || !W) {
         r = -ENOMEM;
         goto out;
     }
-    int K = candidates(cost, o, cpath, L, s->cur, cand, maxc);
-    size_t msz = (size_t)ST_MAX(K, 1) * (size_t)ST_MAX(K, 1);
-    /* matrix cache: up to 16 (N, n_out) keys within 32 MiB */
-    mc.slots = (int)ST_MIN((size_t)16, ST_MAX((size_t)1, ((size_t)32 << 20) / (msz * sizeof(double))));
-    Mbuf = st_malloc(sizeof(double) * msz * (size_t)mc.slots);
-    if (!Mbuf) {
+    double pm[2][NJ];
+    bool stoch = !s->future && count_model(s->hist, s->nhist, o->count_window, pm);
+    int cpath[PLAN_MAX_LOOKAHEAD];
+    for (int t = 0; t < L; t++)
+        cpath[t] = path[t] + (stoch && t > 0 ? JM : 0);
+    int K = candidates(cost, o, stoch ? cpath : path, L, s->cur, cand, maxc);
+    if (K > STOCH_MAXK)
+        stoch = false;
+    M = st_malloc(sizeof(double) * (size_t)ST_MAX(K, 1) * (size_t)ST_MAX(K, 1));
+    if (!M) {
         r = -ENOMEM;
         goto out;
     }
-    for (int i = 0; i < mc.slots; i++)
-        mc.m[i] = Mbuf + msz * (size_t)i;
-    size_t wsz = (size_t)ST_MAX(K, 1) * (JMAX + 1) * 2;
-    Wab = st_malloc(sizeof(double) * wsz * 2);
-    if (!Wab) {
-        r = -ENOMEM;
-        goto out;
-    }
-    double *Wn = W;
+    double *Wn = W, *Wt = W + MAXC;
     double thr[MAXC];
     for (int k = 0; k < K; k++)
         thr[k] = plan_cost_throughput(cost, cand[k].dp, cand[k].pp);
-    int ncap = ST_MAX(cost->max_n, N0);
-    dp_backward(cost, o, cand, thr, K, path, nin, nout, L, have_pj ? pj : NULL, g0, ncap, &mc,
-                Wn, Wab, Wab + wsz);
-    int stay = -1;
+    /* Backward pass: Wn[b] = best value of intervals t+1.. given shape b in interval t. */
+    for (int k = 0; k < K; k++)
+        Wn[k] = o->tail * PLAN_INTERVAL_S * thr[k];
+    int key_N = -1, key_in = -1, key_out = -1;
+    for (int t = L - 1; t >= 1; t--) {
+        int Nprev = path[t - 1] + o->spares;
+        if (Nprev != key_N || nin[t] != key_in || nout[t] != key_out) {
+            for (int a = 0; a < K; a++)
+                for (int b = 0; b < K; b++)
+                    M[(size_t)a * K + b] =
+                        (a == b && nout[t] == 0)
+                            ? 0
+                            : plan_cost_transition_estimate_ms(cost, Nprev, cand[a].dp,
+                                                               cand[a].pp, nin[t], nout[t],
+                                                               cand[b].dp, cand[b].pp, NULL);
+            key_N = Nprev;
+            key_in = nin[t];
+            key_out = nout[t];
+        }
+        for (int a = 0; a < K; a++) {
+            double best = -INFINITY;
+            if (cand[a].dp * cand[a].pp > path[t - 1] + o->spares) {
+                Wt[a] = -INFINITY;
+                continue;
+            }
+            for (int b = 0; b < K; b++) {
+                if (cand[b].dp * cand[b].pp > path[t] || Wn[b] == -INFINITY)
+                    continue;
+                double ms = M[(size_t)a * K + b];
+                double v = thr[b] * ST_MAX(0.0, PLAN_INTERVAL_S - ms / 1000.0) + Wn[b];
+                if (v > best)
+                    best = v;
+            }
+            /* nothing fits later: the job idles, keep the value so far */
+            Wt[a] = best == -INFINITY ? 0 : best;
+        }
+        double *tmp = Wn;
+        Wn = Wt;
+        Wt = tmp;
+    }
+    int stay0 = -1;
     for (int k = 0; k < K; k++)
         if (cand[k].dp == s->cur.dp && cand[k].pp == s->cur.pp)
-            stay = k;
-    double keepv_after =
-        stay >= 0 ? keep_value(cost, o, cand[stay], thr[stay], path, nin, nout, L) : -INFINITY;
+            stay0 = k;
+    double skeep = -INFINITY;
+    if (stoch) {
+        r = stoch_dp(cost, o, cand, thr, K, path, nout, L, pm, s->n_in > 0, o->announced,
+                     stay0, ST_MAX(cost->max_n, N0), Wn, &skeep);
+        if (r < 0)
+            goto out;
+    }
     /* First step from the current shape. */
-    int best = -1;
+    int best = -1, stay = -1;
     double bestv = -INFINITY, stayv = -INFINITY, best_ms = 0;
     enum plan_mig_kind best_kind = PLAN_KIND_NONE;
     for (int b = 0; b < K; b++) {
         if (cand[b].dp * cand[b].pp > path[0] || Wn[b] == -INFINITY)
             continue;
         enum plan_mig_kind kind = PLAN_KIND_NONE;
-        bool same = b == stay;
+        bool same = cand[b].dp == s->cur.dp && cand[b].pp == s->cur.pp;
         double ms = (same && s->n_out == 0)
                         ? 0
                         : plan_cost_transition_estimate_ms(cost, s->n_before + o->spares,
@@ -351,16 +432,32 @@ int plan_decide(const struct plan_cost *cost, const struct plan_situation *s,
             best_ms = ms;
             best_kind = ms > 0 ? kind : PLAN_KIND_NONE;
         }
-        if (same)
+        if (same) {
+            stay = b;
             stayv = v;
+        }
     }
-    if (stayv == -INFINITY)
-        stay = -1;
     /* Value of keeping the current shape for the whole window: the yardstick a change must
      * beat (comparing with "stay now, move later" would let the DP put a change off forever). */
     double keepv = -INFINITY;
-    if (stay >= 0 && keepv_after != -INFINITY)
-        keepv = stayv - Wn[stay] + keepv_after;
+    if (stay >= 0 && stoch) {
+        keepv = skeep == -INFINITY ? -INFINITY : stayv - Wn[stay] + skeep;
+    } else if (stay >= 0) {
+        keepv = stayv - Wn[stay];
+        for (int t = 1; t < L && keepv != -INFINITY; t++) {
+            if (cand[stay].dp * cand[stay].pp > path[t]) {
+                keepv = -INFINITY;
+                break;
+            }
+            double ms = nout[t] == 0 ? 0
+                                     : plan_cost_transition_estimate_ms(
+                                           cost, path[t - 1] + o->spares, cand[stay].dp,
+                                           cand[stay].pp, nin[t], nout[t], cand[stay].dp,
+                                           cand[stay].pp, NULL);
+            keepv += thr[stay] * ST_MAX(0.0, PLAN_INTERVAL_S - ms / 1000.0);
+        }
+        keepv += o->tail * PLAN_INTERVAL_S * thr[stay];
+    }
     /* Intervals since the count last changed: a change is deferred at most defer_max of them,
      * so "later" cannot become "never". */
     int quiet = 0;
@@ -408,7 +505,6 @@ int plan_decide(const struct plan_cost *cost, const struct plan_situation *s,
 out:
     st_free(cand);
     st_free(W);
-    st_free(Wab);
-    st_free(Mbuf);
+    st_free(M);
     return r;
 }

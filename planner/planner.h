@@ -249,7 +249,9 @@ struct plan_options {
                                * change, so "later" cannot become "never" (default 3) */
     double tail;              /* intervals after the window credited at each final shape's
                                * throughput (the window does not end the job; default 0) */
-    int analogs;              /* past intervals searched for join scenarios (0 = none) */
+    int count_window;         /* fit the stochastic count model on this many past intervals
+                               * (0 = off, the default: point forecast only) */
+    int announced;            /* intervals ahead whose losses come with notices (default 2) */
     uint64_t seed;
 };
 /* Fills the defaults above. */
@@ -303,7 +305,7 @@ struct plan_sim_options {
     enum plan_predictor predictor;
     double hysteresis, defer, tail; /* plan_options for the liveput policies */
     int defer_max;
-    int analogs;              /* plan_options.analogs for the liveput policies */
+    int count_window;         /* plan_options.count_window for the liveput policies */
     bool named_victims;       /* charge the trace's named victims (default: Parcae's
                                * expectation over uniformly drawn victims) */
     int cost_samples;         /* draws for the expectation (default 256) */

@@ -169,7 +169,8 @@ int plan_simulate(const struct plan_cost *cost, const struct plan_trace *t, enum
     po.tail = o->tail;
     po.defer = o->defer;
     po.defer_max = o->defer_max;
-    po.analogs = o->analogs;
+    po.count_window = o->count_window;
+    po.announced = o->unannounced > 0 ? 0 : (int)floor(o->notice_s / PLAN_INTERVAL_S + 1e-9);
     struct plan_shape cur = {0, 0};
     double remain = 0, total = 0, ideal_total = 0, lost = 0, inst_minutes = 0;
     int future[PLAN_MAX_LOOKAHEAD];

@@ -64,6 +64,8 @@ struct worker_agent {
     struct agent_notice notices[AGENT_MAX_NOTICES];
     size_t nnotices;
 
+    bool report_now;          /* send a Report without waiting for the interval (lock) */
+
     /* progress (lock) */
     uint64_t step, samples;
     double loss, step_seconds, stall_seconds;
@@ -222,6 +224,15 @@ void worker_agent_progress(struct worker_agent *a, uint64_t step, double loss, u
     a->samples = samples;
     a->step_seconds = step_seconds;
     a->stall_seconds += stall_seconds;
+    pthread_mutex_unlock(&a->lock);
+}
+
+void worker_agent_report_now(struct worker_agent *a) {
+    if (!a || a->magic != AGENT_MAGIC)
+        return;
+    pthread_mutex_lock(&a->lock);
+    a->report_now = true;
+    pthread_cond_broadcast(&a->cond);
     pthread_mutex_unlock(&a->lock);
 }
 
@@ -577,6 +588,7 @@ static int do_report(struct worker_agent *a, grpc_channel *ch, grpc_completion_q
     size_t nacks = a->nacks, nnot = a->nnotices;
     memcpy(acks, a->acks, nacks * sizeof(*acks));
     memcpy(nots, a->notices, nnot * sizeof(*nots));
+    a->report_now = false; /* this Report carries the progress asked for */
     req.epoch = a->epoch;
     req.step = a->step;
     req.loss = a->loss;
@@ -702,7 +714,7 @@ static void *session_main(void *arg) {
                     pthread_cond_broadcast(&a->cond);
                 }
                 if (r == 0 && !a->quit && !a->finished && !a->watch_ended && !a->fatal &&
-                    a->nacks == 0 && a->nnotices == 0)
+                    a->nacks == 0 && a->nnotices == 0 && !a->report_now)
                     timed_wait(a, a->interval);
                 bool leave = r != 0 || a->quit || a->finished || a->watch_ended || a->fatal;
                 if (a->finished || a->quit)

@@ -58,6 +58,7 @@ struct runner {
     struct worker_engine *eng;
     uint64_t done;            /* steps completed */
     uint64_t lease;           /* may run steps < lease */
+    uint64_t lease_reported;  /* lease we last asked the agent to report progress at */
     bool failed;              /* engine state undefined: waits for a restore */
     bool stop;
     Spottrain__V1__Command *pcfg; /* Configure of a newer epoch, waiting */
@@ -326,15 +327,16 @@ struct peerlist {
 };
 
 static size_t mig_npeers(const Spottrain__V1__Migrate *m) {
-    (void)m;
-    return 0; /* PEERS-PENDING: proto field added at integration */
+    return m->n_peers;
 }
 
 static struct peerlist order_peers(const Spottrain__V1__Command *cfg,
                                    const Spottrain__V1__Command *mig) {
     struct peerlist pl = {NULL, 0};
-    (void)mig;
-    if (cfg) {
+    if (mig && mig->migrate->n_peers > 0) {
+        pl.p = mig->migrate->peers;
+        pl.n = mig->migrate->n_peers;
+    } else if (cfg) {
         pl.p = cfg->configure->peers;
         pl.n = cfg->configure->n_peers;
     }
@@ -657,8 +659,8 @@ static void *bg_main(void *arg) {
     mig_ckpt_writer_free(w);
     b->result = r;
     if (r < 0)
-        notice(R, "step-failed", "checkpoint step=%llu: writing '%s': %s",
-               (unsigned long long)b->step, b->dir, st_strerror(r));
+        notice(R, "ckpt-failed", "step=%llu: writing '%s': %s", (unsigned long long)b->step,
+               b->dir, st_strerror(r));
     else
         notice(R, "ckpt-written", "step=%llu stage=%d pp=%d seconds=%.6f dir=%s",
                (unsigned long long)b->step, b->stage, b->pp, st_now() - t0, b->dir);
@@ -744,8 +746,9 @@ static void run_checkpoints(struct runner *R) {
             if (r < 0) {
                 R->failed = true;
                 drop_state(R);
-                notice(R, "step-failed", "checkpoint step=%llu: %s",
-                       (unsigned long long)R->done, st_strerror(r));
+                notice(R, "step-failed", "epoch=%llu checkpoint step=%llu: %s",
+                       (unsigned long long)R->epoch, (unsigned long long)R->done,
+                       st_strerror(r));
             } else {
                 progress(R, 0.0, st_now() - t0);
             }
@@ -755,8 +758,8 @@ static void run_checkpoints(struct runner *R) {
         int r = worker_engine_save(R->eng, R->ckpt[i].dir, R->done);
         if (r < 0) {
             R->failed = true;
-            notice(R, "step-failed", "checkpoint step=%llu: %s", (unsigned long long)R->done,
-                   st_strerror(r));
+            notice(R, "step-failed", "epoch=%llu checkpoint step=%llu: %s",
+                   (unsigned long long)R->epoch, (unsigned long long)R->done, st_strerror(r));
         } else {
             notice(R, "checkpointed", "step=%llu seconds=%.6f dir=%s",
                    (unsigned long long)R->done, st_now() - t0, R->ckpt[i].dir);
@@ -802,6 +805,11 @@ static int runner_loop(struct runner *R) {
         }
         if ((R->pmig || R->pcfg) && !R->blocked_since)
             R->blocked_since = st_now();
+        if (R->eng && !R->failed && R->done >= R->lease && R->done < (uint64_t)R->tc.total_steps &&
+            R->lease != R->lease_reported) {
+            R->lease_reported = R->lease; /* tell the coordinator at once we wait on it */
+            worker_agent_report_now(R->agent);
+        }
         int w = worker_agent_wait(R->agent, 0);
         if (w != 0) {
             if (w < 0)

@@ -88,6 +88,9 @@ struct worker_agent *worker_agent_free(struct worker_agent *a);
  * committed, wall seconds of that step, and stall seconds to add. */
 void worker_agent_progress(struct worker_agent *a, uint64_t step, double loss, uint64_t samples,
                            double step_seconds, double stall_seconds);
+/* Asks the session thread to send the next Report now instead of at the next interval
+ * (the runner calls it when it waits for the coordinator to extend its step lease). */
+void worker_agent_report_now(struct worker_agent *a);
 /* Queues a notice ("terminate", "rebalance") for the next Report (at most 16 pending). */
 int worker_agent_notice(struct worker_agent *a, const char *kind, double at,
                         const char *detail);

@@ -149,4 +149,6 @@ int worker_engine_load(struct worker_engine *e, const char *dir, uint64_t *ret_s
  * Caller frees with st_free(). NULL on allocation failure. */
 char *worker_model_json(const struct kern_config *cfg);
 
+#include "worker-runner.h" /* the worker process under a coordinator */
+
 #endif

@@ -398,18 +398,19 @@ static int test_quickstart_valid(void) {
     ASSERT_EQ(s.model.seq_len, 64);
     ASSERT_EQ(s.training.global_batch, 16);
     ASSERT_EQ(s.training.micro_batch, 2);
-    ASSERT_EQ(s.training.steps, 200);
-    ASSERT_NEAR(s.training.optimizer.lr, 1e-3, 0, 1e-12);
+    ASSERT_EQ(s.training.steps, 1000);
+    ASSERT_NEAR(s.training.optimizer.lr, 3e-3, 0, 1e-12);
     ASSERT_TRUE(s.data.synth);
-    ASSERT_EQ(s.data.synth_order, 2);
+    ASSERT_EQ(s.data.synth_order, 1);
     ASSERT_EQ(s.data.synth_tokens, 1000000);
     ASSERT_EQ(s.fleet.provider, ST_PROVIDER_SIM);
     ASSERT_EQ(s.fleet.max, 8);
     ASSERT_NEAR(s.fleet.time_scale * 60, 2.0, 1e-9, 0);
     ASSERT_TRUE(s.fleet.trace[0] == '/');
     ASSERT_CONTAINS(s.fleet.trace, "/examples/traces/quickstart-trace.csv");
-    ASSERT_CONTAINS(s.data.train, "/examples/data/quickstart-train.bin");
+    ASSERT_CONTAINS(s.data.train, "/examples/data/quickstart-markov1.bin");
     ASSERT_EQ(s.planner.pp_max, 4);
+    ASSERT_EQ(s.planner.pp_min, 2);
     ASSERT_EQ(s.planner.dp_max, 8);
     ASSERT_NEAR(s.checkpoint.interval, 30, 0, 0);
     return 0;
@@ -767,7 +768,7 @@ static int test_cli_validate(void) {
     json_t *root = json_load_file(out, 0, &jerr);
     bool json_ok = root && json_integer_value(json_object_get(
                                json_object_get(json_object_get(root, "spec"), "training"),
-                               "steps")) == 200;
+                               "steps")) == 1000;
     json_decref(root);
 
     /* a misspelled key, run from the spec's directory so the name is as given */

@@ -48,6 +48,12 @@ static int test_errors(void) {
     ASSERT_EQ(sh("simulate " TRACE " " PROF " --unannounced 2"), 2);
     ASSERT_EQ(sh("simulate " TRACE " " PROF " --notice -5"), 2);
     ASSERT_EQ(sh("simulate " TRACE " " PROF " --lookahead 0"), 2);
+    ASSERT_EQ(sh("simulate " TRACE " " PROF " --count-window 1.5"), 2);
+    ASSERT_CONTAINS(out_buf, "--count-window");
+    ASSERT_EQ(sh("simulate --trace traces/toy-events.csv " PROF
+                 " --policy liveput --count-window 720 --json"),
+              0);
+    ASSERT_CONTAINS(out_buf, "\"policy\": \"liveput\"");
     ASSERT_EQ(sh("simulate " TRACE " " PROF " --bogus-flag"), 2);
     ASSERT_EQ(sh("simulate --trace traces/README.md " PROF), 2);
     ASSERT_CONTAINS(out_buf, "README.md:");

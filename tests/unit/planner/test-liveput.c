@@ -217,5 +217,58 @@ static int test_defer_cap(void) {
     return 0;
 }
 
+/* The stochastic count model: with a history that never changes it is the point forecast
+ * (same decision, same value); the oracle ignores it; with a history of frequent losses it
+ * values the cost of the losses it expects, so the value it promises is lower. */
+static int test_count_model(void) {
+    struct plan_cost *c = tp_cost("bert_gbs1024_mbs8");
+    ASSERT_TRUE(c != NULL);
+    int hist[80];
+    for (int i = 0; i < 80; i++)
+        hist[i] = 32;
+    struct plan_situation s = {.cur = {10, 3}, .n_before = 32, .hist = hist, .nhist = 40};
+    struct plan_options o;
+    plan_options_init(&o);
+    ASSERT_EQ(o.count_window, 0);
+    struct plan_decision d0, d1;
+    ASSERT_OK(plan_decide(c, &s, &o, &d0));
+    o.count_window = 720;
+    ASSERT_OK(plan_decide(c, &s, &o, &d1));
+    ASSERT_EQ(d1.shape.dp, d0.shape.dp);
+    ASSERT_EQ(d1.shape.pp, d0.shape.pp);
+    ASSERT_NEAR(d1.expected_samples, d0.expected_samples, 0, 1e-6);
+    /* a negative window is no model */
+    o.count_window = -5;
+    ASSERT_OK(plan_decide(c, &s, &o, &d1));
+    ASSERT_NEAR(d1.expected_samples, d0.expected_samples, 0, 1e-6);
+    /* frequent losses (one instance every other interval, back the next) */
+    for (int i = 0; i < 80; i++)
+        hist[i] = i % 2 ? 31 : 32;
+    s.nhist = 80;
+    s.cur = (struct plan_shape){8, 4};
+    o.count_window = 0;
+    ASSERT_OK(plan_decide(c, &s, &o, &d0));
+    o.count_window = 720;
+    ASSERT_OK(plan_decide(c, &s, &o, &d1));
+    ASSERT_LE(d1.shape.dp * d1.shape.pp, 32);
+    ASSERT_GT(d1.shape.dp, 0);
+    ASSERT_TRUE(d1.expected_samples < d0.expected_samples);
+    /* the oracle knows the future: the model is not used */
+    int fut[11];
+    for (int i = 0; i < 11; i++)
+        fut[i] = 32;
+    s.future = fut;
+    s.nfuture = 11;
+    o.count_window = 0;
+    ASSERT_OK(plan_decide(c, &s, &o, &d0));
+    o.count_window = 720;
+    ASSERT_OK(plan_decide(c, &s, &o, &d1));
+    ASSERT_EQ(d1.shape.dp, d0.shape.dp);
+    ASSERT_EQ(d1.shape.pp, d0.shape.pp);
+    ASSERT_NEAR(d1.expected_samples, d0.expected_samples, 0, 1e-9);
+    plan_cost_free(c);
+    return 0;
+}
+
 TEST_MAIN(TEST(test_dp_equals_brute_force), TEST(test_notice_and_hysteresis),
-          TEST(test_bad_and_idle), TEST(test_defer_cap))
+          TEST(test_bad_and_idle), TEST(test_defer_cap), TEST(test_count_model))
