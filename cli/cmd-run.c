@@ -27,7 +27,6 @@
 #include "coordinator-train.h" /* cli_ckpt_latest, cli_ckpt_prune */
 #include "migrate.h"
 #include "planner.h"
-#include "run-worker.h"
 
 #define RUN_MAX_ARG 512
 

@@ -1,5 +1,6 @@
 /* run-worker.h: `spottrain worker ... --job JOB.yaml` — a training worker under a coordinator
- * (the worker/ runner with the cloud's notice client), shared by cmd-worker.c and cmd-run.c. */
+ * (the worker/ runner with the cloud's notice client); cmd-worker.c hands `--job` over to it,
+ * and `spottrain run` starts its workers that way. */
 #ifndef ST_CLI_RUN_WORKER_H
 #define ST_CLI_RUN_WORKER_H
 

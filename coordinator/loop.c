@@ -808,6 +808,9 @@ static int start_migrate(struct coord_loop *L, const struct wv *v, size_t nv, in
               ", %" PRIu64 " bytes planned (%s)", epoch, plan_mig_class_name(plan->cls),
               L->dp, L->pp, dp, pp, at, plan->bytes_moved, reason);
 out:
+    if (r < 0)
+        st_log(ST_LOG_ERR, "loop", "Migration %dx%d -> %dx%d not ordered: %s", L->dp, L->pp, dp,
+               pp, st_strerror(r));
     plan_migration_free(plan);
     st_free(pw);
     st_free(ol);
@@ -1052,6 +1055,11 @@ static void phase_running(struct coord_loop *L, const struct wv *v, size_t nv, d
         }
         pthread_mutex_unlock(&L->lock);
         uint64_t w = slowest > 0 ? (uint64_t)ceil(L->cfg.lease_seconds / slowest) : 4;
+        /* A step's own time misses what happens between steps (other processes on the same
+         * cores, reports): also cap by the rate actually observed, which may at most double
+         * per window, so the lease stays about lease_seconds ahead in wall time. */
+        if (L->steps_per_s > 0)
+            w = ST_MIN(w, (uint64_t)ceil(2 * L->steps_per_s * L->cfg.lease_seconds) + 4);
         w = ST_MIN(ST_MAX(w, 4), 100000);
         uint64_t to = ST_MIN(L->total, minstep + w);
         if (fnext && to > fnext)

@@ -100,6 +100,9 @@ def run(d, job, steps, extra=(), timeout=150):
             "--state-dir", os.path.join(d, "state")] + list(extra)
     rc, out, err = sh(args, timeout)
     sys.stdout.write(out[-6000:])
+    # What the loop decided and why, and anything a worker complained about.
+    sys.stdout.write("".join(l + "\n" for l in err.splitlines()
+                             if " loop: " in l or " err " in l or " warn " in l)[-8000:])
     if rc != 0:
         sys.stderr.write(err[-6000:])
     check(rc == 0, "spottrain run exited %d" % rc)
@@ -191,8 +194,10 @@ def test_central():
         steps = 1000
         trace = ("seconds,N\n0,4\n60,3\n120,4\n180,3\n240,4\n300,3\n360,4\n420,3\n480,4\n"
                  "900,4\n")
-        job = write_job(d, "central", steps, trace, scale=0.01, notice="120s",
-                        unannounced=0.5, ckpt="20s")
+        # 0.3 s per trace minute: every event falls in the first 2.5 s of a job that trains
+        # for several seconds even on a fast machine; 240 s of notice = 1.2 s to migrate.
+        job = write_job(d, "central", steps, trace, scale=0.005, notice="240s",
+                        unannounced=0.5, ckpt="40s")
         ref = reference(d, job, steps)
         save, s = run(d, job, steps, timeout=170)
         check(s["finished"] and s["steps"] == steps, "job did not finish")
