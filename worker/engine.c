@@ -190,12 +190,72 @@ static void shard_counts(size_t n, int dp, size_t *counts) {
     }
 }
 
+/* Exact sum of squares (shape-independent grad norm). Each square s = m·2^(p−1126), m a
+ * 53-bit integer, p = exponent + 1073 ≥ 0, is added as three 32-bit chunks into 32-bit limbs
+ * held in uint64 (carries deferred, normalized after each call). Limbs NORM_LIMBS and
+ * NORM_LIMBS+1 count NaN and infinite squares. */
+#define NORM_LIMBS (WORKER_NORM_SLOTS - 2)
+#define LIMB_MASK 0xffffffffULL
+
+static void limbs_normalize(uint64_t *limb) {
+    uint64_t carry = 0;
+    for (int k = 0; k < NORM_LIMBS; k++) {
+        uint64_t x = limb[k] + carry;
+        limb[k] = x & LIMB_MASK;
+        carry = x >> 32;
+    }
+}
+
+/* See worker-internal.h. */
+void worker__sumsq_exact_add(uint64_t *limb, const double *x, size_t n) {
+    size_t pending = 0;
+    for (size_t i = 0; i < n; i++) {
+        double s = x[i] * x[i];
+        if (s == 0.0)
+            continue;
+        if (!isfinite(s)) {
+            limb[isnan(s) ? NORM_LIMBS : NORM_LIMBS + 1]++;
+            continue;
+        }
+        int e;
+        double f = frexp(s, &e); /* s = f·2^e, f in [0.5, 1) */
+        uint64_t m = (uint64_t)ldexp(f, 53);
+        int p = e + 1073, k = p / 32, sh = p % 32;
+        uint64_t rest = m >> (32 - sh);
+        limb[k] += (m << sh) & LIMB_MASK;
+        limb[k + 1] += rest & LIMB_MASK;
+        limb[k + 2] += rest >> 32;
+        if (++pending == ((size_t)1 << 30)) {
+            limbs_normalize(limb);
+            pending = 0;
+        }
+    }
+    limbs_normalize(limb);
+}
+
+/* See worker-internal.h. */
+double worker__sumsq_exact_value(uint64_t *limb) {
+    if (limb[NORM_LIMBS])
+        return NAN;
+    if (limb[NORM_LIMBS + 1])
+        return INFINITY;
+    limbs_normalize(limb);
+    int t = NORM_LIMBS - 1;
+    while (t >= 0 && !limb[t])
+        t--;
+    if (t < 0)
+        return 0.0;
+    uint64_t l1 = t >= 1 ? limb[t - 1] : 0, l2 = t >= 2 ? limb[t - 2] : 0;
+    double d = ldexp((double)limb[t], 64) + (double)((l1 << 32) | l2);
+    return ldexp(d, 32 * (t - 2) - 1126);
+}
+
 /* After the pipeline: tied gradient, reduce-scatter, norm, AdamW, all-gather, tied copy. */
 static int optimizer_step(struct worker_engine *e, uint64_t step) {
     struct engine_view *v = &e->cur;
     struct engine_work *w = e->work;
     const struct kern_config *mc = &e->cfg.model;
-    int dp = v->layout.dp, pp = v->layout.pp, nl = kern_num_layers(mc);
+    int dp = v->layout.dp, pp = v->layout.pp;
     int first = v->stage == 0, last = v->stage == pp - 1;
     size_t VC = (size_t)mc->vocab * mc->channels;
     int group[WORKER_MAX_RANKS];
@@ -226,22 +286,25 @@ static int optimizer_step(struct worker_engine *e, uint64_t step) {
         }
     }
 
-    /* Global norm: per layer, per replica shard, in (layer, replica) order. */
-    memset(w->norm_parts, 0, (size_t)nl * dp * sizeof(double));
+    /* Global norm: every worker adds the squares of its shards into an exact fixed-point
+     * accumulator; the accumulators are all-reduced (integer limbs, exact in double in any
+     * order), so the sum does not depend on dp, pp or the shard boundaries. */
+    uint64_t limb[WORKER_NORM_SLOTS];
+    memset(limb, 0, sizeof(limb));
     for (int i = 0; i < v->hi - v->lo; i++) {
         struct engine_layer *L = &v->layers[i];
-        w->norm_parts[(size_t)L->layer * dp + v->replica] =
-            kern_sumsq_f64(w->acc[i] + L->lo, L->hi - L->lo);
+        worker__sumsq_exact_add(limb, w->acc[i] + L->lo, L->hi - L->lo);
     }
+    for (int k = 0; k < WORKER_NORM_SLOTS; k++)
+        w->norm_parts[k] = (double)limb[k];
     if (dp * pp > 1) {
         for (int k = 0; k < dp * pp; k++)
             group[k] = v->layout.ranks[k];
-        /* Every entry has one non-zero contributor, so the sum is exact in any order. */
-        TRY(mig_allreduce(v->comm, group, dp * pp, w->norm_parts, (size_t)nl * dp, MIG_F64));
+        TRY(mig_allreduce(v->comm, group, dp * pp, w->norm_parts, WORKER_NORM_SLOTS, MIG_F64));
     }
-    double sumsq = 0.0;
-    for (size_t k = 0; k < (size_t)nl * dp; k++)
-        sumsq += w->norm_parts[k];
+    for (int k = 0; k < WORKER_NORM_SLOTS; k++)
+        limb[k] = (uint64_t)w->norm_parts[k];
+    double sumsq = worker__sumsq_exact_value(limb);
     double scale = kern_clip_scale(sqrt(sumsq), e->cfg.grad_clip);
 
     /* AdamW on this replica's shard, tensor by tensor (weight decay on 2-D weights only). */

@@ -184,7 +184,7 @@ int worker__work_new(const struct worker_engine *e, struct engine_work **ret) {
     w->dbuf[1] = st_malloc(BTC * sizeof(float));
     w->scratch = st_malloc(kern_scratch_count(mc, B) * sizeof(float));
     w->gshard = st_malloc(maxshard * sizeof(float));
-    w->norm_parts = st_calloc((size_t)kern_num_layers(mc) * dp, sizeof(double));
+    w->norm_parts = st_calloc(WORKER_NORM_SLOTS, sizeof(double));
     w->sample = st_malloc(((size_t)T + 1) * sizeof(uint16_t));
     if (!w->dbuf[0] || !w->dbuf[1] || !w->scratch || !w->gshard || !w->norm_parts ||
         !w->sample)

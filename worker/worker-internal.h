@@ -11,6 +11,7 @@
 #include "worker.h"
 
 #define WORKER_ENGINE_MAGIC 0x57454e47u /* "WENG" */
+#define WORKER_NORM_SLOTS 72 /* exact grad-norm accumulator: 70 32-bit limbs + NaN, inf counts */
 
 /* One owned layer: whole parameters and this replica's moment shard. */
 struct engine_layer {
@@ -54,7 +55,7 @@ struct engine_work {
     float *logits;            /* last stage: B*T*V */
     float *losses;            /* last stage: B*T */
     float *gshard;            /* largest shard, rounded gradient */
-    double *norm_parts;       /* nlayers * dp */
+    double *norm_parts;       /* WORKER_NORM_SLOTS: exact grad-norm limbs */
     uint16_t *sample;         /* T + 1 */
     double loss_sum;          /* this replica's loss sum for the step */
 };
@@ -83,6 +84,13 @@ struct engine_layer *worker__view_layer(struct engine_view *v, int layer);
  * worker__work_free(w, owned layer count). Returns 0 or -ENOMEM. */
 int worker__work_new(const struct worker_engine *e, struct engine_work **ret);
 /* NULL-safe; returns NULL. */
+/* Adds the squares of x[0..n) exactly into limb[WORKER_NORM_SLOTS] (fixed point, 32-bit
+ * limbs; the last two slots count NaN and infinite squares). Limbs of several accumulators
+ * may be summed element-wise (in double too, exactly, for up to 2^21 of them). */
+void worker__sumsq_exact_add(uint64_t *limb, const double *x, size_t n);
+/* The exact sum held in limb as a double (NaN, inf if any such square); normalizes limb.
+ * Deterministic: equal exact sums give equal doubles, however they were split. */
+double worker__sumsq_exact_value(uint64_t *limb);
 struct engine_work *worker__work_free(struct engine_work *w, int nowned);
 /* Comm rank of position (stage, replica) of the view's layout. */
 int worker__rank(const struct engine_view *v, int stage, int replica);
