@@ -8,6 +8,7 @@
 #ifndef ST_CLI_H
 #define ST_CLI_H
 
+#include <stdbool.h>
 #include <stdio.h>
 
 #define CLI_EXIT_OK 0
@@ -33,6 +34,13 @@ const struct cli_command *cli_command_find(const char *name);
 
 /* Prints "spottrain NAME: message" and a hint to stderr; returns CLI_EXIT_INPUT. */
 int cli_usage_error(const char *name, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+struct st_spec;
+/* Makes the spec's token file from its data.synth block when the file is missing (creating its
+ * folder), and says so on stderr as "spottrain NAME: wrote synthetic corpus ...". A missing
+ * file without data.synth is an error when `required`, else left for the reader to report.
+ * Returns CLI_EXIT_OK, CLI_EXIT_INPUT or CLI_EXIT_FAILURE. Called by `train` and `run`. */
+int cli_ensure_data(const char *name, const struct st_spec *spec, bool required);
 
 /* Prints the usage text of a subcommand to f. */
 void cli_print_usage(const char *name, FILE *f);

@@ -92,42 +92,6 @@ static int spawn_worker(void *userdata, const struct cloud_instance *inst,
     return 0;
 }
 
-/* Makes the token file from data.synth when it is missing. */
-static int ensure_data(const struct st_spec *spec) {
-    struct stat stt;
-    if (stat(spec->data.train, &stt) == 0)
-        return 0;
-    if (!spec->data.synth) {
-        fprintf(stderr, "spottrain run: data.train '%s' does not exist (and the spec has no "
-                        "data.synth to make it)\n", spec->data.train);
-        return CLI_EXIT_INPUT;
-    }
-    struct st_synth_params p;
-    st_synth_params_defaults(&p);
-    p.vocab = spec->model.vocab;
-    p.order = spec->data.synth_order;
-    p.seed = spec->data.synth_seed;
-    p.ntokens = spec->data.synth_tokens;
-    char dir[ST_SPEC_PATH_MAX];
-    snprintf(dir, sizeof(dir), "%s", spec->data.train);
-    char *slash = strrchr(dir, '/');
-    if (slash && slash != dir) {
-        *slash = '\0';
-        st_mkdir_p(dir, 0755);
-    }
-    struct st_markov_entropy ent;
-    int r = st_synth_write(&p, spec->data.train, &ent);
-    if (r < 0) {
-        fprintf(stderr, "spottrain run: cannot synthesize '%s': %s\n", spec->data.train,
-                st_strerror(r));
-        return r == -EINVAL ? CLI_EXIT_INPUT : CLI_EXIT_FAILURE;
-    }
-    fprintf(stderr, "spottrain run: wrote synthetic corpus '%s' (%llu tokens, entropy floor "
-                    "%.4f nats)\n", spec->data.train, (unsigned long long)p.ntokens,
-            st_markov_floor(&ent, p.order, spec->model.seq_len));
-    return 0;
-}
-
 /* Trace -> timed add/remove events with node names. Traces that name their nodes keep them;
  * count traces get fresh names for adds and seeded picks among the live nodes for removes. */
 static int build_events(const struct plan_trace *t, uint64_t seed, int max,
@@ -623,7 +587,7 @@ int cli_cmd_run(int argc, char **argv) {
     }
     if (o.steps > 0)
         spec->training.steps = o.steps;
-    if ((code = ensure_data(spec)) != 0)
+    if ((code = cli_ensure_data("run", spec, true)) != 0)
         goto out;
     code = run_job(&o, spec);
 out:

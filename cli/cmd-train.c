@@ -333,37 +333,6 @@ out:
     return code;
 }
 
-/* Makes the token file from data.synth when it is missing. */
-static int ensure_data(const struct st_spec *spec) {
-    struct stat stt;
-    if (stat(spec->data.train, &stt) == 0 || !spec->data.synth)
-        return 0; /* st_tokens_open reports a missing file */
-    struct st_synth_params p;
-    st_synth_params_defaults(&p);
-    p.vocab = spec->model.vocab;
-    p.order = spec->data.synth_order;
-    p.seed = spec->data.synth_seed;
-    p.ntokens = spec->data.synth_tokens;
-    char dir[ST_SPEC_PATH_MAX];
-    snprintf(dir, sizeof(dir), "%s", spec->data.train);
-    char *slash = strrchr(dir, '/');
-    if (slash && slash != dir) {
-        *slash = '\0';
-        st_mkdir_p(dir, 0755);
-    }
-    struct st_markov_entropy ent;
-    int r = st_synth_write(&p, spec->data.train, &ent);
-    if (r < 0) {
-        fprintf(stderr, "spottrain train: cannot synthesize '%s': %s\n", spec->data.train,
-                st_strerror(r));
-        return r == -EINVAL ? CLI_EXIT_INPUT : CLI_EXIT_FAILURE;
-    }
-    fprintf(stderr, "spottrain train: wrote synthetic corpus '%s' (%llu tokens, entropy floor "
-                    "%.4f nats)\n", spec->data.train, (unsigned long long)p.ntokens,
-            st_markov_floor(&ent, p.order, spec->model.seq_len));
-    return 0;
-}
-
 int cli_cmd_train(int argc, char **argv) {
     static const struct option longopts[] = {
         {"local", no_argument, NULL, 'l'},   {"dp", required_argument, NULL, 'd'},
@@ -492,7 +461,7 @@ int cli_cmd_train(int argc, char **argv) {
         o->threads = (int)ST_MAX(1, ncpu / (o->dp * o->pp));
     }
 
-    int code = ensure_data(&spec);
+    int code = cli_ensure_data("train", &spec, false);
     if (code != 0)
         return code;
     struct st_error terr;

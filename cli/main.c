@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli.h"
 #include "common.h"
@@ -37,6 +38,38 @@ int cli_usage_error(const char *name, const char *fmt, ...) {
     va_end(ap);
     fprintf(stderr, "\nTry 'spottrain %s --help'.\n", name);
     return CLI_EXIT_INPUT;
+}
+
+int cli_ensure_data(const char *name, const struct st_spec *spec, bool required) {
+    struct stat stt;
+    if (stat(spec->data.train, &stt) == 0)
+        return CLI_EXIT_OK;
+    if (!spec->data.synth) {
+        if (!required)
+            return CLI_EXIT_OK;
+        fprintf(stderr, "spottrain %s: data.train '%s' does not exist (and the spec has no "
+                        "data.synth to make it)\n", name, spec->data.train);
+        return CLI_EXIT_INPUT;
+    }
+    char dir[ST_SPEC_PATH_MAX];
+    snprintf(dir, sizeof(dir), "%s", spec->data.train);
+    char *slash = strrchr(dir, '/');
+    if (slash && slash != dir) {
+        *slash = '\0';
+        st_mkdir_p(dir, 0755); /* a failure shows as the write's error below */
+    }
+    struct st_markov_entropy ent;
+    int r = st_tokens_synth_for_spec(spec, &ent);
+    if (r < 0) {
+        fprintf(stderr, "spottrain %s: cannot synthesize '%s': %s\n", name, spec->data.train,
+                st_strerror(r));
+        return r == -EINVAL ? CLI_EXIT_INPUT : CLI_EXIT_FAILURE;
+    }
+    fprintf(stderr, "spottrain %s: wrote synthetic corpus '%s' (%llu tokens, entropy floor "
+                    "%.4f nats)\n", name, spec->data.train,
+            (unsigned long long)spec->data.synth_tokens,
+            st_markov_floor(&ent, spec->data.synth_order, spec->model.seq_len));
+    return CLI_EXIT_OK;
 }
 
 static void print_help(FILE *f) {
