@@ -200,6 +200,8 @@ enum plan_predictor {
     PLAN_PRED_NKINDS
 };
 const char *plan_predictor_name(enum plan_predictor p);
+/* The names, comma-separated ("last-value, arima, ..."), for messages. */
+const char *plan_predictor_names(void);
 /* Parses a name of predictors.def; returns 0 or -EINVAL. */
 int plan_predictor_parse(const char *s, enum plan_predictor *ret);
 

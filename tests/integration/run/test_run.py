@@ -16,6 +16,10 @@ engine, can appear and then grow; `train --local --dp 2` shows it against `--dp 
   pipeline    forced 2x1 -> 1x2 -> 1x3 (pipeline repartition)
   reshard     forced 1x2 -> 2x2 -> 4x1 (ZeRO-1 optimizer shards resharded when dp changes)
   restart     kill -9 of a standalone coordinator mid-run, restart: the job continues
+  standalone  `coordinator --train` with workers started by hand: the liveput planner decides
+              (GET /v1/job "planner", /metrics), a worker killed with SIGKILL (no notice) leads
+              to a new decision that fits the workers still alive, and the job finishes equal
+              to the uninterrupted run
   input       invalid input exits 2 with a message naming it
 Each per-kind test checks that the bytes the workers received equal the plan's bytes.
 
@@ -279,6 +283,116 @@ def test_restart():
         shutil.rmtree(d, ignore_errors=True)
 
 
+def http_get(url, token=None):
+    import urllib.request
+    req = urllib.request.Request(url)
+    if token:
+        req.add_header("Authorization", "Bearer " + token)
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return r.read().decode()
+
+
+def wait_for(what, cond, timeout):
+    """Polls cond() until it returns a true value (returned) or the deadline passes."""
+    import time
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.1)
+    raise Fail("timed out waiting for " + what)
+
+
+def test_standalone():
+    import signal
+    d = tempfile.mkdtemp(prefix="st-run-")
+    procs = []
+    try:
+        steps = 1500
+        job = write_job(d, "standalone", steps, "seconds,N\n0,3\n", ckpt="1s")
+        ref = reference(d, job, steps)
+        tok_text = "standalone-test-token"
+        tok = os.path.join(d, "token")
+        with open(tok, "w") as f:
+            f.write(tok_text + "\n")
+        addr = "127.0.0.1:%d" % free_port()
+        rest = "127.0.0.1:%d" % free_port()
+        save = os.path.join(d, "save")
+        coord = [BIN, "coordinator", "--job", job, "--train", "--listen", addr,
+                 "--status-listen", rest, "--token-file", tok, "--state-dir",
+                 os.path.join(d, "state"), "--save", save, "--heartbeat-deadline", "2s"]
+        log = open(os.path.join(d, "coord.log"), "w")
+        c = subprocess.Popen(coord, stdout=log, stderr=subprocess.STDOUT)
+        procs.append(c)
+        workers = []
+        for i in range(3):
+            w = subprocess.Popen([BIN, "worker", "--coordinator", addr, "--token-file", tok,
+                                  "--job", job, "--data-addr", "127.0.0.1:0", "--state-dir",
+                                  os.path.join(d, "w%d" % i)],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            procs.append(w)
+            workers.append(w)
+
+        def job_json():
+            try:
+                return json.loads(http_get("http://%s/v1/job" % rest, tok_text))
+            except OSError:
+                return None
+
+        # The planner decided, the three workers joined and training is under way. (global
+        # batch 8 of micro-batches of 2: dp is 1, 2 or 4, so 2x1 with a spare or 1x3.)
+        def joined(j):
+            w = j["workers"]
+            return w["active"] + w["spare"] + w["joined"]
+        j = wait_for("training on 3 joined workers", lambda: (
+            lambda j: j if j and j["planner"]["decisions"] >= 1 and j["step"] > 20 and
+            joined(j) == 3 else None)(job_json()), 90)
+        p = j["planner"]
+        check(p["predictor"] == "notice", "planner.predictor: %r" % p["predictor"])
+        check(p["last"] is not None and 1 <= p["last"]["dp"] * p["last"]["pp"] <= 3,
+              "the latest decision fits the 3 workers: %r" % p["last"])
+        check(p["last"]["expected_samples_per_s"] > 0 and p["last"]["reason"],
+              "the decision carries its throughput and reason: %r" % p["last"])
+        metrics = http_get("http://%s/metrics" % rest)
+        check("spottrain_planner_decisions_total %d" % p["decisions"] in metrics or
+              "spottrain_planner_decisions_total" in metrics,
+              "/metrics has spottrain_planner_decisions_total")
+        check("spottrain_planner_decide_seconds_count" in metrics,
+              "/metrics has spottrain_planner_decide_seconds")
+        before = p["decisions"]
+        # SIGKILL a worker that holds state (an active one): no notice. Within one heartbeat
+        # deadline and a planning interval a new decision follows, and its shape fits the two
+        # workers still alive.
+        ws = json.loads(http_get("http://%s/v1/workers" % rest, tok_text))["workers"]
+        active = [w["id"] for w in ws if w["state"] == "active"]
+        ids = [open(os.path.join(d, "w%d" % i, "worker-id")).read().strip() for i in range(3)]
+        victim = [i for i in range(3) if ids[i] in active]
+        check(victim, "an active worker to kill: %r %r" % (active, ids))
+        workers[victim[0]].send_signal(signal.SIGKILL)
+        workers[victim[0]].wait()
+        j = wait_for("a decision after the loss", lambda: (
+            lambda j: j if j and j["planner"]["decisions"] > before and
+            j["planner"]["last"]["dp"] * j["planner"]["last"]["pp"] <= 2 else None)(job_json()),
+            60)
+        last = j["planner"]["last"]
+        check(last["dp"] >= 1 and last["pp"] >= 1, "a shape was chosen: %r" % last)
+        rc = c.wait(timeout=240)
+        log.close()
+        with open(os.path.join(d, "coord.log")) as f:
+            text = f.read()
+        sys.stdout.write(text[-3000:])
+        check(rc == 0, "coordinator exited %d" % rc)
+        check("job finished" in text, "the coordinator says the job finished")
+        same(ref, save)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def test_input():
     d = tempfile.mkdtemp(prefix="st-run-")
     try:
@@ -328,7 +442,7 @@ def test_input():
         shutil.rmtree(d, ignore_errors=True)
 
 
-TESTS = {"restart": test_restart, "central": test_central, "intra": test_intra, "inter": test_inter,
+TESTS = {"restart": test_restart, "standalone": test_standalone, "central": test_central, "intra": test_intra, "inter": test_inter,
          "pipeline": test_pipeline, "reshard": test_reshard, "input": test_input}
 
 if __name__ == "__main__":
