@@ -50,9 +50,8 @@ static void series_offer(struct coord__series *s, const void *p) {
         return;
     }
     if (s->n > 0) {
-        double last;
-        memcpy(&last, series_last(s), sizeof(last));
-        if (s->absorbed < s->stride || t - last < s->min_dt) {
+        /* Measured from when the newest point opened, or a steady stream would never leave it. */
+        if (s->absorbed < s->stride || t - s->opened < s->min_dt) {
             memcpy(series_at(s, s->n - 1), p, s->size);
             s->absorbed++;
             return;
@@ -67,6 +66,7 @@ static void series_offer(struct coord__series *s, const void *p) {
     }
     memcpy(series_at(s, s->n++), p, s->size);
     s->absorbed = 1;
+    s->opened = t;
 }
 
 void coord__history_init(struct coord_history *h) {

@@ -55,6 +55,7 @@ struct coord__series {
     size_t size, n, max;
     uint64_t stride;    /* offers one point stands for (1, 2, 4, ... after thinning) */
     uint64_t absorbed;  /* offers merged into the newest point so far */
+    double opened;      /* time of the first offer merged into the newest point */
     double min_dt;      /* seconds: an offer closer than this to the newest point replaces it */
     bool ring;          /* when full, drop the oldest instead of thinning */
 };

@@ -720,9 +720,8 @@ int coord__apply_report(struct coord *c, const Spottrain__V1__ReportRequest *req
         c->loss_step = req->step;
         c->job.loss = req->loss;
         c->job_dirty = true;
-        c->samples_per_second = req->step_seconds > 0
-                                    ? c->spec.training.global_batch / req->step_seconds
-                                    : 0.0;
+        if (req->step_seconds > 0) /* 0: not timed (a restored step); keep the last rate */
+            c->samples_per_second = c->spec.training.global_batch / req->step_seconds;
         coord__history_loss(&c->history, st_wall(), req->step, req->loss,
                             c->samples_per_second);
     }

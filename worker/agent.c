@@ -221,10 +221,13 @@ void worker_agent_progress(struct worker_agent *a, uint64_t step, double loss, u
         !isfinite(stall_seconds) || step_seconds < 0 || stall_seconds < 0)
         return;
     pthread_mutex_lock(&a->lock);
+    /* The runner also calls this while it waits (step_seconds 0, only stall to add): the
+     * seconds of the step it last made stay those the Report carries. */
+    if (step != a->step || step_seconds > 0)
+        a->step_seconds = step_seconds;
     a->step = step;
     a->loss = loss;
     a->samples = samples;
-    a->step_seconds = step_seconds;
     a->stall_seconds += stall_seconds;
     pthread_mutex_unlock(&a->lock);
 }
