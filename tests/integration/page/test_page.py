@@ -315,19 +315,19 @@ class Browser:
         r_cmd, w_cmd = os.pipe()   # we write commands -> chromium reads fd 3
         r_ev, w_ev = os.pipe()     # chromium writes fd 4 -> we read
         self.profile = os.path.join(d, "profile")
-
-        def fds():
-            os.dup2(r_cmd, 3)
-            os.dup2(w_ev, 4)
-
+        args = [exe, "--headless=new", "--remote-debugging-pipe", "--no-sandbox",
+                "--disable-gpu", "--no-first-run", "--no-default-browser-check",
+                "--disable-extensions", "--disable-background-networking", "--disable-sync",
+                "--disable-component-update", "--disable-features=Translate,MediaRouter",
+                "--user-data-dir=" + self.profile, "--window-size=1400,1150", "about:blank"]
+        # The shell puts our pipe ends on fds 3 and 4, where --remote-debugging-pipe wants them.
+        self.errlog = os.path.join(d, "chromium.err")
         self.p = subprocess.Popen(
-            [exe, "--headless=new", "--remote-debugging-pipe", "--no-sandbox",
-             "--disable-gpu", "--no-first-run", "--no-default-browser-check",
-             "--disable-extensions", "--disable-background-networking", "--disable-sync",
-             "--disable-component-update", "--disable-features=Translate,MediaRouter",
-             "--user-data-dir=" + self.profile, "--window-size=1400,1100", "about:blank"],
-            pass_fds=(r_cmd, w_ev), preexec_fn=fds, stdout=subprocess.DEVNULL,
-            stderr=open(os.path.join(d, "chromium.err"), "w"))
+            ["/bin/sh", "-c", 'exec "$@" 3<&%d 4>&%d%s' % (
+                r_cmd, w_ev, "".join(" %d>&-" % f for f in (r_cmd, w_ev) if f > 4)),
+             "sh"] + args,
+            pass_fds=(r_cmd, w_ev), stdout=subprocess.DEVNULL,
+            stderr=open(self.errlog, "w"))
         os.close(r_cmd)
         os.close(w_ev)
         self.w, self.r = w_cmd, r_ev
@@ -345,7 +345,8 @@ class Browser:
                 raise Fail("chromium did not answer in %.0f s" % timeout)
             chunk = os.read(self.r, 1 << 20)
             if not chunk:
-                raise Fail("chromium closed its DevTools pipe")
+                with open(self.errlog) as f:
+                    raise Fail("chromium closed its DevTools pipe: " + f.read()[-2000:])
             self.buf += chunk
         msg, self.buf = self.buf.split(b"\0", 1)
         return json.loads(msg)
@@ -355,7 +356,11 @@ class Browser:
         msg = {"id": self.next_id, "method": method, "params": params or {}}
         if session and self.session:
             msg["sessionId"] = self.session
-        os.write(self.w, json.dumps(msg).encode() + b"\0")
+        try:
+            os.write(self.w, json.dumps(msg).encode() + b"\0")
+        except BrokenPipeError:
+            with open(self.errlog) as f:
+                raise Fail("chromium exited: " + f.read()[-2000:])
         while True:
             m = self._read_msg(timeout)
             if m.get("id") == self.next_id:
