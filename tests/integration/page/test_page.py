@@ -422,8 +422,9 @@ def test_browser(d):
         b.call("Page.navigate", {"url": origin + "/"})
 
         # Without a token: the page says so, once, and asks.
-        wait_until(lambda: b.eval("getComputedStyle(document.getElementById('auth')).display"
-                                  " !== 'none'"), "the token request on the page")
+        wait_until(lambda: b.eval("(() => { const a = document.getElementById('auth');"
+                                  " return !!a && getComputedStyle(a).display !== 'none'; })()"),
+                   "the token request on the page")
         msg = b.eval("document.getElementById('auth').innerText")
         check("bearer token" in msg, "the page shows the 401 message: %r" % msg[:80])
         check(b.eval("location.href").rstrip("/") == origin, "no token in the URL")
@@ -439,8 +440,9 @@ def test_browser(d):
         b.events.clear()
         b.call("Page.reload")
         shown = wait_until(lambda: b.eval(
-            "(+(document.getElementById('c-shape').dataset.migrations || 0) > 0) && "
-            "document.querySelectorAll('#c-shape g.migration').length"),
+            "(() => { const c = document.getElementById('c-shape');"
+            " return !!c && +(c.dataset.migrations || 0) > 0 &&"
+            " document.querySelectorAll('#c-shape g.migration').length; })()"),
             "the shape chart to show a migration", run=run.p)
         check(shown >= 1, "the shape chart marks %d migration(s)" % shown)
         check(b.eval("getComputedStyle(document.getElementById('auth')).display") == "none",
