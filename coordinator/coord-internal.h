@@ -84,6 +84,11 @@ struct coord {
     uint64_t loss_epoch, loss_step;
     double samples_per_second;   /* global batch / step seconds of that report; 0 = none yet */
     struct coord_history history; /* history.c */
+    /* the planner (coord_planner_record) */
+    char planner_predictor[32];  /* "" until the first decision */
+    uint64_t planner_decisions;
+    double planner_decide_seconds;
+    struct coord_planner_decision planner_last;
 
     /* gRPC */
     grpc_server *server;
