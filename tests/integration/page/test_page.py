@@ -279,7 +279,7 @@ def watch_check(run):
     out = b""
     end = time.monotonic() + 60
     try:
-        while time.monotonic() < end and out.count(b"\x1b[H") < 2:
+        while time.monotonic() < end and out.count(b"\x1b[H") < 3:
             try:
                 chunk = os.read(fd, 65536)
             except OSError:
@@ -297,8 +297,10 @@ def watch_check(run):
             pass
         _, status = os.waitpid(pid, 0)
     text = out.decode(errors="replace")
-    frames = [f for f in text.split("\x1b[H") if f.strip()]
-    check(len(frames) >= 2, "status --watch redrew the screen in place twice")
+    # Frames between two cursor-homes are complete (each ends by clearing below itself).
+    frames = text.split("\x1b[H")[1:-1]
+    check(len(frames) >= 2 and all(f.endswith("\x1b[J") for f in frames),
+          "status --watch redrew the screen in place twice")
     last = frames[-1]
     for word in ("instances", "shape", "loss", "samples/s", "migrations", "spent"):
         check(word in last, "status --watch shows '%s'" % word)
