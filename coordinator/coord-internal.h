@@ -13,6 +13,7 @@
 
 #include "control.pb-c.h" /* Spottrain__V1__* messages */
 #include "coordinator.h"
+#include "history.h" /* struct coord_history: the series of /v1/history */
 #include "journal.h"
 
 #define COORD_MAGIC 0x434f4f52u /* "COOR" */
@@ -77,6 +78,12 @@ struct coord {
     double stall_total, predicted, actual, spend;
     uint64_t reports, rejected_auth, rejected_invalid, commands_sent;
     char *plan_detail;           /* JSON object text or NULL */
+    int noticed;                 /* instances alive under a notice (coord_metrics_set_noticed) */
+    /* The job's loss is that of the newest step a loss-computing worker (the last pipeline
+     * stage) reported: job.loss holds it; these say which (epoch, step) it belongs to. */
+    uint64_t loss_epoch, loss_step;
+    double samples_per_second;   /* global batch / step seconds of that report; 0 = none yet */
+    struct coord_history history; /* history.c */
     /* the planner (coord_planner_record) */
     char planner_predictor[32];  /* "" until the first decision */
     uint64_t planner_decisions;
@@ -124,6 +131,9 @@ void coord__worker_copy(const struct coord *c, const struct coord_wk *wk, struct
 int coord__watch_fill(struct coord *c, struct coord_wk *wk, struct coord_watch *w);
 /* Counts workers by state into counts[COORD_WORKER_NSTATES]. */
 void coord__count_states(const struct coord *c, size_t counts[COORD_WORKER_NSTATES]);
+/* What the instance-hours spent so far would have cost on demand: spend scaled by the spec's
+ * on-demand / spot price ratio (0 without a spot price, when nothing is spent either). */
+double coord__on_demand_dollars(const struct coord *c);
 /* Event with the lock held. */
 int64_t coord__event_locked(struct coord *c, const char *kind, const char *worker_id,
                             const char *fmt, ...) ST_PRINTF(4, 5);
@@ -146,6 +156,11 @@ int coord__rest_start(struct coord *c);
 void coord__rest_stop(struct coord *c);
 /* The Prometheus text of /metrics (lock held). Caller frees with st_free(). */
 char *coord__metrics_text(struct coord *c);
+
+/* ---- page.c (generated from status-page.html and status-icon.svg by embed.py) -------- */
+
+extern const unsigned char coord__page_html[], coord__page_icon[];
+extern const size_t coord__page_html_len, coord__page_icon_len;
 
 /* ---- tls.c -------------------------------------------------------------------------- */
 

@@ -336,6 +336,7 @@ static int configure_locked(struct coord *c, int dp, int pp, const struct coord_
 
     /* Committed: apply to memory, then deliver. */
     c->job = job;
+    coord__history_shape(&c->history, st_wall(), epoch, dp, pp, start_step);
     for (size_t i = 0; i < n; i++) {
         struct coord_worker *p = &wks[i]->pub;
         p->state = COORD_WORKER_ACTIVE;
@@ -705,12 +706,25 @@ int coord__apply_report(struct coord *c, const Spottrain__V1__ReportRequest *req
     c->reports++;
     if (req->step > wk->pub.step || (req->step == wk->pub.step && req->step > 0)) {
         wk->pub.step = req->step;
-        wk->pub.loss = req->loss;
+        wk->pub.loss = req->has_loss ? req->loss : 0.0;
     }
     if (req->step > c->job.step) {
         c->job.step = req->step;
+        c->job_dirty = true;
+    }
+    /* Only a worker that computes the loss may set it (the others report none, not 0), and
+     * the newest step wins whichever replica reports first. A newer epoch may restart from an
+     * older step (a checkpoint restore), so its losses replace those of the epoch it ended. */
+    if (req->has_loss && req->step > 0 &&
+        (req->epoch > c->loss_epoch || (req->epoch == c->loss_epoch && req->step > c->loss_step))) {
+        c->loss_epoch = req->epoch;
+        c->loss_step = req->step;
         c->job.loss = req->loss;
         c->job_dirty = true;
+        if (req->step_seconds > 0) /* 0: not timed (a restored step); keep the last rate */
+            c->samples_per_second = c->spec.training.global_batch / req->step_seconds;
+        coord__history_loss(&c->history, st_wall(), req->step, req->loss,
+                            c->samples_per_second);
     }
     if (req->samples > c->job.samples) {
         c->job.samples = req->samples;
@@ -946,6 +960,7 @@ int coord_new(const struct coord_config *cfg, const struct coord_hooks *hooks,
     if (hooks)
         c->hooks = *hooks;
     pthread_mutex_init(&c->lock, NULL);
+    coord__history_init(&c->history);
     if (!c->cfg.listen[0])
         snprintf(c->cfg.listen, sizeof(c->cfg.listen), "%s", c->spec.coordinator.listen);
     if (!c->cfg.status_listen[0])
@@ -1010,6 +1025,9 @@ int coord_new(const struct coord_config *cfg, const struct coord_hooks *hooks,
         TRY_GOTO(coord__journal_workers_load(c->journal, load_worker, c), r, out);
         coord__event_locked(c, "job_resumed", NULL, "epoch %llu, %zu worker(s) known",
                             (unsigned long long)c->job.epoch, c->nworkers);
+        if (c->job.epoch > 0)
+            coord__history_shape(&c->history, st_wall(), c->job.epoch, c->job.dp, c->job.pp,
+                                 c->job.step);
     }
     c->last_tick = c->last_flush = st_now();
     *ret_c = c;
@@ -1141,6 +1159,8 @@ void coord_metrics_add_migration(struct coord *c, enum coord_migration_kind kind
     c->mig_count[kind]++;
     c->mig_bytes[kind] += bytes;
     c->mig_stall[kind] += stall_seconds;
+    coord__history_migration(&c->history, st_wall(), c->job.epoch, c->job.step, c->job.dp,
+                             c->job.pp, kind, bytes, stall_seconds);
     pthread_mutex_unlock(&c->lock);
 }
 
@@ -1150,6 +1170,22 @@ void coord_metrics_set_instances(struct coord *c, double predicted, double actua
     pthread_mutex_lock(&c->lock);
     c->predicted = predicted;
     c->actual = actual;
+    coord__history_instances(&c->history, st_wall(), (int)actual, c->noticed, predicted);
+    pthread_mutex_unlock(&c->lock);
+}
+
+double coord__on_demand_dollars(const struct coord *c) {
+    const struct st_spec_fleet *f = &c->spec.fleet;
+    return f->spot_price > 0 ? c->spend * f->on_demand_price / f->spot_price : 0.0;
+}
+
+/* See coordinator.h. */
+void coord_metrics_set_noticed(struct coord *c, int noticed) {
+    if (!c || c->magic != COORD_MAGIC || noticed < 0)
+        return;
+    pthread_mutex_lock(&c->lock);
+    c->noticed = noticed;
+    coord__history_instances(&c->history, st_wall(), (int)c->actual, noticed, c->predicted);
     pthread_mutex_unlock(&c->lock);
 }
 
@@ -1173,5 +1209,6 @@ void coord_metrics_add_spend(struct coord *c, double dollars) {
         return;
     pthread_mutex_lock(&c->lock);
     c->spend += dollars;
+    coord__history_cost(&c->history, st_wall(), c->spend, coord__on_demand_dollars(c));
     pthread_mutex_unlock(&c->lock);
 }

@@ -166,6 +166,7 @@ int worker_agent_new(const struct worker_agent_config *cfg, const struct worker_
         return -ENOMEM;
     a->magic = AGENT_MAGIC;
     a->cfg = *cfg;
+    a->loss = NAN; /* no step, no loss: Reports say has_loss false until progress arrives */
     int r = 0;
     if (cfg->tls_ca[0])
         r = read_pem("CA", cfg->tls_ca, &a->tls_ca_pem);
@@ -215,14 +216,18 @@ bool worker_agent_connected(struct worker_agent *a) {
 
 void worker_agent_progress(struct worker_agent *a, uint64_t step, double loss, uint64_t samples,
                            double step_seconds, double stall_seconds) {
-    if (!a || a->magic != AGENT_MAGIC || !isfinite(loss) || !isfinite(step_seconds) ||
+    /* NAN is this worker's "no loss" (not the last stage); an infinite loss is a bug. */
+    if (!a || a->magic != AGENT_MAGIC || isinf(loss) || !isfinite(step_seconds) ||
         !isfinite(stall_seconds) || step_seconds < 0 || stall_seconds < 0)
         return;
     pthread_mutex_lock(&a->lock);
+    /* The runner also calls this while it waits (step_seconds 0, only stall to add): the
+     * seconds of the step it last made stay those the Report carries. */
+    if (step != a->step || step_seconds > 0)
+        a->step_seconds = step_seconds;
     a->step = step;
     a->loss = loss;
     a->samples = samples;
-    a->step_seconds = step_seconds;
     a->stall_seconds += stall_seconds;
     pthread_mutex_unlock(&a->lock);
 }
@@ -591,7 +596,8 @@ static int do_report(struct worker_agent *a, grpc_channel *ch, grpc_completion_q
     a->report_now = false; /* this Report carries the progress asked for */
     req.epoch = a->epoch;
     req.step = a->step;
-    req.loss = a->loss;
+    req.has_loss = !isnan(a->loss);
+    req.loss = req.has_loss ? a->loss : 0.0;
     req.samples = a->samples;
     req.step_seconds = a->step_seconds;
     req.stall_seconds = a->stall_seconds;

@@ -184,8 +184,9 @@ static void notice(struct runner *R, const char *kind, const char *fmt, ...) {
 }
 
 static void progress(struct runner *R, double step_seconds, double stall) {
-    double loss = isfinite(R->last_loss) ? R->last_loss : 0.0;
-    worker_agent_progress(R->agent, R->done, loss, R->done * (uint64_t)R->tc.global_batch,
+    /* NAN (stages before the last compute no loss) travels as has_loss = false, so the
+     * coordinator never takes a 0 for the job's loss. */
+    worker_agent_progress(R->agent, R->done, R->last_loss, R->done * (uint64_t)R->tc.global_batch,
                           step_seconds, stall);
 }
 
