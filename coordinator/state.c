@@ -634,21 +634,10 @@ int coord__apply_join(struct coord *c, const Spottrain__V1__JoinRequest *req,
         row.layer_begin = row.layer_end = 0;
     }
     bool changed = !wk || returned || memcmp(&row, &wk->pub, sizeof(row)) != 0;
-    if (changed) {
-        TRY(coord__journal_begin(c->journal));
-        r = coord__journal_worker_save(c->journal, &row, wk ? wk->next_command : 1);
-        if (r >= 0 && coord__event_locked(c, !wk ? "worker_joined" : returned ? "worker_returned"
-                                                                              : "worker_rejoined",
-                                          row.id, "instance '%s' zone '%s' data '%s'",
-                                          row.instance_id, row.zone, row.data_addr) < 0)
-            r = -EIO;
-        if (r >= 0)
-            r = coord__journal_commit(c->journal);
-        if (r < 0) {
-            coord__journal_rollback(c->journal);
-            return r;
-        }
-    }
+    /* A new worker's memory is taken before the commit: once the journal holds the worker,
+     * memory must too (an allocation failure after the commit left the two apart; found by
+     * the proto fuzz target). */
+    struct coord_wk *fresh = NULL;
     if (!wk) {
         if (c->nworkers == c->capworkers) {
             size_t cap = c->capworkers ? c->capworkers * 2 : 16;
@@ -658,9 +647,29 @@ int coord__apply_join(struct coord *c, const Spottrain__V1__JoinRequest *req,
             c->workers = v;
             c->capworkers = cap;
         }
-        wk = st_calloc(1, sizeof(*wk));
-        if (!wk)
+        fresh = st_calloc(1, sizeof(*fresh));
+        if (!fresh)
             return -ENOMEM;
+    }
+    if (changed) {
+        r = coord__journal_begin(c->journal);
+        if (r >= 0)
+            r = coord__journal_worker_save(c->journal, &row, wk ? wk->next_command : 1);
+        if (r >= 0 && coord__event_locked(c, !wk ? "worker_joined" : returned ? "worker_returned"
+                                                                              : "worker_rejoined",
+                                          row.id, "instance '%s' zone '%s' data '%s'",
+                                          row.instance_id, row.zone, row.data_addr) < 0)
+            r = -EIO;
+        if (r >= 0)
+            r = coord__journal_commit(c->journal);
+        if (r < 0) {
+            coord__journal_rollback(c->journal);
+            st_free(fresh);
+            return r;
+        }
+    }
+    if (!wk) {
+        wk = fresh;
         wk->next_command = 1;
         c->workers[c->nworkers++] = wk;
         c->next_order++;
