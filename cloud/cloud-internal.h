@@ -51,7 +51,9 @@ struct cloud_notice_client {
     char vm_name[CLOUD_NAME_MAX];
     cloud_clock_fn *clock;
     void *clock_userdata;
-    void *curl; /* CURL *, reused so connections are kept alive */
+    void *share; /* CURLSH * holding the connection cache, so connections are kept alive
+                  * between requests although each request has its own easy handle
+                  * (cloud__http says why) */
     void *state;
 };
 
