@@ -715,7 +715,7 @@ int coord__apply_report(struct coord *c, const Spottrain__V1__ReportRequest *req
     c->reports++;
     if (req->step > wk->pub.step || (req->step == wk->pub.step && req->step > 0)) {
         wk->pub.step = req->step;
-        wk->pub.loss = req->has_loss ? req->loss : 0.0;
+        wk->pub.loss = !req->no_loss ? req->loss : 0.0;
     }
     if (req->step > c->job.step) {
         c->job.step = req->step;
@@ -724,7 +724,7 @@ int coord__apply_report(struct coord *c, const Spottrain__V1__ReportRequest *req
     /* Only a worker that computes the loss may set it (the others report none, not 0), and
      * the newest step wins whichever replica reports first. A newer epoch may restart from an
      * older step (a checkpoint restore), so its losses replace those of the epoch it ended. */
-    if (req->has_loss && req->step > 0 &&
+    if (!req->no_loss && req->step > 0 &&
         (req->epoch > c->loss_epoch || (req->epoch == c->loss_epoch && req->step > c->loss_step))) {
         c->loss_epoch = req->epoch;
         c->loss_step = req->step;

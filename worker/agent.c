@@ -166,7 +166,7 @@ int worker_agent_new(const struct worker_agent_config *cfg, const struct worker_
         return -ENOMEM;
     a->magic = AGENT_MAGIC;
     a->cfg = *cfg;
-    a->loss = NAN; /* no step, no loss: Reports say has_loss false until progress arrives */
+    a->loss = NAN; /* no step, no loss: Reports say no_loss until progress arrives */
     int r = 0;
     if (cfg->tls_ca[0])
         r = read_pem("CA", cfg->tls_ca, &a->tls_ca_pem);
@@ -596,8 +596,8 @@ static int do_report(struct worker_agent *a, grpc_channel *ch, grpc_completion_q
     a->report_now = false; /* this Report carries the progress asked for */
     req.epoch = a->epoch;
     req.step = a->step;
-    req.has_loss = !isnan(a->loss);
-    req.loss = req.has_loss ? a->loss : 0.0;
+    req.no_loss = isnan(a->loss);
+    req.loss = req.no_loss ? 0.0 : a->loss;
     req.samples = a->samples;
     req.step_seconds = a->step_seconds;
     req.stall_seconds = a->stall_seconds;

@@ -85,7 +85,7 @@ void worker_agent_stop(struct worker_agent *a);
 struct worker_agent *worker_agent_free(struct worker_agent *a);
 
 /* Progress carried by the next Report: last completed step, its loss (NAN when this worker
- * computes none: every pipeline stage but the last; the Report then says has_loss false),
+ * computes none: every pipeline stage but the last; the Report then says no_loss),
  * cumulative samples committed, wall seconds of that step, and stall seconds to add. */
 void worker_agent_progress(struct worker_agent *a, uint64_t step, double loss, uint64_t samples,
                            double step_seconds, double stall_seconds);
