@@ -89,6 +89,12 @@ int mig_comm_new_auth(const char *transport, struct mig_endpoint *ep, uint64_t e
 }
 
 /* See migrate.h. */
+void mig_auth_clear(struct mig_auth *a) {
+    if (a)
+        mig__wipe(a, sizeof(*a));
+}
+
+/* See migrate.h. */
 int mig_comm_new(const char *transport, struct mig_endpoint *ep, uint64_t epoch, int rank,
                  int nranks, const char *const *peer_addrs, double timeout_s,
                  struct mig_comm **ret) {

@@ -94,6 +94,9 @@ struct mig_auth {
     char job_id[MIG_JOB_ID_MAX];
 };
 
+/* Wipes a struct mig_auth the caller filled (the compiler keeps the wipe). NULL-safe. */
+void mig_auth_clear(struct mig_auth *a);
+
 /* mig_comm_new() with the epoch's secret: every connection runs the mutual challenge-response
  * and every message is MAC'd (see the top of this file). Every rank of the epoch must pass the
  * same auth. auth is copied (the comm wipes its copy when freed). "nccl" bootstraps over an
