@@ -42,6 +42,48 @@ struct st_spec;
  * Returns CLI_EXIT_OK, CLI_EXIT_INPUT or CLI_EXIT_FAILURE. Called by `train` and `run`. */
 int cli_ensure_data(const char *name, const struct st_spec *spec, bool required);
 
+/* Loads a job spec for subcommand `name`, printing every error as file:line:column: field:
+ * message (and "... and N more"). Returns CLI_EXIT_OK, CLI_EXIT_INPUT (bad or unreadable
+ * spec) or CLI_EXIT_FAILURE (out of memory). The one spec loader of the commands. */
+int cli_spec_load(const char *name, const char *path, struct st_spec *ret_spec);
+
+/* ---- running a job through the driver (job-ui.c) ------------------------------------------ */
+
+#include <stdint.h>
+
+#include "coordinator.h" /* struct coord_job_config, coord_loop_status, coord_loop_summary */
+
+/* The checkpoint store the job driver is handed: migrate/'s latest and prune, and the
+ * manifest commit that needs worker/'s model description (userdata: const struct st_spec *). */
+int cli_ckpt_latest(void *userdata, const char *root, char *dir, size_t dirsz,
+                    uint64_t *ret_step);
+int cli_ckpt_prune(void *userdata, const char *root, int keep);
+int cli_ckpt_commit(void *userdata, const char *dir, uint64_t step, int dp, int pp);
+/* Sets jc's checkpoint callbacks to the three above (spec borrowed). */
+void cli_job_ckpt_store(struct coord_job_config *jc, const struct st_spec *spec);
+
+/* How a command shows a running job: events one line each, once; on a terminal a status block
+ * redrawn in place below them, elsewhere a progress line every 2 s. */
+struct cli_job_ui {
+    const char *cmd;      /* "run", "coordinator", "launch" */
+    const char *prefix;   /* put before each line ("" or "coordinator: ") */
+    bool tty;
+    int drawn;            /* lines of the status block on screen */
+    bool have_status;
+    struct coord_loop_status last;
+    double last_line;
+    char rest[128];       /* the REST address, once started */
+};
+/* Fills u and the driver's ui callbacks (*ret) that print through it. */
+void cli_job_ui_init(struct cli_job_ui *u, const char *cmd, const char *prefix,
+                     struct coord_job_ui *ret);
+/* Draws the status block (terminal) or one progress line. */
+void cli_job_ui_draw(struct cli_job_ui *u, const struct coord_loop_status *st);
+/* The closing summary table. */
+void cli_job_print_summary(FILE *f, const struct coord_loop_summary *s, const struct st_spec *sp);
+/* The summary as JSON (`--json-summary`). Returns 0 or negative errno. */
+int cli_job_write_json(const char *path, const struct coord_loop_summary *s);
+
 /* Prints the usage text of a subcommand to f. */
 void cli_print_usage(const char *name, FILE *f);
 

@@ -11,11 +11,9 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "common.h"      /* st_spec_load, st_error_format */
+#include "common.h"
 #include "coordinator.h" /* coord_new, coord_start */
 #include "coordinator-train.h" /* --train */
-
-#define COORD_MAX_ERRS 50
 
 int cli_cmd_coordinator(int argc, char **argv) {
     static const struct option opts[] = {
@@ -80,24 +78,15 @@ int cli_cmd_coordinator(int argc, char **argv) {
     }
 
     struct st_spec *spec = st_calloc(1, sizeof(*spec));
-    struct st_error *errs = st_calloc(COORD_MAX_ERRS, sizeof(*errs));
     struct coord *c = NULL;
     int ret = CLI_EXIT_FAILURE;
-    if (!spec || !errs) {
+    if (!spec) {
         fprintf(stderr, "spottrain coordinator: out of memory\n");
         goto out;
     }
-    size_t nerrs = 0;
-    int r = st_spec_load(job, spec, errs, COORD_MAX_ERRS, &nerrs);
-    if (r < 0) {
-        char line[1024];
-        if (nerrs == 0)
-            nerrs = 1;
-        for (size_t i = 0; i < nerrs && i < COORD_MAX_ERRS; i++) {
-            st_error_format(&errs[i], line, sizeof(line));
-            fprintf(stderr, "%s\n", line);
-        }
-        ret = r == -EINVAL || r == -ENOENT ? CLI_EXIT_INPUT : CLI_EXIT_FAILURE;
+    int r = cli_spec_load("coordinator", job, spec);
+    if (r != CLI_EXIT_OK) {
+        ret = r;
         goto out;
     }
 
@@ -134,6 +123,13 @@ int cli_cmd_coordinator(int argc, char **argv) {
     else
         snprintf(cfg.state_dir, sizeof(cfg.state_dir), "spottrain-state/%s", spec->name);
 
+    st_log_set_role("coordinator", spec->name);
+    signal(SIGPIPE, SIG_IGN);
+    if (train) {
+        /* The job driver ticks on this thread; a signal only raises its stop flag. */
+        ret = cli_coordinator_train(&cfg, spec, save);
+        goto out;
+    }
     /* Block before any thread exists so every thread inherits the mask. */
     sigset_t set;
     sigemptyset(&set);
@@ -141,13 +137,6 @@ int cli_cmd_coordinator(int argc, char **argv) {
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
-    signal(SIGPIPE, SIG_IGN);
-
-    st_log_set_role("coordinator", spec->name);
-    if (train) {
-        ret = cli_coordinator_train(&cfg, spec, save, &set);
-        goto out;
-    }
     r = coord_new(&cfg, NULL, &c);
     if (r < 0) {
         fprintf(stderr, "spottrain coordinator: cannot set up the job (TLS files, state in "
@@ -182,7 +171,6 @@ int cli_cmd_coordinator(int argc, char **argv) {
     ret = CLI_EXIT_OK;
 out:
     coord_free(c);
-    st_free(errs);
     st_free(spec);
     return ret;
 }

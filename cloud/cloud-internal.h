@@ -18,6 +18,7 @@ struct cloud_provider {
     cloud_log_fn *log;
     void *log_userdata;
     bool started;
+    bool detached;   /* cloud_provider_detach(): done() must leave instances running */
     double last_now;
     /* FIFO of signals not yet handed out: [head, head + n) modulo cap. */
     struct cloud_signal *q;

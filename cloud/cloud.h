@@ -23,6 +23,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+struct st_spec;
 struct st_spec_fleet;
 
 #define CLOUD_NAME_MAX 64       /* instance names, node names, zones (with NUL) */
@@ -142,6 +143,14 @@ struct cloud_config {
     char zones[CLOUD_MAX_ZONES][CLOUD_NAME_MAX]; /* default "local-1a" */
     double price_per_hour;              /* dollars per instance-hour */
     int max_instances;                  /* target capacity at start; <= 0 = unbounded */
+    /* the job, for tags/labels and the workers' bootstrap (filled by the job driver) */
+    const struct st_spec *spec;         /* the job spec (borrowed); NULL in unit tests */
+    char job_name[128];                 /* metadata.name */
+    char job_id[40];                    /* the journal's job id */
+    char coordinator[256];              /* HOST:PORT workers dial (coordinator.advertise, else
+                                           the bound gRPC address) */
+    const char *token;                  /* the join token for the bootstrap (borrowed); never
+                                           logged */
     /* sim */
     const struct cloud_event *events;   /* sorted by t */
     size_t nevents;
@@ -197,6 +206,13 @@ int cloud_provider_new(const char *name, const struct cloud_config *cfg,
 /* Kills every process the provider started, reaps them and frees everything. NULL-safe;
  * returns NULL. */
 struct cloud_provider *cloud_provider_free(struct cloud_provider *p);
+
+/* Marks the provider so that cloud_provider_free() leaves its instances running (a
+ * coordinator that stops for a restart to adopt its fleet). Backends whose instances cannot
+ * outlive this process (the sim's child processes) still end them. */
+void cloud_provider_detach(struct cloud_provider *p);
+/* True after cloud_provider_detach(): a backend's done() asks before releasing. */
+bool cloud_provider_detached(const struct cloud_provider *p);
 
 /* The backend's name ("sim"). */
 const char *cloud_provider_name(const struct cloud_provider *p);

@@ -152,6 +152,15 @@ struct cloud_provider *cloud_provider_free(struct cloud_provider *p) {
     return NULL;
 }
 
+void cloud_provider_detach(struct cloud_provider *p) {
+    if (provider_ok(p))
+        p->detached = true;
+}
+
+bool cloud_provider_detached(const struct cloud_provider *p) {
+    return provider_ok(p) && p->detached;
+}
+
 const char *cloud_provider_name(const struct cloud_provider *p) {
     return provider_ok(p) ? p->ops->name : "invalid";
 }

@@ -73,7 +73,12 @@ static const char *const provider_names[] = {"sim", "aws", "gcp", "azure", "kube
 static const char *const precision_names[] = {"fp32", "bf16", NULL};
 static const char *const schedule_names[] = {"cosine", "constant", "linear", NULL};
 static const char *const optimizer_names[] = {"adamw", NULL};
-static const char *const predictor_names[] = {"last-value", "arima", "ensemble", NULL};
+/* The planner owns the forecasters' names; the spec accepts exactly those. */
+static const char *const predictor_names[] = {
+#define PLAN_PREDICTOR(e, name, doc) name,
+#include "../planner/predictors.def"
+#undef PLAN_PREDICTOR
+    NULL};
 
 static const struct field metadata_fields[] = {
     {"name", F_NAME, STR(name), 0, 0, NULL, NULL, REQUIRED, NULL},
@@ -156,6 +161,8 @@ static const struct field fleet_fields[] = {
     {"unannounced", F_DOUBLE, OFF(fleet.unannounced), 0, 0, 1, NULL, NULL, 0, NULL},
     {"price", F_MAP, 0, 0, 0, 0, NULL, &price_table, 0, NULL},
     {"gpu_memory", F_SIZE, OFF(fleet.gpu_memory), 0, 0, 0, NULL, NULL, 0, NULL},
+    {"gpu_tflops", F_DOUBLE, OFF(fleet.gpu_tflops), 0, 0, 1e5, NULL, NULL, MIN_EXCL, NULL},
+    {"net_gbps", F_DOUBLE, OFF(fleet.net_gbps), 0, 0, 1e5, NULL, NULL, MIN_EXCL, NULL},
 };
 static const struct table fleet_table = TABLE(fleet_fields);
 
@@ -1035,9 +1042,11 @@ void st_spec_defaults(struct st_spec *spec) {
     spec->fleet.spot_price = 0.918;   /* p3.2xlarge spot, us-east-1 (the trace's fleet) */
     spec->fleet.on_demand_price = 3.06; /* p3.2xlarge on demand, us-east-1 */
     spec->fleet.gpu_memory = 16ull << 30; /* V100-16GB */
+    spec->fleet.gpu_tflops = 0.05;    /* what a CPU worker of the sim sustains */
+    spec->fleet.net_gbps = 10;
     spec->planner.interval = 60;
     spec->planner.lookahead = 12;
-    snprintf(spec->planner.predictor, sizeof(spec->planner.predictor), "ensemble");
+    snprintf(spec->planner.predictor, sizeof(spec->planner.predictor), "notice");
     spec->checkpoint.interval = 1800;
     spec->checkpoint.keep = 2;
     snprintf(spec->coordinator.listen, sizeof(spec->coordinator.listen), "127.0.0.1:7070");
@@ -1303,6 +1312,8 @@ char *st_spec_to_json(const struct st_spec *spec) {
     jset(price, "on_demand", json_real(spec->fleet.on_demand_price), &ok);
     jset(fleet, "price", price, &ok);
     jset(fleet, "gpu_memory", json_integer((json_int_t)spec->fleet.gpu_memory), &ok);
+    jset(fleet, "gpu_tflops", json_real(spec->fleet.gpu_tflops), &ok);
+    jset(fleet, "net_gbps", json_real(spec->fleet.net_gbps), &ok);
     jset(sp, "fleet", fleet, &ok);
 
     jset(planner, "interval", json_real(spec->planner.interval), &ok);

@@ -88,12 +88,14 @@ struct st_spec_fleet {
     double spot_price;
     double on_demand_price;
     uint64_t gpu_memory;      /* bytes of memory per GPU, for the cost model's fit check */
+    double gpu_tflops;        /* sustained TFLOP/s per instance, for the cost model */
+    double net_gbps;          /* network Gb/s per instance, for the cost model */
 };
 
 struct st_spec_planner {
     double interval;      /* seconds of cloud time between decisions (default 60) */
     int lookahead;        /* intervals the liveput DP looks ahead (default 12) */
-    char predictor[32];   /* "last-value", "arima", or one of ours; see planner/ */
+    char predictor[32];   /* a name of planner/predictors.def (default "notice") */
     int dp_min, dp_max;   /* bounds; 0 = unbounded */
     int pp_min, pp_max;
     int dp, pp;           /* pinned shape; 0 = planner chooses */

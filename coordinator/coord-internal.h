@@ -79,6 +79,11 @@ struct coord {
     double stall_total, predicted, actual, spend;
     uint64_t reports, rejected_auth, rejected_invalid, commands_sent;
     char *plan_detail;           /* JSON object text or NULL */
+    /* the planner (coord_planner_record) */
+    char planner_predictor[32];  /* "" until the first decision */
+    uint64_t planner_decisions;
+    double planner_decide_seconds;
+    struct coord_planner_decision planner_last;
 
     /* gRPC */
     grpc_server *server;

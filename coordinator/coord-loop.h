@@ -125,7 +125,7 @@ struct coord_loop_status {
     int dp, pp;
     int alive, forecast;           /* instances alive; predicted for the next interval */
     char phase[24];
-    char last_event[160];
+    char last_event[320];
 };
 
 /* Creates a loop. Returns 0 and *ret, -EINVAL for a bad config, -ENOMEM. Caller frees with
@@ -145,6 +145,11 @@ void coord_loop_set_provider(struct coord_loop *L, struct cloud_provider *p);
 int coord_loop_tick(struct coord_loop *L, double now);
 /* Asks the loop to stop the job at the next tick (Ctrl-C). */
 void coord_loop_cancel(struct coord_loop *L);
+/* Copies the event after *cursor (0 = the first) into buf and advances *cursor: each event
+ * of the loop is seen once, in order, whatever the caller's polling rate. Returns 1 when an
+ * event was copied, 0 when none is new, -EINVAL. When the caller fell more than the ring's
+ * 256 events behind, the first line copied says how many it missed. Same thread as ticks. */
+int coord_loop_event_next(struct coord_loop *L, uint64_t *cursor, char *buf, size_t size);
 void coord_loop_summary(struct coord_loop *L, struct coord_loop_summary *ret);
 void coord_loop_status(struct coord_loop *L, struct coord_loop_status *ret);
 struct coord_loop *coord_loop_free(struct coord_loop *L);

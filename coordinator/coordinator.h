@@ -247,6 +247,23 @@ int64_t coord_event(struct coord *c, const char *kind, const char *worker_id, co
  * json must be a JSON object text; NULL clears. Returns 0 or -EINVAL. */
 int coord_plan_detail_set(struct coord *c, const char *json);
 
+/* ---- the planner's decisions ---------------------------------------------------------- */
+
+/* One consultation of the planner, as GET /v1/job's "planner" object shows it. */
+struct coord_planner_decision {
+    int dp, pp;                    /* the shape that starts (or stays); 0x0 = none fits */
+    uint64_t at_step;              /* the training step (boundary) it was made at */
+    double expected_samples_per_s; /* the cost model's throughput of that shape */
+    double decide_seconds;         /* time plan_decide took */
+    char reason[200];              /* one line: why */
+};
+
+/* Records a decision of the planning loop: counts it (spottrain_planner_decisions_total,
+ * spottrain_planner_decide_seconds), keeps it as the latest (GET /v1/job "planner") and
+ * journals it as a "decision" event. predictor: the forecaster's name. */
+void coord_planner_record(struct coord *c, const char *predictor,
+                          const struct coord_planner_decision *d);
+
 /* ---- metrics the end-to-end loop feeds (all start at 0 so /metrics names are stable) --- */
 
 void coord_metrics_add_migration(struct coord *c, enum coord_migration_kind kind,
@@ -268,5 +285,6 @@ const char *coord_job_state_name(enum coord_job_state s);
 const char *coord_migration_kind_name(enum coord_migration_kind k);
 
 #include "coord-loop.h" /* the planning loop (end-to-end issue) */
+#include "job.h"       /* the job driver: every command runs a job through it */
 
 #endif

@@ -23,6 +23,7 @@
 #define LOOP_MAGIC 0x4c4f4f50u /* "LOOP" */
 #define LOOP_MAX_HIST 4096
 #define LOOP_SPARE_STAGE (-1)
+#define LOOP_EVENTS 256 /* events kept for coord_loop_event_next() */
 
 enum loop_phase {
     PH_WAIT_FIRST = 0, /* no epoch yet: waiting for the first workers */
@@ -130,6 +131,12 @@ struct coord_loop {
 
     struct coord_loop_summary sum;
     struct coord_loop_status st;
+
+    /* Events not yet taken by coord_loop_event_next(): a ring, newest overwrite oldest. */
+    char events[LOOP_EVENTS][320];
+    uint64_t nevents;         /* events ever recorded; event k sits at k % LOOP_EVENTS */
+    enum plan_predictor predictor;
+    uint64_t decisions;       /* planner consultations */
 };
 
 /* See coord-loop.h. */
@@ -145,6 +152,8 @@ static void set_event(struct coord_loop *L, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(L->st.last_event, sizeof(L->st.last_event), fmt, ap);
     va_end(ap);
+    snprintf(L->events[L->nevents % LOOP_EVENTS], sizeof(L->events[0]), "%s", L->st.last_event);
+    L->nevents++;
     st_log(ST_LOG_NOTICE, "loop", "%s", L->st.last_event);
     if (L->c)
         (void)coord_event(L->c, "loop", NULL, "%s", L->st.last_event);
@@ -428,6 +437,8 @@ static void choose_shape(struct coord_loop *L, int n, uint64_t at, const struct 
     const struct st_spec *s = &L->cfg.spec;
     int dp = s->planner.dp > 0 ? s->planner.dp : 0, pp = s->planner.pp > 0 ? s->planner.pp : 0;
     const struct coord_loop_forced *f = forced_at(L, at);
+    bool consulted = false;
+    double decided = 0;
     snprintf(why, whysz, "fill the fleet");
     if (f) {
         dp = f->dp;
@@ -471,24 +482,48 @@ static void choose_shape(struct coord_loop *L, int n, uint64_t at, const struct 
         plan_options_init(&o);
         o.lookahead = s->planner.lookahead > 0 ? ST_MIN(s->planner.lookahead,
                                                         PLAN_MAX_LOOKAHEAD) : 12;
-        enum plan_predictor pr;
-        if (plan_predictor_parse(s->planner.predictor, &pr) == 0)
-            o.predictor = pr;
+        o.predictor = L->predictor;
         o.pp_min = s->planner.pp_min;
         o.pp_max = s->planner.pp_max ? ST_MIN(s->planner.pp_max, L->nlayers) : L->nlayers;
         o.dp_min = s->planner.dp_min;
         o.dp_max = s->planner.dp_max;
         struct plan_decision d;
-        if (plan_decide(L->cfg.cost, &sit, &o, &d) == 0 && d.shape.dp > 0) {
+        double t0 = st_now();
+        int r = plan_decide(L->cfg.cost, &sit, &o, &d);
+        decided = st_now() - t0;
+        consulted = true;
+        if (r == 0 && d.shape.dp > 0) {
             dp = dp ? dp : d.shape.dp;
             pp = pp ? pp : d.shape.pp;
             L->forecast = d.npred > 0 ? d.pred_n[0] : n;
             snprintf(why, whysz, "liveput: %s", d.reason);
+        } else if (r < 0) {
+            snprintf(why, whysz, "liveput failed (%s); fill the fleet", st_strerror(r));
+        } else {
+            snprintf(why, whysz, "liveput: no shape fits %d workers", n);
         }
     }
     if (pp == 0)
         pp = L->epoch ? L->pp : 1;
+    int want_dp = dp, want_pp = pp;
     clamp_shape(L, n, &dp, &pp);
+    if (consulted) {
+        /* The shape that will actually start, and why it differs from the planner's choice
+         * when it does (engine rules, spec bounds, workers available). */
+        if (dp > 0 && (dp != want_dp || pp != want_pp) && want_dp > 0) {
+            size_t k = strlen(why);
+            snprintf(why + k, whysz - k, "; %dx%d runs instead (%dx%d %s)", dp, pp, want_dp,
+                     want_pp, want_dp * want_pp > n ? "needs more workers than are available"
+                                                    : "is not allowed by the engine or spec");
+        }
+        struct coord_planner_decision pd = {
+            .dp = dp, .pp = pp, .at_step = at, .decide_seconds = decided,
+            .expected_samples_per_s = dp > 0 ? plan_cost_throughput(L->cfg.cost, dp, pp) : 0,
+        };
+        snprintf(pd.reason, sizeof(pd.reason), "%s", why);
+        L->decisions++;
+        coord_planner_record(L->c, plan_predictor_name(L->predictor), &pd);
+    }
     *ret_dp = dp;
     *ret_pp = pp;
 }
@@ -1296,6 +1331,11 @@ int coord_loop_new(const struct coord_loop_config *cfg, struct coord_loop **ret)
         return -EINVAL;
     }
     L->nlayers = nl;
+    /* One vocabulary, the planner's: an unknown name is an error, never a silent default. */
+    if (plan_predictor_parse(L->cfg.spec.planner.predictor, &L->predictor) < 0) {
+        st_free(L);
+        return -EINVAL;
+    }
     L->sum.final_loss = NAN;
     L->sum.first_loss = NAN;
     L->st.loss = NAN;
@@ -1356,6 +1396,26 @@ void coord_loop_set_provider(struct coord_loop *L, struct cloud_provider *p) {
 void coord_loop_cancel(struct coord_loop *L) {
     if (L)
         L->cancel = true;
+}
+
+/* See coord-loop.h. */
+int coord_loop_event_next(struct coord_loop *L, uint64_t *cursor, char *buf, size_t size) {
+    if (!L || !cursor || !buf || size == 0)
+        return -EINVAL;
+    if (*cursor >= L->nevents)
+        return 0;
+    uint64_t skipped = 0;
+    if (L->nevents - *cursor > LOOP_EVENTS) {
+        skipped = L->nevents - LOOP_EVENTS - *cursor;
+        *cursor = L->nevents - LOOP_EVENTS;
+    }
+    if (skipped)
+        snprintf(buf, size, "(%" PRIu64 " older events not shown) %s", skipped,
+                 L->events[*cursor % LOOP_EVENTS]);
+    else
+        snprintf(buf, size, "%s", L->events[*cursor % LOOP_EVENTS]);
+    (*cursor)++;
+    return 1;
 }
 
 /* See coord-loop.h. */

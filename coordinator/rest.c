@@ -10,6 +10,7 @@
 #ifdef COORD_HAVE_GNUTLS
 #include <gnutls/gnutls.h>
 #endif
+#include <math.h>
 #include <netdb.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -75,6 +76,20 @@ static enum MHD_Result send_error(struct MHD_Connection *conn, unsigned status, 
     return send_json(conn, status, json_pack("{s:s, s:s}", "code", code, "message", msg), allow);
 }
 
+/* The planner's decisions (coord_planner_record): "last" is null before the first one. */
+static json_t *planner_json(struct coord *c) {
+    const struct coord_planner_decision *d = &c->planner_last;
+    json_t *last = json_null();
+    if (c->planner_decisions > 0)
+        last = json_pack("{s:i, s:i, s:I, s:f, s:f, s:s}", "dp", d->dp, "pp", d->pp, "at_step",
+                         (json_int_t)d->at_step, "expected_samples_per_s",
+                         isfinite(d->expected_samples_per_s) ? d->expected_samples_per_s : 0.0,
+                         "decide_seconds", d->decide_seconds, "reason", d->reason);
+    return json_pack("{s:s, s:I, s:o}", "predictor",
+                     c->planner_predictor[0] ? c->planner_predictor : c->spec.planner.predictor,
+                     "decisions", (json_int_t)c->planner_decisions, "last", last);
+}
+
 static json_t *job_json(struct coord *c) {
     size_t counts[COORD_WORKER_NSTATES];
     coord__count_states(c, counts);
@@ -82,13 +97,16 @@ static json_t *job_json(struct coord *c) {
     for (int s = 0; s < COORD_WORKER_NSTATES; s++)
         json_object_set_new(ws, coord_worker_state_name((enum coord_worker_state)s),
                             json_integer((json_int_t)counts[s]));
-    return json_pack("{s:s, s:s, s:s, s:I, s:{s:i, s:i}, s:I, s:I, s:f, s:f, s:o, s:I}",
-                     "id", c->job.id, "name", c->job.name, "state",
-                     coord_job_state_name(c->job.state), "epoch", (json_int_t)c->job.epoch,
-                     "shape", "dp", c->job.dp, "pp", c->job.pp, "step", (json_int_t)c->job.step,
-                     "samples", (json_int_t)c->job.samples, "loss", c->job.loss,
-                     "created", c->job.created, "workers", ws, "target_steps",
-                     (json_int_t)c->spec.training.steps);
+    json_t *j = json_pack("{s:s, s:s, s:s, s:I, s:{s:i, s:i}, s:I, s:I, s:f, s:f, s:o, s:I}",
+                          "id", c->job.id, "name", c->job.name, "state",
+                          coord_job_state_name(c->job.state), "epoch", (json_int_t)c->job.epoch,
+                          "shape", "dp", c->job.dp, "pp", c->job.pp, "step",
+                          (json_int_t)c->job.step, "samples", (json_int_t)c->job.samples, "loss",
+                          c->job.loss, "created", c->job.created, "workers", ws,
+                          "target_steps", (json_int_t)c->spec.training.steps);
+    if (j)
+        json_object_set_new(j, "planner", planner_json(c));
+    return j;
 }
 
 static json_t *worker_json(const struct coord_worker *w) {
@@ -227,6 +245,13 @@ char *coord__metrics_text(struct coord *c) {
     M("# HELP spottrain_spend_dollars_total Dollars spent on instances.\n"
       "# TYPE spottrain_spend_dollars_total counter\nspottrain_spend_dollars_total %.6f\n",
       c->spend);
+    M("# HELP spottrain_planner_decisions_total Consultations of the liveput planner.\n"
+      "# TYPE spottrain_planner_decisions_total counter\nspottrain_planner_decisions_total "
+      "%llu\n", (unsigned long long)c->planner_decisions);
+    M("# HELP spottrain_planner_decide_seconds Time the planner took per decision.\n"
+      "# TYPE spottrain_planner_decide_seconds summary\n"
+      "spottrain_planner_decide_seconds_sum %.9f\nspottrain_planner_decide_seconds_count "
+      "%llu\n", c->planner_decide_seconds, (unsigned long long)c->planner_decisions);
     M("# HELP spottrain_reports_total Reports (heartbeats) accepted.\n"
       "# TYPE spottrain_reports_total counter\nspottrain_reports_total %llu\n",
       (unsigned long long)c->reports);

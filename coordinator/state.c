@@ -5,6 +5,7 @@
  * push to streams". If the journal write fails, memory is untouched and the caller gets the
  * error; if the process dies after the commit, a restart reads the same state back and
  * redelivers whatever the workers had not acknowledged. */
+#include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -1165,6 +1166,21 @@ void coord_metrics_set_instances(struct coord *c, double predicted, double actua
     c->predicted = predicted;
     c->actual = actual;
     pthread_mutex_unlock(&c->lock);
+}
+
+void coord_planner_record(struct coord *c, const char *predictor,
+                          const struct coord_planner_decision *d) {
+    if (!c || c->magic != COORD_MAGIC || !predictor || !d)
+        return;
+    pthread_mutex_lock(&c->lock);
+    snprintf(c->planner_predictor, sizeof(c->planner_predictor), "%s", predictor);
+    c->planner_decisions++;
+    if (isfinite(d->decide_seconds) && d->decide_seconds > 0)
+        c->planner_decide_seconds += d->decide_seconds;
+    c->planner_last = *d;
+    pthread_mutex_unlock(&c->lock);
+    (void)coord_event(c, "decision", NULL, "%dx%d at step %" PRIu64 ": %s", d->dp, d->pp,
+                      d->at_step, d->reason);
 }
 
 void coord_metrics_add_spend(struct coord *c, double dollars) {

@@ -8,6 +8,7 @@
  * does not match its manifest entry is corrupt. Readers say which check failed. */
 #include <dirent.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <stdarg.h>
@@ -876,4 +877,67 @@ out:
     closedir(d);
     st_free(v);
     return r;
+}
+
+/* See migrate.h. */
+int mig_ckpt_latest_step(const char *root, char *ret_dir, size_t size, uint64_t *ret_step) {
+    char dir[4096];
+    TRY(mig_ckpt_latest(root, dir, sizeof(dir)));
+    struct mig_ckpt *c = NULL;
+    TRY(mig_ckpt_open(dir, &c, NULL));
+    struct mig_ckpt_meta m;
+    mig_ckpt_get_meta(c, &m);
+    uint64_t step = m.step;
+    mig_ckpt_free(c);
+    if (strlen(dir) >= size)
+        return -ENAMETOOLONG;
+    snprintf(ret_dir, size, "%s", dir);
+    *ret_step = step;
+    return 0;
+}
+
+static int prune_rm(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(path) < 0 ? -1 : 0;
+}
+
+static int cmp_step_desc(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* See migrate.h. */
+int mig_ckpt_prune(const char *root, int keep) {
+    DIR *d = opendir(root);
+    if (!d)
+        return errno == ENOENT ? 0 : -errno;
+    uint64_t steps[1024];
+    size_t n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < ST_ARRAY_SIZE(steps)) {
+        char *end;
+        if (strncmp(e->d_name, "step-", 5) != 0 || !e->d_name[5])
+            continue;
+        unsigned long long v = strtoull(e->d_name + 5, &end, 10);
+        if (!*end)
+            steps[n++] = v;
+    }
+    closedir(d);
+    qsort(steps, n, sizeof(steps[0]), cmp_step_desc);
+    int committed = 0, removed = 0;
+    for (size_t i = 0; i < n; i++) {
+        char dir[4096 + 32], man[4096 + 64];
+        snprintf(dir, sizeof(dir), "%s/step-%" PRIu64, root, steps[i]);
+        snprintf(man, sizeof(man), "%s/manifest.json", dir);
+        bool is_committed = access(man, F_OK) == 0;
+        if (committed < keep) {
+            committed += is_committed;
+            continue; /* kept, or newer than the kept ones and maybe still being written */
+        }
+        if (nftw(dir, prune_rm, 8, FTW_DEPTH | FTW_PHYS) == 0)
+            removed++;
+    }
+    return removed;
 }

@@ -300,6 +300,15 @@ int mig_ckpt_verify(struct mig_ckpt *c, struct st_error *err);
  * small. */
 int mig_ckpt_latest(const char *root, char *ret_dir, size_t size);
 
+/* mig_ckpt_latest(), then the step that checkpoint holds (its manifest's step). Returns 0,
+ * -ENOENT when none is valid, or another negative errno. The job driver's ckpt_latest. */
+int mig_ckpt_latest_step(const char *root, char *ret_dir, size_t size, uint64_t *ret_step);
+
+/* Removes ROOT/step-N directories beyond the newest `keep` committed ones (manifest.json
+ * present); newer uncommitted ones (still being written) stay. Returns the number removed or
+ * negative errno (root missing = 0 removed). The job driver's retention. */
+int mig_ckpt_prune(const char *root, int keep);
+
 /* 64-bit XXH64 (xxHash, seed) of data, as the checkpoint files use it. Exposed for tests and
  * tools. */
 uint64_t mig_xxh64(const void *data, size_t len, uint64_t seed);

@@ -119,3 +119,24 @@ out:
     plan_cost_free(c);
     return r;
 }
+
+/* See planner.h. */
+int plan_cost_from_spec(const struct st_spec *spec, struct plan_cost **ret) {
+    if (!spec || !ret)
+        return -EINVAL;
+    if (spec->model.profile[0])
+        return -EOPNOTSUPP; /* profiled models are simulated, not trained */
+    struct plan_model_desc d = {
+        .layers = spec->model.layers,
+        .hidden = spec->model.hidden,
+        .seq = spec->model.seq_len,
+        .vocab = spec->model.vocab,
+        .micro_batch = spec->training.micro_batch,
+        .global_batch = spec->training.global_batch,
+        .gpu_tflops = spec->fleet.gpu_tflops,
+        .gpu_mem_gib = spec->fleet.gpu_memory ? (double)spec->fleet.gpu_memory / (1 << 30) : 16,
+        .net_gbps = spec->fleet.net_gbps,
+        .max_n = ST_MAX(spec->fleet.max, 1) * ST_MAX(spec->fleet.gpus_per_instance, 1),
+    };
+    return plan_cost_analytic(&d, ret);
+}

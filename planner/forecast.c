@@ -16,8 +16,11 @@
 #define HIST_MAX 4096
 
 const char *plan_predictor_name(enum plan_predictor p) {
-    static const char *const names[PLAN_PRED_NKINDS] = {"last-value", "arima", "damped",
-                                                                "notice"};
+    static const char *const names[PLAN_PRED_NKINDS] = {
+#define PLAN_PREDICTOR(e, name, doc) [e] = name,
+#include "predictors.def"
+#undef PLAN_PREDICTOR
+    };
     return (unsigned)p < PLAN_PRED_NKINDS ? names[p] : "?";
 }
 

@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct st_spec;
+
 struct st_error;
 
 #define PLAN_INTERVAL_S 60.0    /* seconds per trace interval */
@@ -145,6 +147,11 @@ struct plan_model_desc {
  * per-stage memory feasibility (weights, gradients, Adam state, activations). Shapes that do
  * not fit in memory are left out. Returns 0, -EINVAL (bad description), -ENOMEM. */
 int plan_cost_analytic(const struct plan_model_desc *d, struct plan_cost **ret);
+/* The cost model a job's planner decides with: the analytic model of the spec's built-in GPT
+ * on the spec's hardware figures (fleet.gpu_tflops, fleet.net_gbps, fleet.gpu_memory), for up
+ * to fleet.max x gpus_per_instance workers. Returns 0 and *ret (plan_cost_free), -EOPNOTSUPP
+ * for a profiled model (simulation only), -EINVAL, -ENOMEM. */
+int plan_cost_from_spec(const struct st_spec *spec, struct plan_cost **ret);
 struct plan_cost *plan_cost_free(struct plan_cost *c);
 
 /* Samples per second of a shape; 0 when the shape is not in the model. */
@@ -187,17 +194,13 @@ double plan_cost_transition_estimate_ms(const struct plan_cost *c, int N, int D,
 /* ---- forecast ------------------------------------------------------------------------- */
 
 enum plan_predictor {
-    PLAN_PRED_LAST = 0,   /* last value */
-    PLAN_PRED_ARIMA,      /* Parcae's ARIMA(1,1,0) with its pre/post-processing */
-    PLAN_PRED_DAMPED,     /* ours: damped trend, recent mean and last value, weighted by
-                           * each member's recent error */
-    PLAN_PRED_NOTICE,     /* ours: last value minus the instances already noticed to leave
-                           * (the forecast plan_decide uses; from history alone it is
-                           * last-value, notices enter through plan_situation) */
+#define PLAN_PREDICTOR(e, name, doc) e,
+#include "predictors.def" /* last-value, arima, damped, notice */
+#undef PLAN_PREDICTOR
     PLAN_PRED_NKINDS
 };
 const char *plan_predictor_name(enum plan_predictor p);
-/* Parses "last-value", "arima", "damped", "notice"; returns 0 or -EINVAL. */
+/* Parses a name of predictors.def; returns 0 or -EINVAL. */
 int plan_predictor_parse(const char *s, enum plan_predictor *ret);
 
 /* Predicts live instances for each of the next L intervals from hist[0..nhist) (counts after

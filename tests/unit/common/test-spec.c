@@ -112,7 +112,7 @@ static const struct bad_case bad_cases[] = {
     {HEAD MODEL DATA TRAIN "  fleet: {max: 4, trace: trace.csv, provider: aws2}\n", 1, 9, 47,
      "spec.fleet.provider", "invalid value 'aws2' (expected one of: sim, aws, gcp, azure, kubernetes)"},
     {BASE "  planner: {predictor: arma}\n", 1, 10, 24, "spec.planner.predictor",
-     "invalid value 'arma' (expected one of: last-value, arima, ensemble)"},
+     "invalid value 'arma' (expected one of: last-value, arima, damped, notice)"},
     {HEAD MODEL DATA FLEET "  training: {global_batch: 8, steps: 10, optimizer: {schedule: step}}\n",
      1, 9, 64, "spec.training.optimizer.schedule",
      "invalid value 'step' (expected one of: cosine, constant, linear)"},
@@ -453,7 +453,7 @@ static int test_defaults(void) {
     ASSERT_EQ(s.fleet.gpu_memory, 16ull << 30);
     ASSERT_NEAR(s.planner.interval, 60, 0, 0);
     ASSERT_EQ(s.planner.lookahead, 12);
-    ASSERT_STREQ(s.planner.predictor, "ensemble");
+    ASSERT_STREQ(s.planner.predictor, "notice");
     ASSERT_EQ(s.planner.dp, 0);
     ASSERT_EQ(s.planner.pp, 0);
     ASSERT_EQ(s.planner.dp_min, 0);
@@ -661,7 +661,7 @@ static int test_json(void) {
     ASSERT_STREQ(json_string_value(json_object_get(fl, "provider")), "sim");
     ASSERT_NEAR(json_real_value(json_object_get(fl, "notice")), 120, 0, 0);
     ASSERT_STREQ(json_string_value(json_object_get(json_object_get(sp, "planner"), "predictor")),
-                 "ensemble");
+                 "notice");
     json_decref(root);
     return 0;
 }

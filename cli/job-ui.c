@@ -1,0 +1,255 @@
+/* job-ui.c: what every command that runs a job shares — loading a spec with its errors
+ * printed, the checkpoint store the job driver is handed, and printing what the driver
+ * reports (events, the live status block, the summary and its JSON).
+ *
+ * One idea: the job driver (coordinator/job.h) decides and the commands only show. `run`,
+ * `coordinator --train` and `launch` print through these functions, so a user sees the same
+ * lines whichever fleet the job runs on. */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h" /* TRY */
+#include "cli.h"
+#include "common.h"
+#include "coordinator.h"
+#include "kernels.h"
+#include "migrate.h"
+#include "planner.h"
+#include "worker.h" /* worker_model_json, worker_train_config_from_spec */
+
+#define CLI_SPEC_MAX_ERRS 64
+
+/* See cli.h. */
+int cli_spec_load(const char *name, const char *path, struct st_spec *ret_spec) {
+    struct st_error *errs = st_calloc(CLI_SPEC_MAX_ERRS, sizeof(*errs));
+    size_t nerrs = 0;
+    if (!errs) {
+        fprintf(stderr, "spottrain %s: %s\n", name, st_strerror(-ENOMEM));
+        return CLI_EXIT_FAILURE;
+    }
+    int r = st_spec_load(path, ret_spec, errs, CLI_SPEC_MAX_ERRS, &nerrs);
+    if (r < 0) {
+        char line[1024];
+        for (size_t i = 0; i < nerrs && i < CLI_SPEC_MAX_ERRS; i++) {
+            st_error_format(&errs[i], line, sizeof(line));
+            fprintf(stderr, "%s\n", line);
+        }
+        if (nerrs > CLI_SPEC_MAX_ERRS)
+            fprintf(stderr, "%s: ... and %zu more errors\n", path, nerrs - CLI_SPEC_MAX_ERRS);
+        if (nerrs == 0)
+            fprintf(stderr, "spottrain %s: cannot load '%s': %s\n", name, path, st_strerror(r));
+    }
+    st_free(errs);
+    if (r == -ENOMEM)
+        return CLI_EXIT_FAILURE;
+    return r < 0 ? CLI_EXIT_INPUT : CLI_EXIT_OK; /* a bad or unreadable spec is bad input */
+}
+
+/* ---- the checkpoint store the driver is handed ------------------------------------------- */
+
+/* See cli.h. */
+int cli_ckpt_latest(void *userdata, const char *root, char *dir, size_t dirsz,
+                    uint64_t *ret_step) {
+    (void)userdata;
+    return mig_ckpt_latest_step(root, dir, dirsz, ret_step);
+}
+
+/* See cli.h. */
+int cli_ckpt_prune(void *userdata, const char *root, int keep) {
+    (void)userdata;
+    return mig_ckpt_prune(root, keep);
+}
+
+/* See cli.h. The manifest needs the model's description, which worker/ owns: this is the one
+ * piece of glue between the driver (which may not link worker/) and the checkpoint format. */
+int cli_ckpt_commit(void *userdata, const char *dir, uint64_t step, int dp, int pp) {
+    const struct st_spec *spec = userdata;
+    struct worker_train_config tc;
+    TRY(worker_train_config_from_spec(spec, &tc));
+    char *model = worker_model_json(&tc.model);
+    if (!model)
+        return -ENOMEM;
+    char extra[256];
+    snprintf(extra, sizeof(extra), "{\"global_batch\":%d,\"micro_batch\":%d,\"dp\":%d,"
+             "\"pp\":%d}", tc.global_batch, tc.micro_batch, dp, pp);
+    struct mig_ckpt_meta meta = {
+        .model_json = model,
+        .step = step,
+        .samples_committed = step * (uint64_t)tc.global_batch,
+        .data_position = step,
+        .data_seed = tc.seed,
+        .opt_step = step, /* one AdamW step per training step */
+        .extra_json = extra,
+    };
+    int r = mig_ckpt_commit(dir, &meta, kern_num_layers(&tc.model));
+    st_free(model);
+    return r;
+}
+
+/* See cli.h. */
+void cli_job_ckpt_store(struct coord_job_config *jc, const struct st_spec *spec) {
+    jc->ckpt_latest = cli_ckpt_latest;
+    jc->ckpt_prune = cli_ckpt_prune;
+    jc->ckpt_commit = cli_ckpt_commit;
+    jc->ckpt_userdata = (void *)spec;
+}
+
+/* ---- printing what the driver reports ------------------------------------------------------ */
+
+static void ui_event(const char *line, void *userdata) {
+    struct cli_job_ui *u = userdata;
+    if (u->tty && u->drawn) {
+        printf("\033[%dA\033[J", u->drawn); /* the event goes above the status block */
+        u->drawn = 0;
+    }
+    printf("%s%s\n", u->prefix, line);
+    fflush(stdout);
+    if (u->tty && u->have_status)
+        cli_job_ui_draw(u, &u->last);
+}
+
+static void ui_progress(const struct coord_loop_status *st, void *userdata) {
+    struct cli_job_ui *u = userdata;
+    u->last = *st;
+    u->have_status = true;
+    double now = st_now();
+    if (u->tty || now - u->last_line >= 2.0) {
+        cli_job_ui_draw(u, st);
+        u->last_line = now;
+    }
+}
+
+static void ui_started(const char *grpc, const char *rest, const char *job_id,
+                       const char *state_dir, void *userdata) {
+    struct cli_job_ui *u = userdata;
+    snprintf(u->rest, sizeof(u->rest), "%s", rest);
+    fprintf(stderr, "spottrain %s: coordinator grpc=%s rest=%s%s job=%s state=%s\n", u->cmd,
+            grpc, rest[0] ? "http://" : "", rest[0] ? rest : "-", job_id, state_dir);
+    fflush(stderr);
+}
+
+/* See cli.h. */
+void cli_job_ui_draw(struct cli_job_ui *u, const struct coord_loop_status *st) {
+    char line[4][240], loss[32];
+    if (isfinite(st->loss) && st->step > 0)
+        snprintf(loss, sizeof(loss), "%.4f", st->loss);
+    else
+        snprintf(loss, sizeof(loss), "-");
+    snprintf(line[0], sizeof(line[0]), "step %" PRIu64 "/%" PRIu64 "  loss %s  %.1f samples/s",
+             st->step, st->total, loss, st->samples_per_s);
+    if (st->dp > 0)
+        snprintf(line[1], sizeof(line[1]), "shape %dx%d (dp x pp)  epoch %" PRIu64 "  %s",
+                 st->dp, st->pp, st->epoch, st->phase);
+    else
+        snprintf(line[1], sizeof(line[1]), "shape -  epoch %" PRIu64 "  %s", st->epoch,
+                 st->phase);
+    snprintf(line[2], sizeof(line[2]), "instances alive %d  forecast %d", st->alive,
+             st->forecast);
+    snprintf(line[3], sizeof(line[3]), "last: %.200s", st->last_event);
+    if (u->tty) {
+        if (u->drawn)
+            printf("\033[%dA", u->drawn);
+        for (int i = 0; i < 4; i++)
+            printf("\033[2K%s\n", line[i]);
+        u->drawn = 4;
+    } else {
+        printf("%sprogress: %s | %s | %s\n", u->prefix, line[0], line[1], line[2]);
+    }
+    fflush(stdout);
+}
+
+/* See cli.h. */
+void cli_job_ui_init(struct cli_job_ui *u, const char *cmd, const char *prefix,
+                     struct coord_job_ui *ret) {
+    memset(u, 0, sizeof(*u));
+    u->cmd = cmd;
+    u->prefix = prefix;
+    u->tty = isatty(STDOUT_FILENO);
+    memset(ret, 0, sizeof(*ret));
+    ret->userdata = u;
+    ret->on_started = ui_started;
+    ret->on_event = ui_event;
+    ret->on_progress = ui_progress;
+    ret->progress_interval = u->tty ? 0.25 : 0.5;
+}
+
+/* See cli.h. */
+void cli_job_print_summary(FILE *f, const struct coord_loop_summary *s,
+                           const struct st_spec *sp) {
+    fprintf(f, "\nsummary\n");
+    fprintf(f, "  steps              %" PRIu64 "%s\n", s->steps,
+            s->finished ? "" : " (not finished)");
+    fprintf(f, "  samples committed  %" PRIu64 "\n", s->samples);
+    if (isfinite(s->final_loss))
+        fprintf(f, "  final loss         %.4f (first reported %.4f)\n", s->final_loss,
+                s->first_loss);
+    else
+        fprintf(f, "  final loss         - (no step reported a loss)\n");
+    fprintf(f, "  wall time          %.1f s\n", s->wall_seconds);
+    fprintf(f, "  time per shape    ");
+    for (int i = 0; i < s->nshapes; i++)
+        fprintf(f, " %dx%d %.1fs", s->shapes[i].dp, s->shapes[i].pp, s->shapes[i].seconds);
+    fprintf(f, "\n  migrations         kind                 count        bytes   stall s\n");
+    for (int k = 0; k < COORD_LOOP_NKINDS; k++)
+        fprintf(f, "                     %-20s %5" PRIu64 " %12" PRIu64 " %9.3f\n",
+                coord_loop_kind_name((enum coord_loop_kind)k), s->count[k], s->bytes[k],
+                s->stall[k]);
+    fprintf(f, "  checkpoint restores %" PRIu64 "\n", s->count[COORD_LOOP_RESTORE]);
+    fprintf(f, "  notices relayed    %d (read by workers from their cloud's metadata endpoint)\n",
+            s->worker_notices);
+    fprintf(f, "  fleet              %.3f instance-hours: $%.2f spot, $%.2f on demand "
+               "(%.2f/%.2f $/h)\n", s->instance_hours, s->spot_dollars, s->on_demand_dollars,
+            sp->fleet.spot_price, sp->fleet.on_demand_price);
+    fflush(f);
+}
+
+/* See cli.h. */
+int cli_job_write_json(const char *path, const struct coord_loop_summary *s) {
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return -errno;
+    fprintf(f, "{\n  \"steps\": %" PRIu64 ",\n  \"finished\": %s,\n  \"samples_committed\": %"
+               PRIu64 ",\n", s->steps, s->finished ? "true" : "false", s->samples);
+    if (isfinite(s->final_loss))
+        fprintf(f, "  \"final_loss\": %.9g,\n", s->final_loss);
+    else
+        fprintf(f, "  \"final_loss\": null,\n");
+    if (isfinite(s->first_loss))
+        fprintf(f, "  \"first_loss\": %.9g,\n", s->first_loss);
+    fprintf(f, "  \"wall_seconds\": %.3f,\n  \"checkpoint_restores\": %" PRIu64 ",\n"
+               "  \"worker_notices\": %d,\n",
+            s->wall_seconds, s->count[COORD_LOOP_RESTORE], s->worker_notices);
+    fprintf(f, "  \"migrations\": {");
+    for (int k = 0; k < COORD_LOOP_NKINDS; k++)
+        fprintf(f, "%s\n    \"%s\": {\"count\": %" PRIu64 ", \"bytes\": %" PRIu64
+                   ", \"stall_seconds\": %.6f}", k ? "," : "",
+                coord_loop_kind_name((enum coord_loop_kind)k), s->count[k], s->bytes[k],
+                s->stall[k]);
+    fprintf(f, "\n  },\n  \"time_per_shape\": [");
+    for (int i = 0; i < s->nshapes; i++)
+        fprintf(f, "%s{\"dp\": %d, \"pp\": %d, \"seconds\": %.3f}", i ? ", " : "",
+                s->shapes[i].dp, s->shapes[i].pp, s->shapes[i].seconds);
+    fprintf(f, "],\n  \"reconfigurations\": [");
+    for (int i = 0; i < s->nrecords; i++) {
+        const struct coord_loop_record *r = &s->records[i];
+        fprintf(f, "%s\n    {\"epoch\": %" PRIu64 ", \"at_step\": %" PRIu64 ", \"kind\": \"%s\", "
+                   "\"dp_resharding\": %s, \"from\": [%d, %d], \"to\": [%d, %d], "
+                   "\"planned_bytes\": %" PRIu64 ", \"moved_bytes\": %" PRIu64 ", "
+                   "\"stall_seconds\": %.6f, \"seconds\": %.6f, \"ok\": %s}",
+                i ? "," : "", r->epoch, r->at_step, coord_loop_kind_name(r->kind),
+                r->dp_reshard ? "true" : "false", r->from_dp, r->from_pp, r->to_dp, r->to_pp,
+                r->planned_bytes, r->moved_bytes, r->stall_seconds, r->seconds,
+                r->ok ? "true" : "false");
+    }
+    fprintf(f, "\n  ],\n  \"instance_hours\": %.6f,\n  \"spot_dollars\": %.6f,\n"
+               "  \"on_demand_dollars\": %.6f\n}\n", s->instance_hours, s->spot_dollars,
+            s->on_demand_dollars);
+    int r = ferror(f) ? -EIO : 0;
+    if (fclose(f) != 0 && r == 0)
+        r = -errno;
+    return r;
+}
