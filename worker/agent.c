@@ -54,6 +54,7 @@ struct worker_agent {
     bool watch_cancel;        /* the session is over: the watch thread must not wait */
     bool connected;
     double interval;          /* seconds between Reports, from JoinResponse */
+    char job_id[ST_UUID_STR_LEN]; /* from JoinResponse; "" before the first Join */
 
     /* command state (lock) */
     uint64_t last_applied;    /* highest command id applied */
@@ -198,6 +199,13 @@ int worker_agent_new(const struct worker_agent_config *cfg, const struct worker_
 
 const char *worker_agent_id(const struct worker_agent *a) {
     return a ? a->cfg.id : "";
+}
+
+/* See worker-agent.h. */
+void worker_agent_job_id(struct worker_agent *a, char ret_id[ST_UUID_STR_LEN]) {
+    pthread_mutex_lock(&a->lock);
+    memcpy(ret_id, a->job_id, ST_UUID_STR_LEN);
+    pthread_mutex_unlock(&a->lock);
 }
 
 uint64_t worker_agent_epoch(struct worker_agent *a) {
@@ -572,6 +580,7 @@ static int do_join(struct worker_agent *a, grpc_channel *ch, grpc_completion_que
     pthread_mutex_lock(&a->lock);
     if (isfinite(jr->heartbeat_interval) && jr->heartbeat_interval > 0.001)
         a->interval = jr->heartbeat_interval;
+    snprintf(a->job_id, sizeof(a->job_id), "%s", jr->job_id ? jr->job_id : "");
     pthread_mutex_unlock(&a->lock);
     st_log(ST_LOG_NOTICE, "agent", "Joined job '%s' (%s) at epoch %llu%s, reporting every %.2f s",
            jr->job_name, jr->job_id, (unsigned long long)jr->epoch,

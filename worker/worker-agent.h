@@ -100,6 +100,9 @@ int worker_agent_notice(struct worker_agent *a, const char *kind, double at,
  * is established (joined and watching). */
 const char *worker_agent_id(const struct worker_agent *a);
 uint64_t worker_agent_epoch(struct worker_agent *a);
+/* The job's id as the coordinator's last JoinResponse gave it ("" before the first Join); the
+ * data plane binds it into every connection's proof. */
+void worker_agent_job_id(struct worker_agent *a, char ret_id[ST_UUID_STR_LEN]);
 bool worker_agent_connected(struct worker_agent *a);
 
 #endif
