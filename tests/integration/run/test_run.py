@@ -446,9 +446,6 @@ def test_input():
         shutil.rmtree(d, ignore_errors=True)
 
 
-<<<<<<< HEAD
-TESTS = {"restart": test_restart, "standalone": test_standalone, "central": test_central, "intra": test_intra, "inter": test_inter,
-=======
 def rogue_hello(addr, epoch, frm, to, nranks, version):
     """Dials addr and sends a data-plane hello without any secret; returns the socket's local
     address and what came back before the worker closed the connection."""
@@ -580,8 +577,7 @@ def test_auth():
         shutil.rmtree(d, ignore_errors=True)
 
 
-TESTS = {"auth": test_auth, "restart": test_restart, "central": test_central, "intra": test_intra, "inter": test_inter,
->>>>>>> auth
+TESTS = {"auth": test_auth, "restart": test_restart, "standalone": test_standalone, "central": test_central, "intra": test_intra, "inter": test_inter,
          "pipeline": test_pipeline, "reshard": test_reshard, "input": test_input}
 
 if __name__ == "__main__":
