@@ -16,6 +16,7 @@
 #include "cli.h"
 #include "common.h"
 #include "coordinator.h"
+#include "planner.h" /* plan_feasible */
 #include "kernels.h"
 #include "migrate.h"
 #include "planner.h"
@@ -46,7 +47,36 @@ int cli_spec_load(const char *name, const char *path, struct st_spec *ret_spec) 
     st_free(errs);
     if (r == -ENOMEM)
         return CLI_EXIT_FAILURE;
-    return r < 0 ? CLI_EXIT_INPUT : CLI_EXIT_OK; /* a bad or unreadable spec is bad input */
+    if (r < 0)
+        return CLI_EXIT_INPUT; /* a bad or unreadable spec is bad input */
+    /* A spec no shape can run would only wait: refuse it here, before any fleet starts. */
+    return cli_spec_feasible(path, ret_spec);
+}
+
+/* See cli.h. */
+int cli_spec_feasible(const char *path, const struct st_spec *spec) {
+    struct plan_feasibility f;
+    int r = plan_feasible(spec, &f);
+    if (r == -ENOMEM) {
+        fprintf(stderr, "spottrain: %s\n", st_strerror(r));
+        return CLI_EXIT_FAILURE;
+    }
+    if (r < 0) {
+        fprintf(stderr, "%s: cannot check which shapes can run this job: %s\n", path,
+                st_strerror(r));
+        return CLI_EXIT_INPUT;
+    }
+    if (f.nfeasible > 0)
+        return CLI_EXIT_OK;
+    struct st_error e;
+    int line = 0, col = 0;
+    if (st_spec_where(spec, f.field, &line, &col) < 0)
+        line = col = 0;
+    st_error_set(&e, path, line, col, f.field, "%s", f.message);
+    char buf[1024];
+    st_error_format(&e, buf, sizeof(buf));
+    fprintf(stderr, "%s\n", buf);
+    return CLI_EXIT_INPUT;
 }
 
 /* ---- the checkpoint store the driver is handed ------------------------------------------- */
