@@ -7,8 +7,10 @@
  * lines whichever fleet the job runs on. */
 #include <errno.h>
 #include <inttypes.h>
+#include <jansson.h> /* json_dumps: the error string quoted */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -174,6 +176,9 @@ void cli_job_ui_draw(struct cli_job_ui *u, const struct coord_loop_status *st) {
     if (st->dp > 0)
         snprintf(line[1], sizeof(line[1]), "shape %dx%d (dp x pp)  epoch %" PRIu64 "  %s",
                  st->dp, st->pp, st->epoch, st->phase);
+    else if (st->waiting[0])
+        snprintf(line[1], sizeof(line[1]), "shape -  epoch %" PRIu64 "  waiting: %.200s",
+                 st->epoch, st->waiting);
     else
         snprintf(line[1], sizeof(line[1]), "shape -  epoch %" PRIu64 "  %s", st->epoch,
                  st->phase);
@@ -213,6 +218,8 @@ void cli_job_print_summary(FILE *f, const struct coord_loop_summary *s,
     fprintf(f, "\nsummary\n");
     fprintf(f, "  steps              %" PRIu64 "%s\n", s->steps,
             s->finished ? "" : " (not finished)");
+    if (s->error[0])
+        fprintf(f, "  error              %s\n", s->error);
     fprintf(f, "  samples committed  %" PRIu64 "\n", s->samples);
     if (isfinite(s->final_loss))
         fprintf(f, "  final loss         %.4f (first reported %.4f)\n", s->final_loss,
@@ -253,6 +260,17 @@ int cli_job_write_json(const char *path, const struct coord_loop_summary *s) {
     fprintf(f, "  \"wall_seconds\": %.3f,\n  \"checkpoint_restores\": %" PRIu64 ",\n"
                "  \"worker_notices\": %d,\n",
             s->wall_seconds, s->count[COORD_LOOP_RESTORE], s->worker_notices);
+    if (s->error[0]) {
+        json_t *js = json_string(s->error);
+        char *e = js ? json_dumps(js, JSON_ENCODE_ANY) : NULL;
+        json_decref(js);
+        if (!e) {
+            fclose(f);
+            return -ENOMEM;
+        }
+        fprintf(f, "  \"error\": %s,\n", e);
+        free(e); /* jansson allocates with malloc */
+    }
     fprintf(f, "  \"migrations\": {");
     for (int k = 0; k < COORD_LOOP_NKINDS; k++)
         fprintf(f, "%s\n    \"%s\": {\"count\": %" PRIu64 ", \"bytes\": %" PRIu64
