@@ -172,7 +172,8 @@ static void fmt_bound(char *buf, size_t size, const char *name, int lo, int hi) 
 }
 
 /* Why no shape can run, in terms of the blamed rule. */
-static void fmt_why(const struct plan_rules *r, enum plan_rule rule, char *buf, size_t size) {
+static void fmt_why(const struct plan_rules *r, enum plan_rule rule, struct plan_shape near,
+                    char *buf, size_t size) {
     char b[64];
     switch (rule) {
     case PLAN_RULE_DP:
@@ -188,11 +189,14 @@ static void fmt_why(const struct plan_rules *r, enum plan_rule rule, char *buf, 
         break;
     case PLAN_RULE_FLEET:
         snprintf(buf, size, "fleet.max x gpus_per_instance = %d workers, fewer than any "
-                 "allowed (dp, pp) shape needs", r->workers_max);
+                 "allowed (dp, pp) shape needs (the smallest needs %d)", r->workers_max,
+                 near.dp * near.pp);
         break;
     case PLAN_RULE_MEMORY:
-        snprintf(buf, size, "no allowed (dp, pp) shape's fullest stage fits in %.2f GiB (90%% "
-                 "of fleet.gpu_memory)", r->mem_budget / 1073741824.0);
+        snprintf(buf, size, "no allowed (dp, pp) shape's fullest stage fits in %.4g GiB (90%% "
+                 "of fleet.gpu_memory; the smallest needs %.4g GiB)",
+                 r->mem_budget / 1073741824.0,
+                 plan_shape_stage_bytes(r, near.dp, near.pp) / 1073741824.0);
         break;
     case PLAN_RULE_BATCH:
         snprintf(buf, size, "global_batch %d is not a multiple of dp x micro_batch (%d) for any "
@@ -269,7 +273,7 @@ int plan_feasible(const struct st_spec *spec, struct plan_feasibility *ret) {
             f.nearest[i] = (struct plan_shape){dp, pp};
         }
     char why[300];
-    fmt_why(r, blame, why, sizeof(why));
+    fmt_why(r, blame, f.nearest[0], why, sizeof(why));
     size_t n = (size_t)snprintf(f.message, sizeof(f.message), "%s", why);
     if (fewest > 1 && n < sizeof(f.message)) {
         /* One edit is not enough: say which other fields must change too. */
