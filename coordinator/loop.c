@@ -1173,7 +1173,8 @@ static bool wait_check(struct coord_loop *L, int n, double now) {
     }
     /* Workers joining one by one at the start are no news: the event is for a wait that
      * outlasts the first-workers grace, or any wait after training began. */
-    bool grace = !L->need_restore && L->epoch == 0 && now - L->t0 < L->cfg.first_wait;
+    bool grace = !L->need_restore && L->epoch == 0 && n < L->cfg.expect_workers &&
+                 now - L->t0 < L->cfg.first_wait;
     if (!L->wait_told && !grace) {
         set_event(L, "waiting: %s", why);
         L->wait_told = true;
