@@ -131,8 +131,8 @@ def test_wait():
     proc = None
     try:
         # dp pinned to 2 on one instance: the smallest allowed shape (2x1) needs 2 workers.
-        # wait_limit 20 minutes of trace time at 0.01 s per trace second = 12 s of wall time.
-        job = write(d, dp="2", wait="20m")
+        # wait_limit 30 minutes of trace time at 0.01 s per trace second = 18 s of wall time.
+        job = write(d, dp="2", wait="30m")
         summ = os.path.join(d, "summary.json")
         errf = open(os.path.join(d, "stderr"), "w")
         proc = subprocess.Popen([BIN, "run", job, "--json-summary", summ, "--state-dir",
@@ -141,7 +141,8 @@ def test_wait():
         want = "the smallest shape the spec allows needs 2 workers, 1 alive"
         rest, seen, metric = None, None, None
         deadline = time.time() + 60
-        while time.time() < deadline and proc.poll() is None and seen is None:
+        # Before the one worker joins the reason says 0 alive: wait for the settled state.
+        while time.time() < deadline and proc.poll() is None and seen != want:
             if rest is None:
                 with open(os.path.join(d, "stderr")) as f:
                     for w in f.read().split():
@@ -149,8 +150,8 @@ def test_wait():
                             rest = w[len("rest="):]
             else:
                 j = json.loads(get(rest + "/v1/job"))
-                if j["waiting_reason"]:
-                    seen = j["waiting_reason"]
+                seen = j["waiting_reason"]
+                if seen == want:
                     metric = [l for l in get(rest + "/metrics").splitlines()
                               if l.startswith("spottrain_waiting ")]
             time.sleep(0.1)
@@ -162,7 +163,7 @@ def test_wait():
         check("waiting: " + want + "\n" in out, "no waiting event in the output")
         with open(summ) as f:
             s = json.load(f)
-        err = ("no fleet could host a shape the spec allows for 1200s (planner.wait_limit): "
+        err = ("no fleet could host a shape the spec allows for 1800s (planner.wait_limit): "
                + want)
         check(s["error"] == err, "summary error %r" % s.get("error"))
         check(s["steps"] == 0 and not s["finished"], "steps %d finished %s" % (
