@@ -34,6 +34,8 @@ int cloud__emit(struct cloud_provider *p, const struct cloud_signal *sig);
 
 /* The sim backend (sim.c). */
 extern const struct cloud_provider_ops cloud__sim_ops;
+/* The kubernetes backend (k8s.c). */
+extern const struct cloud_provider_ops cloud__k8s_ops;
 
 /* ---- Kubernetes (k8s-manifest.c, k8s.c) ------------------------------------------------- */
 

@@ -151,6 +151,10 @@ struct cloud_config {
                                            the bound gRPC address) */
     const char *token;                  /* the join token for the bootstrap (borrowed); never
                                            logged */
+    /* kubernetes */
+    char kubeconfig[512];               /* "" = $KUBECONFIG, else in-cluster config */
+    char k8s_namespace[128];            /* "" = the kubeconfig context's, the service
+                                           account's, $SPOTTRAIN_NAMESPACE or "default" */
     /* sim */
     const struct cloud_event *events;   /* sorted by t */
     size_t nevents;
@@ -194,7 +198,7 @@ void cloud_config_init(struct cloud_config *cfg);
  * when a value is out of range (the spec loader normally caught that already). */
 int cloud_config_from_fleet(struct cloud_config *cfg, const struct st_spec_fleet *fleet);
 
-/* Names of the registered providers, NULL-terminated ({"sim", NULL} this round). */
+/* Names of the registered providers, NULL-terminated ({"sim", "kubernetes", NULL}). */
 const char *const *cloud_provider_names(void);
 
 /* Creates a provider of the named kind. Returns 0 and *ret_p, -ENOENT for an unknown name,

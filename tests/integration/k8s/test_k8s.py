@@ -8,12 +8,19 @@ Run through tests/integration/control/venv.sh, which installs kubernetes-validat
 kmock (provider, rbac) from PyPI into a venv of the build directory (skip 77 when pip cannot).
 Every wait is bounded polling on an observable; nothing sleeps to synchronise.
 """
+import asyncio
 import glob
+import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
 
 BIN = os.environ.get("SPOTTRAIN_BIN", "")
 SRC = os.environ.get("SPOTTRAIN_SRCDIR", ".")
@@ -197,12 +204,355 @@ def scenario_render():
     print("PASS", flush=True)
 
 
+# ---- the provider against kmock ------------------------------------------------------------
+
+TOKEN = "k8s-test-token"
+TIMEOUT = 30.0  # the issue's bound for pods to appear and to go
+
+
+def wait_until(pred, what, timeout=TIMEOUT):
+    """Polls pred() (bounded) until it returns a truthy value, which is returned."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.05)
+    fail("timed out after %.0f s waiting for %s" % (timeout, what))
+
+
+class Mock:
+    """kmock's Kubernetes emulator on a loopback port, run by an asyncio loop in a thread."""
+
+    def __init__(self):
+        import kmock
+        self.kmock = kmock
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        if not self.ready.wait(TIMEOUT):
+            fail("kmock did not start")
+
+    def _run(self):
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self._main())
+
+    async def _main(self):
+        async with self.kmock.KubernetesEmulator() as k, self.kmock.Server(k) as srv:
+            k.resources["v1/pods"] = {}
+            k.resources["v1/configmaps"] = {}
+            self.k = k
+            self.url = str(srv.url).rstrip("/")
+            self.stop_fut = self.loop.create_future()
+            self.ready.set()
+            await self.stop_fut
+
+    def call(self, fn):
+        """Runs fn(k) on the mock's loop and returns its result."""
+        async def go():
+            return fn(self.k)
+        return asyncio.run_coroutine_threadsafe(go(), self.loop).result(TIMEOUT)
+
+    def close(self):
+        self.loop.call_soon_threadsafe(lambda: self.stop_fut.done() or
+                                       self.stop_fut.set_result(None))
+        self.thread.join(TIMEOUT)
+
+    def request(self, method, path, body=None, ctype="application/merge-patch+json"):
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, method=method, data=data,
+                                     headers={"Content-Type": ctype})
+        try:
+            with urllib.request.urlopen(req, timeout=TIMEOUT) as f:
+                return f.status, json.loads(f.read() or b"null")
+        except urllib.error.HTTPError as e:
+            return e.code, None
+
+    def pods(self, job=None):
+        """{name: pod} of the pods the server holds, optionally only one job's."""
+        def get(k):
+            out = {}
+            for key in list(k.objects):
+                res, ns, name = key
+                if res.plural != "pods":
+                    continue
+                obj = k.objects[key]
+                if obj.deleted:
+                    continue
+                raw = obj.raw
+                labels = raw.get("metadata", {}).get("labels", {}) or {}
+                if job is None or labels.get("spottrain.dev/job") == job:
+                    out[name] = json.loads(json.dumps(raw))
+            return out
+        return self.call(get)
+
+    def count(self, what):
+        """Requests for pods so far: 'list' or 'watch'."""
+        def get(k):
+            n = 0
+            for r in list(k):
+                if r.resource is not None and r.resource.plural == "pods" and \
+                        str(r.action).lower().endswith(what):
+                    n += 1
+            return n
+        return self.call(get)
+
+    def kubeconfig(self, path, token=TOKEN):
+        with open(path, "w") as f:
+            f.write("apiVersion: v1\nkind: Config\ncurrent-context: test\n"
+                    "clusters:\n- name: kmock\n  cluster:\n    server: %s\n"
+                    "users:\n- name: tester\n  user:\n    token: %s\n"
+                    "contexts:\n- name: test\n  context:\n    cluster: kmock\n"
+                    "    user: tester\n    namespace: default\n" % (self.url, token))
+
+
+class Coordinator:
+    def __init__(self, spec, state, kubeconfig, tmp):
+        token_file = os.path.join(tmp, "token")
+        with open(token_file, "w") as f:
+            f.write(TOKEN + "\n")
+        self.err_path = os.path.join(tmp, "coordinator-%d.err" % time.monotonic_ns())
+        self.err = open(self.err_path, "w")
+        self.p = subprocess.Popen(
+            [BIN, "coordinator", "--job", spec, "--train", "--kubeconfig", kubeconfig,
+             "--listen", "127.0.0.1:0", "--status-listen", "127.0.0.1:0", "--token-file",
+             token_file, "--state-dir", state],
+            stdout=subprocess.PIPE, stderr=self.err, text=True)
+        self.lines = []
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+        line = wait_until(lambda: next((x for x in self.lines if
+                                        x.startswith("coordinator listening")), None) or
+                          (self.p.poll() is not None and "exited"), "the listening line")
+        if line == "exited":
+            fail("coordinator exited %s: %s" % (self.p.returncode, self.stderr()))
+        f = dict(kv.split("=", 1) for kv in line.split()[2:])
+        self.grpc, self.rest, self.job_id = f["grpc"], f["rest"], f["job"]
+
+    def _read(self):
+        for line in self.p.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def stderr(self):
+        self.err.flush()
+        with open(self.err_path) as f:
+            return f.read()
+
+    def saw(self, text):
+        return any(text in x for x in self.lines)
+
+    def post(self, path):
+        req = urllib.request.Request("http://%s%s" % (self.rest, path), method="POST",
+                                     headers={"Authorization": "Bearer " + TOKEN})
+        with urllib.request.urlopen(req, timeout=TIMEOUT) as f:
+            return f.status
+
+    def wait(self):
+        try:
+            return self.p.wait(TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait()
+            fail("coordinator did not exit within %.0f s" % TIMEOUT)
+
+    def kill(self):
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait()
+        self.err.close()
+
+
+def provider_spec(tmp, image="registry.example/spottrain:test", max_pods=3):
+    with open(EXAMPLE) as f:
+        text = f.read()
+    text = text.replace("    max: 4\n", "    max: %d\n" % max_pods)
+    text = text.replace("ghcr.io/example/spottrain:0.1", image)
+    text = text.replace("/var/lib/spottrain/data/markov1.bin", os.path.join(tmp, "data.bin"))
+    text = text.replace("/var/lib/spottrain/ckpt", os.path.join(tmp, "ckpt"))
+    path = os.path.join(tmp, "job.yaml")
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def scenario_provider():
+    tmpdir = tempfile.TemporaryDirectory(prefix="k8s-provider-")
+    tmp = tmpdir.name
+    mock = Mock()
+    coords = []
+    try:
+        provider_body(mock, tmp, coords)
+    finally:
+        for c in coords:
+            c.kill()
+        mock.close()
+
+
+def provider_body(mock, tmp, coords):
+    try:
+        provider_steps(mock, tmp, coords)
+    except SystemExit:
+        for c in coords:
+            print("--- coordinator stdout (last 30 lines):\n" + "\n".join(c.lines[-30:]))
+            print("--- coordinator stderr (last 3000 chars):\n" + c.stderr()[-3000:])
+        raise
+
+
+def provider_steps(mock, tmp, coords):
+    spec = provider_spec(tmp)
+    kc = os.path.join(tmp, "kubeconfig")
+    mock.kubeconfig(kc)
+    state = os.path.join(tmp, "state")
+    # Someone else's pods: kmock ignores labelSelector, so only our own filter keeps us off them.
+    for name, labels in (("other-w0", {"spottrain.dev/job": "other",
+                                       "spottrain.dev/role": "worker"}),
+                         ("web-0", {"app": "web"})):
+        code, _ = mock.request("POST", "/api/v1/namespaces/default/pods",
+                               {"apiVersion": "v1", "kind": "Pod",
+                                "metadata": {"name": name, "labels": labels}},
+                               "application/json")
+        check(code in (200, 201), "seeded foreign pod %s" % name)
+    # The first watch answers 410 Gone: the provider must list again, then watch again.
+    mock.call(lambda k: k[mock.kmock.action.WATCH, mock.kmock.resource("v1/pods")][:1] << 410)
+
+    t0 = time.monotonic()
+    c = Coordinator(spec, state, kc, tmp)
+    coords.append(c)
+    pods = wait_until(lambda: (lambda p: p if len(p) == 3 else None)(mock.pods("k8s-demo")),
+                      "3 worker pods labelled spottrain.dev/job=k8s-demo")
+    check(time.monotonic() - t0 < TIMEOUT, "3 pods within 30 s (%.1f s)" % (time.monotonic() - t0))
+    check(sorted(pods) == ["k8s-demo-w0", "k8s-demo-w1", "k8s-demo-w2"],
+          "pods are named explicitly: %s" % sorted(pods))
+    for name, pod in pods.items():
+        labels = pod["metadata"]["labels"]
+        check(labels["spottrain.dev/job-id"] == c.job_id and
+              labels["spottrain.dev/role"] == "worker", "%s carries job and job-id" % name)
+        ps = pod["spec"]
+        ctr = ps["containers"][0]
+        check(ctr["image"] == "registry.example/spottrain:test" and
+              ctr["args"][:3] == ["worker", "--coordinator", c.grpc],
+              "%s runs the image and dials the coordinator %s" % (name, c.grpc))
+        check(ps["nodeSelector"] == {"cloud.google.com/gke-spot": "true"} and
+              [t["key"] for t in ps["tolerations"]] ==
+              ["cloud.google.com/gke-spot", "kubernetes.azure.com/scalesetpriority"] and
+              ctr["resources"]["limits"] == {"nvidia.com/gpu": "1", "cpu": "4",
+                                             "memory": "16Gi"} and
+              ctr["resources"]["requests"] == ctr["resources"]["limits"],
+              "%s has the spec's nodeSelector, tolerations and resources" % name)
+        check(ps["restartPolicy"] == "Never" and ps["terminationGracePeriodSeconds"] == 30,
+              "%s: restartPolicy Never, grace = fleet.notice (30 s)" % name)
+    # kmock assigns no uid, so no ConfigMap owner here; the pod validates as a real one would.
+    pod_file = os.path.join(tmp, "pod.yaml")
+    with open(pod_file, "w") as f:
+        json.dump(pods["k8s-demo-w0"], f)
+    rc, text = validate(pod_file, "1.27.0")
+    check(rc == 0, "a created worker pod passes kubernetes-validate --strict 1.27\n" + text)
+
+    wait_until(lambda: mock.count("watch") >= 2 and mock.count("list") >= 2,
+               "a second list and watch after 410 Gone")
+    check(mock.count("list") == 2 and mock.count("watch") == 2,
+          "410 Gone on the watch: listed again and watched again, once each (list %d, watch %d)"
+          % (mock.count("list"), mock.count("watch")))
+
+    # Running -> granted; DisruptionTarget -> notice; deletion after it -> lost (preempted).
+    def patch(name, body):
+        code, _ = mock.request("PATCH", "/api/v1/namespaces/default/pods/" + name, body)
+        check(code == 200, "patched %s" % name)
+    for name in ("k8s-demo-w0", "k8s-demo-w1"):
+        patch(name, {"spec": {"nodeName": "node-" + name[-1]}, "status": {"phase": "Running"}})
+        wait_until(lambda: c.saw("granted: %s (node-%s)" % (name, name[-1])), "granted " + name)
+        check(True, "Running pod %s is granted" % name)
+    patch("k8s-demo-w0", {"status": {"conditions": [{"type": "DisruptionTarget",
+                                                      "status": "True",
+                                                      "reason": "PreemptionByScheduler"}]}})
+    wait_until(lambda: c.saw("notice: k8s-demo-w0 (node-0) goes in"), "notice for w0")
+    check(True, "DisruptionTarget gives a notice")
+    mock.request("DELETE", "/api/v1/namespaces/default/pods/k8s-demo-w0")
+    wait_until(lambda: c.saw("lost: k8s-demo-w0 (node-0, preempted)"), "w0 lost (preempted)")
+    check(True, "a noticed pod that goes is lost as preempted")
+    mock.request("DELETE", "/api/v1/namespaces/default/pods/k8s-demo-w1")
+    wait_until(lambda: c.saw("lost: k8s-demo-w1 (node-1, unannounced)"), "w1 lost (unannounced)")
+    check(True, "a pod gone without notice is lost as unannounced")
+    pods = wait_until(lambda: (lambda p: p if sorted(p) == ["k8s-demo-w2", "k8s-demo-w3",
+                                                            "k8s-demo-w4"] else None)(
+        mock.pods("k8s-demo")), "two replacement pods")
+    check(True, "lost pods are replaced up to fleet.max: %s" % sorted(pods))
+
+    # SIGTERM (the coordinator's pod rescheduled): the workers stay.
+    c.p.send_signal(signal.SIGTERM)
+    rc = c.wait()
+    check(rc == 0, "coordinator exits 0 on SIGTERM")
+    check(sorted(mock.pods("k8s-demo")) == ["k8s-demo-w2", "k8s-demo-w3", "k8s-demo-w4"],
+          "SIGTERM leaves the worker pods running")
+
+    # A restart on the same state adopts them: same job id, no new pod.
+    watches = mock.count("watch")
+    c2 = Coordinator(spec, state, kc, tmp)
+    coords.append(c2)
+    check(c2.job_id == c.job_id, "the restart resumes job %s" % c.job_id)
+    wait_until(lambda: mock.count("watch") > watches, "the restarted coordinator's watch")
+    check(sorted(mock.pods("k8s-demo")) == ["k8s-demo-w2", "k8s-demo-w3", "k8s-demo-w4"],
+          "the restarted coordinator adopts the 3 pods and creates none")
+    check("adopting pod 'k8s-demo-w2'" in c2.stderr(), "adoption is logged")
+
+    # POST /v1/job:stop: every worker pod goes within 30 s; foreign pods stay.
+    t0 = time.monotonic()
+    check(c2.post("/v1/job:stop") == 200, "POST /v1/job:stop answers 200")
+    wait_until(lambda: not mock.pods("k8s-demo"), "the job's pods deleted")
+    check(time.monotonic() - t0 < TIMEOUT, "job:stop deleted every worker pod in %.1f s" %
+          (time.monotonic() - t0))
+    c2.wait()
+    check(sorted(mock.pods()) == ["other-w0", "web-0"], "foreign pods untouched: %s" %
+          sorted(mock.pods()))
+    print("PASS", flush=True)
+
+
+def scenario_rbac():
+    """401 and 403 from the API server: one clear error naming what is missing, exit != 0."""
+    tmpdir = tempfile.TemporaryDirectory(prefix="k8s-rbac-")
+    tmp = tmpdir.name
+    spec = provider_spec(tmp)
+    kc = os.path.join(tmp, "kubeconfig")
+    cases = [
+        ("list", 403, "permission 'list pods' is missing in namespace 'default' (403 Forbidden)"),
+        ("list", 401, "refused our credentials (401 Unauthorized) to list pods in namespace "
+                      "'default'"),
+        ("create", 403, "permission 'create pods' is missing in namespace 'default' "
+                        "(403 Forbidden)"),
+    ]
+    for i, (action, status, want) in enumerate(cases):
+        mock = Mock()
+        try:
+            mock.kubeconfig(kc)
+            act = getattr(mock.kmock.action, action.upper())
+            mock.call(lambda k: k[act, mock.kmock.resource("v1/pods")] << status <<
+                      {"apiVersion": "v1", "kind": "Status", "code": status})
+            t0 = time.monotonic()
+            token_file = os.path.join(tmp, "token")
+            with open(token_file, "w") as f:
+                f.write(TOKEN)
+            p = subprocess.run([BIN, "coordinator", "--job", spec, "--train", "--kubeconfig", kc,
+                                "--listen", "127.0.0.1:0", "--status-listen", "127.0.0.1:0",
+                                "--token-file", token_file, "--state-dir",
+                                os.path.join(tmp, "state%d" % i)],
+                               capture_output=True, text=True, timeout=TIMEOUT)
+            check(p.returncode != 0 and time.monotonic() - t0 < TIMEOUT,
+                  "%s %d: coordinator exits %d" % (action, status, p.returncode))
+            check(p.stderr.count(want) == 1,
+                  "%s %d: one clear error: %r\n%s" % (action, status, want, p.stderr))
+        finally:
+            mock.close()
+    print("PASS", flush=True)
+
+
 def main():
     if len(sys.argv) != 2:
         fail("usage: test_k8s.py SCENARIO")
     if not BIN:
         fail("SPOTTRAIN_BIN is not set")
-    scenarios = {"render": scenario_render}
+    scenarios = {"render": scenario_render, "provider": scenario_provider,
+                 "rbac": scenario_rbac}
     if sys.argv[1] not in scenarios:
         fail("unknown scenario " + sys.argv[1])
     scenarios[sys.argv[1]]()
