@@ -86,6 +86,7 @@ struct k8s_state {
     double retry_at;       /* caller clock: next list/watch/create attempt after a failure */
     double backoff;
     bool relist;           /* list before the next watch */
+    bool listed;           /* a list succeeded: adoption is done, creating is safe */
     int last_err;          /* the last API failure, for logging once */
     double now;            /* the caller time of the current call */
 };
@@ -843,9 +844,11 @@ static void watch_done(struct k8s_state *s, CURLcode cc) {
     }
     if (status == 401 || status == 403)
         (void)api_refused(s, status, "watch", "pods");
-    else if (cc != CURLE_OK && s->last_err != -EIO)
+    else if (cc != CURLE_OK && s->last_err != -EIO) {
         cloud__log(s->p, ST_LOG_WARN, "kubernetes: watch of pods broke (%s), retrying",
                    curl_easy_strerror(cc));
+        s->last_err = -EIO;
+    }
     s->relist = true;
     s->retry_at = s->now + s->backoff;
     s->backoff = ST_MIN(s->backoff * 2, K8S_BACKOFF_MAX);
@@ -959,20 +962,44 @@ static void read_owner(struct k8s_state *s) {
     json_decref(reply);
 }
 
+/* List (adopting on the first one), create up to the target, watch. */
+static int resync(struct k8s_state *s) {
+    if (s->relist) {
+        if (!s->listed)
+            read_owner(s);
+        TRY(list_pods(s, !s->listed));
+        s->listed = true;
+        s->relist = false;
+    }
+    TRY(fill(s));
+    return watch_start(s);
+}
+
+/* After a failure: try again later, twice as late each time up to K8S_BACKOFF_MAX; said once
+ * per kind of failure. */
+static void retry_later(struct k8s_state *s, int r) {
+    if (r != -EACCES && r != -EPERM && s->last_err != r)
+        cloud__log(s->p, ST_LOG_WARN, "kubernetes: API server %s: %s, retrying with backoff "
+                   "(%.1f s, at most %.0f s)", s->server, st_strerror(r), s->backoff,
+                   K8S_BACKOFF_MAX);
+    s->last_err = r;
+    s->retry_at = s->now + s->backoff;
+    s->backoff = ST_MIN(s->backoff * 2, K8S_BACKOFF_MAX);
+}
+
 static int k8s_start(struct cloud_provider *p, void *state, double now) {
     struct k8s_state *s = state;
     (void)p;
     s->now = now;
-    read_owner(s);
-    int r = list_pods(s, true);
-    if (r < 0) {
-        if (r != -EACCES && r != -EPERM)
-            cloud__log(p, ST_LOG_ERR, "kubernetes: cannot list pods at %s: %s", s->server,
-                       st_strerror(r));
+    s->relist = true;
+    int r = resync(s);
+    /* Missing permissions will not fix themselves: fail now, with the error said once. An
+     * unreachable server (the API server restarting, a network blip) is retried. */
+    if (r == -EACCES || r == -EPERM)
         return r;
-    }
-    TRY(fill(s));
-    return watch_start(s);
+    if (r < 0)
+        retry_later(s, r);
+    return 0;
 }
 
 static int k8s_poll(struct cloud_provider *p, void *state, double now) {
@@ -995,31 +1022,13 @@ static int k8s_poll(struct cloud_provider *p, void *state, double now) {
             s->rv[0] = '\0';
         }
     }
-    if (!s->watch && now >= s->retry_at) {
-        int r = s->relist ? list_pods(s, false) : 0;
-        if (r == 0)
-            r = watch_start(s);
-        if (r == 0) {
-            s->relist = false;
-            s->backoff = K8S_BACKOFF_MIN;
-        } else {
-            if (r != -EACCES && r != -EPERM && s->last_err != r)
-                cloud__log(p, ST_LOG_WARN, "kubernetes: API server %s: %s, retrying in "
-                           "%.1f s", s->server, st_strerror(r), s->backoff);
-            s->last_err = r;
-            s->retry_at = now + s->backoff;
-            s->backoff = ST_MIN(s->backoff * 2, K8S_BACKOFF_MAX);
-            return 0; /* transient: the loop goes on, the status says why */
-        }
-    }
-    /* Noticed pods past their deadline that the server still shows are as good as gone. */
-    if (now >= s->retry_at) {
-        int r = fill(s);
-        if (r < 0) {
-            s->retry_at = now + s->backoff;
-            s->backoff = ST_MIN(s->backoff * 2, K8S_BACKOFF_MAX);
-        }
-    }
+    if (now < s->retry_at)
+        return 0;
+    int r = s->watch ? (s->listed ? fill(s) : 0) : resync(s);
+    if (r < 0)
+        retry_later(s, r); /* the loop goes on; the log says why */
+    else if (!s->watch_relist)
+        s->backoff = K8S_BACKOFF_MIN;
     return 0;
 }
 
@@ -1029,7 +1038,8 @@ static int k8s_acquire(struct cloud_provider *p, void *state, int n, double now)
     s->now = now;
     int before = pods_coming(s);
     s->target = ST_MIN(s->target + n, CLOUD_MAX_INSTANCES);
-    TRY(fill(s));
+    if (s->listed)
+        TRY(fill(s)); /* else the first list (in poll) adopts before creating */
     return pods_coming(s) - before;
 }
 

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -224,9 +225,10 @@ def wait_until(pred, what, timeout=TIMEOUT):
 class Mock:
     """kmock's Kubernetes emulator on a loopback port, run by an asyncio loop in a thread."""
 
-    def __init__(self):
+    def __init__(self, port=None):
         import kmock
         self.kmock = kmock
+        self.port = port
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -239,7 +241,8 @@ class Mock:
         self.loop.run_until_complete(self._main())
 
     async def _main(self):
-        async with self.kmock.KubernetesEmulator() as k, self.kmock.Server(k) as srv:
+        kw = {"port": self.port} if self.port else {}
+        async with self.kmock.KubernetesEmulator() as k, self.kmock.Server(k, **kw) as srv:
             k.resources["v1/pods"] = {}
             k.resources["v1/configmaps"] = {}
             self.k = k
@@ -299,12 +302,16 @@ class Mock:
         return self.call(get)
 
     def kubeconfig(self, path, token=TOKEN):
-        with open(path, "w") as f:
-            f.write("apiVersion: v1\nkind: Config\ncurrent-context: test\n"
-                    "clusters:\n- name: kmock\n  cluster:\n    server: %s\n"
-                    "users:\n- name: tester\n  user:\n    token: %s\n"
-                    "contexts:\n- name: test\n  context:\n    cluster: kmock\n"
-                    "    user: tester\n    namespace: default\n" % (self.url, token))
+        write_kubeconfig(path, self.url, token)
+
+
+def write_kubeconfig(path, url, token=TOKEN):
+    with open(path, "w") as f:
+        f.write("apiVersion: v1\nkind: Config\ncurrent-context: test\n"
+                "clusters:\n- name: kmock\n  cluster:\n    server: %s\n"
+                "users:\n- name: tester\n  user:\n    token: %s\n"
+                "contexts:\n- name: test\n  context:\n    cluster: kmock\n"
+                "    user: tester\n    namespace: default\n" % (url, token))
 
 
 class Coordinator:
@@ -502,7 +509,8 @@ def provider_steps(mock, tmp, coords):
     wait_until(lambda: not mock.pods("k8s-demo"), "the job's pods deleted")
     check(time.monotonic() - t0 < TIMEOUT, "job:stop deleted every worker pod in %.1f s" %
           (time.monotonic() - t0))
-    c2.wait()
+    rc = c2.wait()
+    check(rc == 1 and c2.saw("job stopped"), "a stopped (unfinished) job exits 1 (%d)" % rc)
     check(sorted(mock.pods()) == ["other-w0", "web-0"], "foreign pods untouched: %s" %
           sorted(mock.pods()))
     print("PASS", flush=True)
@@ -546,13 +554,47 @@ def scenario_rbac():
     print("PASS", flush=True)
 
 
+def scenario_dead():
+    """An API server that is not there yet: the coordinator retries with backoff (said once)
+    and creates the pods once it answers."""
+    tmpdir = tempfile.TemporaryDirectory(prefix="k8s-dead-")
+    tmp = tmpdir.name
+    spec = provider_spec(tmp, max_pods=2)
+    kc = os.path.join(tmp, "kubeconfig")
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()  # nothing listens there now: connections are refused
+    write_kubeconfig(kc, "http://127.0.0.1:%d" % port)
+    c = Coordinator(spec, os.path.join(tmp, "state"), kc, tmp)
+    mock = None
+    try:
+        wait_until(lambda: "retrying with backoff" in c.stderr(), "the retry warning")
+        check(c.p.poll() is None, "the coordinator keeps running while the API server is down")
+        mock = Mock(port=port)
+        t0 = time.monotonic()
+        wait_until(lambda: len(mock.pods("k8s-demo")) == 2, "2 pods once the server answers")
+        check(True, "pods created %.1f s after the API server came up" % (time.monotonic() - t0))
+        check(c.stderr().count("retrying with backoff") == 1,
+              "the outage is reported once:\n" + c.stderr())
+        check(c.post("/v1/job:stop") == 200, "POST /v1/job:stop")
+        wait_until(lambda: not mock.pods("k8s-demo"), "pods deleted after the stop")
+        rc = c.wait()
+        check(rc == 1 and c.saw("job stopped"), "a stopped (unfinished) job exits 1 (%d)" % rc)
+    finally:
+        c.kill()
+        if mock:
+            mock.close()
+    print("PASS", flush=True)
+
+
 def main():
     if len(sys.argv) != 2:
         fail("usage: test_k8s.py SCENARIO")
     if not BIN:
         fail("SPOTTRAIN_BIN is not set")
     scenarios = {"render": scenario_render, "provider": scenario_provider,
-                 "rbac": scenario_rbac}
+                 "rbac": scenario_rbac, "dead": scenario_dead}
     if sys.argv[1] not in scenarios:
         fail("unknown scenario " + sys.argv[1])
     scenarios[sys.argv[1]]()
