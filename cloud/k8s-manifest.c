@@ -217,6 +217,13 @@ int cloud__k8s_worker_pod(const struct cloud_k8s_pod_opts *o, json_t **ret_pod) 
     jset(fr, "fieldRef", src, &ok);
     jset(e, "valueFrom", fr, &ok);
     jpush(env, e, &ok);
+    /* The worker treats SIGTERM as a notice with this much time left (cli/run-worker.c). */
+    char grace[16];
+    snprintf(grace, sizeof(grace), "%d", o->grace_seconds > 0 ? o->grace_seconds : 30);
+    e = json_object();
+    jset(e, "name", json_string("SPOTTRAIN_NOTICE_SECONDS"), &ok);
+    jset(e, "value", json_string(grace), &ok);
+    jpush(env, e, &ok);
     jset(c, "env", env, &ok);
     if (k->resources.n) {
         /* Extended resources (nvidia.com/gpu) must have requests equal to limits. */

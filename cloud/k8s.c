@@ -593,9 +593,9 @@ static int pod_seen(struct k8s_state *s, json_t *pod, bool adopt) {
     const char *phase = jstr(pod, "status.phase");
     if (phase && (!strcmp(phase, "Succeeded") || !strcmp(phase, "Failed"))) {
         /* The worker process ended; the pod (restartPolicy Never) will not come back. A
-         * worker that exits 0 was told to (Stop, or it left on SIGTERM): not a loss to
-         * replace. */
-        if (!strcmp(phase, "Succeeded") && !x->released) {
+         * worker that exits 0 without a notice was told to (Stop): not a loss to replace. One
+         * that leaves after a notice was preempted. */
+        if (!strcmp(phase, "Succeeded") && !x->released && !x->noticed) {
             x->released = true;
             if (s->target > 0)
                 s->target--;

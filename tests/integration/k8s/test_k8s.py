@@ -315,7 +315,7 @@ def write_kubeconfig(path, url, token=TOKEN):
 
 
 class Coordinator:
-    def __init__(self, spec, state, kubeconfig, tmp):
+    def __init__(self, spec, state, kubeconfig, tmp, extra=()):
         token_file = os.path.join(tmp, "token")
         with open(token_file, "w") as f:
             f.write(TOKEN + "\n")
@@ -324,7 +324,7 @@ class Coordinator:
         self.p = subprocess.Popen(
             [BIN, "coordinator", "--job", spec, "--train", "--kubeconfig", kubeconfig,
              "--listen", "127.0.0.1:0", "--status-listen", "127.0.0.1:0", "--token-file",
-             token_file, "--state-dir", state],
+             token_file, "--state-dir", state] + list(extra),
             stdout=subprocess.PIPE, stderr=self.err, text=True)
         self.lines = []
         self.thread = threading.Thread(target=self._read, daemon=True)
@@ -362,6 +362,12 @@ class Coordinator:
             self.p.kill()
             self.p.wait()
             fail("coordinator did not exit within %.0f s" % TIMEOUT)
+
+    def wait_long(self, timeout):
+        try:
+            return self.p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            fail("coordinator did not finish within %.0f s" % timeout)
 
     def kill(self):
         if self.p.poll() is None:
@@ -588,13 +594,196 @@ def scenario_dead():
     print("PASS", flush=True)
 
 
+TRAIN_SPEC = """apiVersion: spottrain/v1
+kind: TrainingJob
+metadata:
+  name: ktrain
+spec:
+  model: {layers: 2, hidden: 32, heads: 2, vocab: 64, seq_len: 16}
+  training:
+    micro_batch: 2
+    global_batch: 8
+    steps: %(steps)d
+    seed: 7
+    optimizer: {name: adamw, lr: 1e-3, warmup_steps: 5, schedule: cosine, weight_decay: 0.1,
+                grad_clip: 1.0}
+  data:
+    train: data.bin
+    synth: {kind: markov, order: 1, seed: 3, tokens: 50000}
+  fleet:
+    provider: kubernetes
+    min: 1
+    max: 2
+    image: registry.example/spottrain:test
+    notice: 4s
+  planner: {interval: 60s, dp: {min: 1, max: 2}, pp: 1}
+  checkpoint: {dir: %(ckpt)s, interval: 600s, keep: 2}
+"""
+
+
+class Kubelet:
+    """Runs each worker pod's command as a local process (paths of the pod's volumes mapped to
+    the test's files), reports it Running, and plays the kubelet's part in a deletion: a
+    finalizer holds the pod, SIGTERM starts the grace period, SIGKILL ends it, and the pod goes
+    once its process has exited. Polls the mock; one thread."""
+
+    def __init__(self, mock, job, spec, token_file, tmp):
+        self.mock, self.job, self.spec, self.token_file, self.tmp = mock, job, spec, \
+            token_file, tmp
+        self.procs = {}   # name -> [Popen, sigterm time or None, grace]
+        self.exits = {}   # name -> exit code
+        self.stop = threading.Event()
+        self.errors = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _patch(self, name, body):
+        self.mock.request("PATCH", "/api/v1/namespaces/default/pods/" + name, body)
+
+    def _start(self, name, pod):
+        ctr = pod["spec"]["containers"][0]
+        args = [BIN] + [{"/var/run/spottrain/token/token": self.token_file,
+                         "/etc/spottrain/job.yaml": self.spec}.get(a, a) for a in ctr["args"]]
+        d = os.path.join(self.tmp, "pods", name)
+        os.makedirs(d, exist_ok=True)
+        env = dict(os.environ, SPOTTRAIN_INSTANCE_ID=name)
+        grace = pod["spec"]["terminationGracePeriodSeconds"]
+        for e in ctr.get("env", []):
+            if "value" in e:
+                env[e["name"]] = e["value"]
+        args += ["--state-dir", os.path.join(d, "state"), "--threads", "1"]
+        err = open(os.path.join(d, "stderr"), "w")
+        self.procs[name] = [subprocess.Popen(args, cwd=d, env=env, stdout=err, stderr=err),
+                            None, grace]
+        self._patch(name, {"metadata": {"finalizers": ["test.spottrain.dev/kubelet"]},
+                           "spec": {"nodeName": "node-" + name},
+                           "status": {"phase": "Running"}})
+
+    def _run(self):
+        while not self.stop.is_set():
+            try:
+                self._step()
+            except Exception as e:  # noqa: BLE001 - reported by the test
+                self.errors.append(repr(e))
+            time.sleep(0.05)
+
+    def _step(self):
+        pods = self.mock.pods(self.job)
+        for name, pod in pods.items():
+            if name not in self.procs and name not in self.exits and \
+                    not pod["metadata"].get("deletionTimestamp"):
+                self._start(name, pod)
+        for name, entry in list(self.procs.items()):
+            p, termed, grace = entry
+            pod = pods.get(name)
+            if termed is None and (pod is None or pod["metadata"].get("deletionTimestamp")):
+                p.send_signal(signal.SIGTERM)
+                entry[1] = time.monotonic()
+            elif termed is not None and time.monotonic() - termed > grace and p.poll() is None:
+                p.kill()
+            if p.poll() is not None:
+                rc = p.wait()
+                self.exits[name] = rc
+                del self.procs[name]
+                if pod is not None:
+                    self._patch(name, {"metadata": {"finalizers": []},
+                                       "status": {"phase": "Succeeded" if rc == 0 else
+                                                  "Failed"}})
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(TIMEOUT)
+        for p, _, _ in self.procs.values():
+            p.kill()
+            p.wait()
+
+
+def scenario_train():
+    """A job trains to the end through a pod eviction, bitwise equal to an uninterrupted
+    `train --local --dp 1 --pp 1`: the kubelet's SIGTERM and the deletion are the notice, the
+    state moves off the evicted pod, and a replacement pod joins."""
+    tmpdir = tempfile.TemporaryDirectory(prefix="k8s-train-")
+    tmp = tmpdir.name
+    steps = 1500
+    spec = os.path.join(tmp, "job.yaml")
+    with open(spec, "w") as f:
+        f.write(TRAIN_SPEC % {"steps": steps, "ckpt": os.path.join(tmp, "ckpt")})
+    ref = os.path.join(tmp, "ref")
+    p = subprocess.run([BIN, "train", "--local", "--dp", "1", "--pp", "1", "--steps",
+                        str(steps), "--save", ref, spec], capture_output=True, text=True,
+                       timeout=300)
+    check(p.returncode == 0, "reference training (%s)" % p.stderr[-2000:])
+    mock = Mock()
+    kc = os.path.join(tmp, "kubeconfig")
+    mock.kubeconfig(kc)
+    token_file = os.path.join(tmp, "token")
+    save = os.path.join(tmp, "save")
+    c = None
+    kubelet = None
+    try:
+        with open(token_file, "w") as f:
+            f.write(TOKEN + "\n")
+        kubelet = Kubelet(mock, "ktrain", spec, token_file, tmp)
+        c = Coordinator(spec, os.path.join(tmp, "state"), kc, tmp, extra=["--save", save])
+
+        def step():
+            try:
+                with urllib.request.urlopen("http://%s/v1/job" % c.rest, timeout=5) as f:
+                    return json.load(f).get("step", 0)
+            except OSError:
+                return 0
+        wait_until(lambda: step() >= 20, "20 steps on 2 worker pods", timeout=240)
+        check(sorted(mock.pods("ktrain")) == ["ktrain-w0", "ktrain-w1"], "two worker pods train")
+        # Evict w0 the way Kubernetes does: a deletion with a grace period (the finalizer holds
+        # the pod while its process runs), SIGTERM to the process.
+        mock.request("DELETE", "/api/v1/namespaces/default/pods/ktrain-w0")
+        wait_until(lambda: c.saw("notice: ktrain-w0"), "the eviction as a notice")
+        check(True, "the eviction is a notice")
+        wait_until(lambda: c.saw("(a worker was noticed)"), "the state moving off w0")
+        check(True, "the coordinator moved the state off the evicted pod")
+        # The kubelet ends the process when the grace period (fleet.notice, 4 s) is over.
+        wait_until(lambda: "ktrain-w0" in kubelet.exits, "w0's process to end", timeout=60)
+        with open(os.path.join(tmp, "pods", "ktrain-w0", "stderr")) as f:
+            check("Interruption notice: terminate" in f.read(),
+                  "the worker relayed its SIGTERM as a notice")
+        wait_until(lambda: c.saw("lost: ktrain-w0"), "w0 lost")
+        check(c.saw("lost: ktrain-w0 (node-ktrain-w0, preempted)"), "w0 is lost as preempted")
+        rc = c.wait_long(300)
+        check(rc == 0 and c.saw("job finished: %d steps" % steps),
+              "the job finished all %d steps (exit %d)\n%s" % (steps, rc,
+                                                             "\n".join(c.lines[-20:])))
+        check("ktrain-w2" in kubelet.exits, "a replacement pod ktrain-w2 joined")
+        d = subprocess.run([BIN, "ckpt", "diff", ref, save], capture_output=True, text=True,
+                           timeout=120)
+        check(d.returncode == 0, "bitwise equal to train --local --dp 1 --pp 1:\n" +
+              d.stdout[-2000:] + d.stderr[-2000:])
+        wait_until(lambda: not mock.pods("ktrain"), "no worker pod left after the job")
+        check(not kubelet.errors, "kubelet shim ran clean: %s" % kubelet.errors)
+    except SystemExit:
+        if c:
+            print("--- coordinator stdout:\n" + "\n".join(c.lines[-40:]))
+            print("--- coordinator stderr:\n" + c.stderr()[-4000:])
+        for n in sorted(os.listdir(os.path.join(tmp, "pods"))) if os.path.isdir(
+                os.path.join(tmp, "pods")) else []:
+            with open(os.path.join(tmp, "pods", n, "stderr")) as f:
+                print("--- %s stderr:\n%s" % (n, f.read()[-2000:]))
+        raise
+    finally:
+        if c:
+            c.kill()
+        if kubelet:
+            kubelet.close()
+        mock.close()
+    print("PASS", flush=True)
+
+
 def main():
     if len(sys.argv) != 2:
         fail("usage: test_k8s.py SCENARIO")
     if not BIN:
         fail("SPOTTRAIN_BIN is not set")
     scenarios = {"render": scenario_render, "provider": scenario_provider,
-                 "rbac": scenario_rbac, "dead": scenario_dead}
+                 "rbac": scenario_rbac, "dead": scenario_dead, "train": scenario_train}
     if sys.argv[1] not in scenarios:
         fail("unknown scenario " + sys.argv[1])
     scenarios[sys.argv[1]]()
