@@ -306,6 +306,10 @@ static int load_kubeconfig(struct k8s_state *s, const char *path) {
         set_str(s->ns, sizeof(s->ns), v);
     r = 0;
 out:
+    if (r < 0) {
+        st_free(s->ca_blob);
+        s->ca_blob = NULL;
+    }
     json_decref(root);
     return r;
 }
