@@ -347,7 +347,8 @@ class Coordinator:
             return f.read()
 
     def saw(self, text):
-        return any(text in x for x in self.lines)
+        """The text in an output line or a log line (the loop's events are log lines)."""
+        return any(text in x for x in self.lines) or text in self.stderr()
 
     def post(self, path):
         req = urllib.request.Request("http://%s%s" % (self.rest, path), method="POST",
