@@ -32,8 +32,9 @@ void cloud__log(struct cloud_provider *p, int level, const char *fmt, ...) ST_PR
 /* Appends a signal. Returns 0, -ENOBUFS when CLOUD_SIGNAL_QUEUE_MAX are queued, -ENOMEM. */
 int cloud__emit(struct cloud_provider *p, const struct cloud_signal *sig);
 
-/* The sim backend (sim.c). */
+/* The sim backend (sim.c) and the EC2 backend (aws.c). */
 extern const struct cloud_provider_ops cloud__sim_ops;
+extern const struct cloud_provider_ops cloud__aws_ops;
 
 /* Notice backends (notice-aws.c, notice-gcp.c, notice-azure.c). */
 extern const struct cloud_notice_ops cloud__aws_notice_ops;

@@ -155,6 +155,7 @@ static const struct field fleet_fields[] = {
     {"zones", F_ZONES, 0, 0, 0, 0, NULL, NULL, 0, NULL},
     {"spot", F_BOOL, OFF(fleet.spot), 0, 0, 0, NULL, NULL, 0, NULL},
     {"on_demand_fallback", F_BOOL, OFF(fleet.on_demand_fallback), 0, 0, 0, NULL, NULL, 0, NULL},
+    {"image", F_STRING, STR(fleet.image), 0, 0, NULL, NULL, EMPTY_OK, NULL},
     {"trace", F_PATH, STR(fleet.trace), 0, 0, NULL, NULL, EMPTY_OK, NULL},
     {"time_scale", F_DOUBLE, OFF(fleet.time_scale), 0, 0, 1e6, NULL, NULL, MIN_EXCL, NULL},
     {"notice", F_DURATION, OFF(fleet.notice_seconds), 0, 0, 3600, NULL, NULL, 0, NULL},
@@ -202,6 +203,7 @@ static const struct table tls_table = TABLE(tls_fields);
 
 static const struct field coordinator_fields[] = {
     {"listen", F_LISTEN, STR(coordinator.listen), 0, 0, NULL, NULL, 0, NULL},
+    {"advertise", F_LISTEN, STR(coordinator.advertise), 0, 0, NULL, NULL, EMPTY_OK, NULL},
     {"heartbeat_deadline", F_DURATION, OFF(coordinator.heartbeat_deadline), 0, 0, 3600, NULL,
      NULL, MIN_EXCL, NULL},
     {"tls", F_MAP, 0, 0, 0, 0, NULL, &tls_table, 0, NULL},
@@ -494,7 +496,8 @@ static bool valid_name(const char *s) {
 /* Resolves a path relative to base_dir into out; false when the result does not fit. */
 static bool resolve_path(const struct parse_ctx *c, const char *p, char *out, size_t size) {
     int w;
-    if (p[0] == '/' || !c->base_dir[0])
+    /* An object-store URL (checkpoint.dir: s3://BUCKET/PREFIX) is not relative to anything. */
+    if (p[0] == '/' || !c->base_dir[0] || strncmp(p, "s3://", 5) == 0)
         w = snprintf(out, size, "%s", p);
     else
         w = snprintf(out, size, "%s/%s", c->base_dir, p);
@@ -1304,6 +1307,7 @@ char *st_spec_to_json(const struct st_spec *spec) {
     jset(fleet, "zones", zones, &ok);
     jset(fleet, "spot", json_boolean(spec->fleet.spot), &ok);
     jset(fleet, "on_demand_fallback", json_boolean(spec->fleet.on_demand_fallback), &ok);
+    jset(fleet, "image", json_string(spec->fleet.image), &ok);
     jset(fleet, "trace", json_string(spec->fleet.trace), &ok);
     jset(fleet, "time_scale", json_real(spec->fleet.time_scale), &ok);
     jset(fleet, "notice", json_real(spec->fleet.notice_seconds), &ok);
@@ -1330,6 +1334,7 @@ char *st_spec_to_json(const struct st_spec *spec) {
     jset(ckpt, "keep", json_integer(spec->checkpoint.keep), &ok);
     jset(sp, "checkpoint", ckpt, &ok);
     jset(coord, "listen", json_string(spec->coordinator.listen), &ok);
+    jset(coord, "advertise", json_string(spec->coordinator.advertise), &ok);
     jset(coord, "heartbeat_deadline", json_real(spec->coordinator.heartbeat_deadline), &ok);
     json_t *tls = json_object();
     jset(tls, "cert", json_string(spec->coordinator.tls_cert), &ok);

@@ -79,6 +79,7 @@ struct st_spec_fleet {
     char zones[ST_SPEC_MAX_ZONES][32];
     bool spot;
     bool on_demand_fallback;
+    char image[128];      /* cloud providers: machine image (AWS AMI id) with spottrain */
     /* sim provider */
     char trace[ST_SPEC_PATH_MAX]; /* trace file (events CSV, counts CSV, replay JSONL, seconds,N) */
     double time_scale;    /* wall seconds per trace second; 2/60 = one trace minute in 2 s */
@@ -109,6 +110,7 @@ struct st_spec_checkpoint {
 
 struct st_spec_coordinator {
     char listen[128];     /* HOST:PORT for gRPC */
+    char advertise[128];  /* HOST:PORT cloud workers dial ("" = the bound listen address) */
     double heartbeat_deadline; /* seconds of silence before a worker is declared lost */
     /* coordinator.tls: cert + key turn on TLS for gRPC and REST; client_ca also requires
      * and verifies client certificates (mutual TLS). "" = not set; files must exist. */
