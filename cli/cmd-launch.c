@@ -232,14 +232,16 @@ int cli_cmd_launch(int argc, char **argv) {
     if (code != CLI_EXIT_OK)
         goto out;
     code = CLI_EXIT_INPUT;
-    if (spec->fleet.provider != ST_PROVIDER_AWS) {
+    if (spec->fleet.provider != ST_PROVIDER_AWS && spec->fleet.provider != ST_PROVIDER_GCP &&
+        spec->fleet.provider != ST_PROVIDER_AZURE) {
         cli_usage_error("launch", "'%s' uses provider '%s'; launch drives cloud providers "
-                        "(aws); `spottrain run` drives sim", o.job,
+                        "(aws, gcp, azure); `spottrain run` drives sim", o.job,
                         st_provider_name(spec->fleet.provider));
         goto out;
     }
     if (!spec->fleet.image[0]) {
-        cli_usage_error("launch", "'%s': spec.fleet.image (the AMI id) is required", o.job);
+        cli_usage_error("launch", "'%s': spec.fleet.image (the machine image) is required",
+                        o.job);
         goto out;
     }
     if (!getenv("SPOTTRAIN_DEBUG"))

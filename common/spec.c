@@ -146,6 +146,17 @@ static const struct field price_fields[] = {
 };
 static const struct table price_table = TABLE(price_fields);
 
+static const struct field gcp_fields[] = {
+    {"endpoint", F_STRING, STR(fleet.gcp_endpoint), 0, 0, NULL, NULL, EMPTY_OK, NULL},
+};
+static const struct table gcp_table = TABLE(gcp_fields);
+
+static const struct field azure_fields[] = {
+    {"subnet", F_STRING, STR(fleet.azure_subnet), 0, 0, NULL, NULL, EMPTY_OK, NULL},
+    {"endpoint", F_STRING, STR(fleet.azure_endpoint), 0, 0, NULL, NULL, EMPTY_OK, NULL},
+};
+static const struct table azure_table = TABLE(azure_fields);
+
 static const struct field fleet_fields[] = {
     {"provider", F_ENUM, OFF(fleet.provider), 0, 0, 0, provider_names, NULL, 0, NULL},
     {"instance_type", F_STRING, STR(fleet.instance_type), 0, 0, NULL, NULL, EMPTY_OK, NULL},
@@ -156,6 +167,12 @@ static const struct field fleet_fields[] = {
     {"spot", F_BOOL, OFF(fleet.spot), 0, 0, 0, NULL, NULL, 0, NULL},
     {"on_demand_fallback", F_BOOL, OFF(fleet.on_demand_fallback), 0, 0, 0, NULL, NULL, 0, NULL},
     {"image", F_STRING, STR(fleet.image), 0, 0, NULL, NULL, EMPTY_OK, NULL},
+    {"project", F_STRING, STR(fleet.project), 0, 0, NULL, NULL, EMPTY_OK, NULL},
+    {"subscription", F_STRING, STR(fleet.subscription), 0, 0, NULL, NULL, EMPTY_OK, NULL},
+    {"resource_group", F_STRING, STR(fleet.resource_group), 0, 0, NULL, NULL, EMPTY_OK, NULL},
+    {"location", F_STRING, STR(fleet.location), 0, 0, NULL, NULL, EMPTY_OK, NULL},
+    {"gcp", F_MAP, 0, 0, 0, 0, NULL, &gcp_table, 0, NULL},
+    {"azure", F_MAP, 0, 0, 0, 0, NULL, &azure_table, 0, NULL},
     {"trace", F_PATH, STR(fleet.trace), 0, 0, NULL, NULL, EMPTY_OK, NULL},
     {"time_scale", F_DOUBLE, OFF(fleet.time_scale), 0, 0, 1e6, NULL, NULL, MIN_EXCL, NULL},
     {"notice", F_DURATION, OFF(fleet.notice_seconds), 0, 0, 3600, NULL, NULL, 0, NULL},
@@ -942,6 +959,38 @@ static void check_cross(struct parse_ctx *c) {
             else if (!seen_find(c, "spec.fleet.instance_type"))
                 missing_error(c, "spec.fleet", "instance_type", "needed by cloud providers");
         }
+        /* The notice a provider gives before it takes an instance: EC2's two minutes,
+         * GCE's and Azure's thirty seconds. The planner plans with it. */
+        if (usable(c, "spec.fleet.provider") && !seen_find(c, "spec.fleet.notice") &&
+            (s->fleet.provider == ST_PROVIDER_GCP || s->fleet.provider == ST_PROVIDER_AZURE))
+            s->fleet.notice_seconds = 30;
+        static const struct {
+            enum st_provider provider;
+            const char *field, *path, *why;
+            size_t off;
+        } needs[] = {
+            {ST_PROVIDER_GCP, "project", "spec.fleet.project", "the GCP project",
+             OFF(fleet.project)},
+            {ST_PROVIDER_AZURE, "subscription", "spec.fleet.subscription",
+             "the Azure subscription id", OFF(fleet.subscription)},
+            {ST_PROVIDER_AZURE, "resource_group", "spec.fleet.resource_group",
+             "the resource group the VMs are created in", OFF(fleet.resource_group)},
+            {ST_PROVIDER_AZURE, "location", "spec.fleet.location", "the Azure region",
+             OFF(fleet.location)},
+        };
+        for (size_t i = 0; i < ST_ARRAY_SIZE(needs); i++) {
+            if (!usable(c, "spec.fleet.provider") || s->fleet.provider != needs[i].provider ||
+                ((const char *)s + needs[i].off)[0])
+                continue;
+            if (given(c, needs[i].path))
+                cross_error(c, needs[i].path, "must not be empty: %s", needs[i].why);
+            else if (!seen_find(c, needs[i].path))
+                missing_error(c, "spec.fleet", needs[i].field, needs[i].why);
+        }
+        if (usable(c, "spec.fleet.provider") && s->fleet.provider == ST_PROVIDER_AZURE &&
+            !s->fleet.azure_subnet[0] && !seen_find(c, "spec.fleet.azure.subnet"))
+            missing_error(c, "spec.fleet.azure", "subnet",
+                          "the subnet resource id the VMs' network interfaces join");
         if (given(c, "spec.fleet.max") && usable(c, "spec.fleet.min") &&
             s->fleet.min > s->fleet.max)
             cross_error(c, "spec.fleet.min", "min (%d) is greater than max (%d)", s->fleet.min,
@@ -1308,6 +1357,16 @@ char *st_spec_to_json(const struct st_spec *spec) {
     jset(fleet, "spot", json_boolean(spec->fleet.spot), &ok);
     jset(fleet, "on_demand_fallback", json_boolean(spec->fleet.on_demand_fallback), &ok);
     jset(fleet, "image", json_string(spec->fleet.image), &ok);
+    jset(fleet, "project", json_string(spec->fleet.project), &ok);
+    jset(fleet, "subscription", json_string(spec->fleet.subscription), &ok);
+    jset(fleet, "resource_group", json_string(spec->fleet.resource_group), &ok);
+    jset(fleet, "location", json_string(spec->fleet.location), &ok);
+    json_t *gcp = json_object(), *azure = json_object();
+    jset(gcp, "endpoint", json_string(spec->fleet.gcp_endpoint), &ok);
+    jset(azure, "subnet", json_string(spec->fleet.azure_subnet), &ok);
+    jset(azure, "endpoint", json_string(spec->fleet.azure_endpoint), &ok);
+    jset(fleet, "gcp", gcp, &ok);
+    jset(fleet, "azure", azure, &ok);
     jset(fleet, "trace", json_string(spec->fleet.trace), &ok);
     jset(fleet, "time_scale", json_real(spec->fleet.time_scale), &ok);
     jset(fleet, "notice", json_real(spec->fleet.notice_seconds), &ok);
