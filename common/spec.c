@@ -977,6 +977,8 @@ static void check_cross(struct parse_ctx *c) {
              "the resource group the VMs are created in", OFF(fleet.resource_group)},
             {ST_PROVIDER_AZURE, "location", "spec.fleet.location", "the Azure region",
              OFF(fleet.location)},
+            {ST_PROVIDER_AZURE, "azure.subnet", "spec.fleet.azure.subnet",
+             "the subnet resource id the VMs' network interfaces join", OFF(fleet.azure_subnet)},
         };
         for (size_t i = 0; i < ST_ARRAY_SIZE(needs); i++) {
             if (!usable(c, "spec.fleet.provider") || s->fleet.provider != needs[i].provider ||
@@ -987,10 +989,6 @@ static void check_cross(struct parse_ctx *c) {
             else if (!seen_find(c, needs[i].path))
                 missing_error(c, "spec.fleet", needs[i].field, needs[i].why);
         }
-        if (usable(c, "spec.fleet.provider") && s->fleet.provider == ST_PROVIDER_AZURE &&
-            !s->fleet.azure_subnet[0] && !seen_find(c, "spec.fleet.azure.subnet"))
-            missing_error(c, "spec.fleet.azure", "subnet",
-                          "the subnet resource id the VMs' network interfaces join");
         if (given(c, "spec.fleet.max") && usable(c, "spec.fleet.min") &&
             s->fleet.min > s->fleet.max)
             cross_error(c, "spec.fleet.min", "min (%d) is greater than max (%d)", s->fleet.min,
