@@ -160,7 +160,7 @@ static const struct bad_case bad_cases[] = {
      "join)"},
     {HEAD MODEL DATA TRAIN "  fleet: {max: 4, provider: azure, instance_type: D2, "
      "subscription: s, resource_group: g, location: l, azure: {subnet: /x, zone: 1}}\n", 1, 9,
-     120, "spec.fleet.azure", "unknown key 'zone'"},
+     124, "spec.fleet.azure", "unknown key 'zone'"},
     {HEAD MODEL DATA TRAIN "  fleet: {max: 4, trace: \"\"}\n", 1, 9, 26, "spec.fleet.trace",
      "must not be empty: the sim provider replays a trace"},
     {HEAD MODEL DATA TRAIN "  fleet: {max: 4, provider: azure, instance_type: '', "
