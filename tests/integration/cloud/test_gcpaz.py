@@ -27,6 +27,12 @@ Scenarios (argv[1]):
   azure-launch     as gcp-launch; zone "1" answers SkuNotAvailable
   azure-bad-secret wrong AZURE_CLIENT_SECRET: exit 2 with invalid_client and AADSTS7000215
   dry-run          both providers: METHOD URL lines, JSON bodies, nothing sent, no secret
+  azure-imds       no client secret: the managed identity's token from IMDS (Metadata: true)
+  no-credentials   gcp without a key file and a metadata server that never answers, azure
+                   without a secret and an IMDS that never answers: exit 2 naming the missing
+                   credentials (each probe gives up within 1 s)
+  insecure-authority  AZURE_AUTHORITY_HOST / token_uri over http:// off loopback: exit 2
+  gcp-retry        the first insert and the first list answer 503: retried, the fleet is made
 """
 import base64
 import json
@@ -137,6 +143,7 @@ class GceFake:
         self.tokens = set()
         self.inserts = 0
         self.metadata_token_calls = 0
+        self.fail_next = 0     # the next N Compute calls answer 503
         self.routes = []
         for res, meth in [("instances", "insert"), ("instances", "list"),
                           ("instances", "delete"), ("zoneOperations", "wait")]:
@@ -218,6 +225,11 @@ class GceFake:
                                        "UNAUTHENTICATED", "errors": [{"reason":
                                                                       "authError"}]}}
             rel = path[len(prefix):]
+            if self.fail_next > 0:
+                self.fail_next -= 1
+                return 503, {"error": {"code": 503, "message": "The service is currently "
+                                       "unavailable.", "status": "UNAVAILABLE",
+                                       "errors": [{"reason": "backendError"}]}}
             for http, rx, name, m in self.routes:
                 mt = rx.match(rel)
                 if not mt or http != method:
@@ -303,6 +315,7 @@ class AzureFake:
         self.requests = []
         self.tokens = set()
         self.port = 0
+        self.imds_calls = 0
 
     def check_model(self, inst, raw, path):
         fields = type(inst)._attr_to_rest_field
@@ -359,6 +372,18 @@ class AzureFake:
                 self.tokens.add(tok)
                 return 200, {"token_type": "Bearer", "expires_in": 3599,
                              "ext_expires_in": 3599, "access_token": tok}
+            if path == "/metadata/identity/oauth2/token" and method == "GET":
+                if headers.get("Metadata") != "true":
+                    return 400, {"error": "invalid_request",
+                                 "error_description": "Required metadata header not specified"}
+                if query.get("resource") != "https://management.azure.com/":
+                    return 400, {"error": "invalid_resource",
+                                 "error_description": "AADSTS500011: bad resource"}
+                self.imds_calls += 1
+                tok = "eyJ0eXAi.imds." + uuid.uuid4().hex
+                self.tokens.add(tok)
+                return 200, {"access_token": tok, "expires_in": "3599", "token_type": "Bearer",
+                             "resource": "https://management.azure.com/"}
             auth = headers.get("Authorization", "")
             if not auth.startswith("Bearer ") or auth[7:] not in self.tokens:
                 return 401, {"error": {"code": "AuthenticationFailed",
@@ -515,8 +540,9 @@ def clean_env(**kw):
 
 
 def launch(spec, tmp, env, *extra):
-    return subprocess.Popen([SPOTTRAIN, "launch", spec, "--state-dir",
-                             os.path.join(tmp, "state")] + list(extra), cwd=tmp, env=env,
+    state = os.path.join(tmp, "state-" + os.path.basename(spec))  # one job per directory
+    return subprocess.Popen([SPOTTRAIN, "launch", spec, "--state-dir", state] + list(extra),
+                            cwd=tmp, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -642,7 +668,7 @@ def gcp_expired(tmp):
     print("ok: expired JWT -> exit 2 with Google's error")
 
 
-def azure_launch(tmp):
+def azure_launch(tmp, imds=False):
     fake = AzureFake("right-secret", sku_zone="1")
     srv = serve(fake)
     port = srv.server_address[1]
@@ -651,6 +677,8 @@ def azure_launch(tmp):
     env = clean_env(AZURE_TENANT_ID="tenant-1", AZURE_CLIENT_ID="client-1",
                     AZURE_CLIENT_SECRET="right-secret",
                     AZURE_AUTHORITY_HOST="http://127.0.0.1:%d" % port)
+    if imds:
+        env = clean_env(AZURE_POD_IDENTITY_AUTHORITY_HOST="http://127.0.0.1:%d" % port)
     insts = launch_and_stop(fake, spec, tmp, env, 3, az_tags, az_zone, "2")
     for name, v in insts.items():
         p = v["properties"]
@@ -667,7 +695,10 @@ def azure_launch(tmp):
     skus = [r for r in fake.requests if r[0] == "PUT"]
     if len(skus) <= 3:
         fail("zone 1 (SkuNotAvailable) was never tried")
-    print("ok: azure launch, %d creates, %d operation polls" % (len(skus), len(polled)))
+    if imds and fake.imds_calls < 1:
+        fail("IMDS was never asked for a token")
+    print("ok: azure launch (%s), %d creates, %d operation polls" % (
+        "IMDS" if imds else "client secret", len(skus), len(polled)))
 
 
 def azure_bad_secret(tmp):
@@ -742,6 +773,72 @@ def dry_run(tmp):
         fail("azure dry-run bodies: %s" % az.errors)
 
 
+def silent_server():
+    """A socket that accepts connections and never answers: a metadata server that hangs."""
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(16)
+    return s
+
+
+def no_credentials(tmp):
+    hang = silent_server()
+    port = hang.getsockname()[1]
+    cases = [("demo-gcp", gcp_fleet(1, ["us-central1-a"]),
+              clean_env(GCE_METADATA_HOST="127.0.0.1:%d" % port),
+              "GOOGLE_APPLICATION_CREDENTIALS is not set and the metadata server"),
+             ("demo-az", azure_fleet(1, ["1"]),
+              clean_env(AZURE_POD_IDENTITY_AUTHORITY_HOST="http://127.0.0.1:%d" % port),
+              "AZURE_CLIENT_SECRET are not all set and IMDS")]
+    for name, fleet, env, want in cases:
+        spec = write_spec(tmp, name, fleet)
+        t0 = time.monotonic()
+        code, out, err = finish(launch(spec, tmp, env))
+        took = time.monotonic() - t0
+        if code != 2 or want not in err:
+            fail("%s: exit %d, want 2 with '%s'\nstderr:\n%s" % (name, code, want, err))
+        # The probe's own limit is 1 s; a launch that waited for curl's default would take
+        # minutes. The bound is generous for a loaded machine.
+        if took > 20:
+            fail("%s: the credential probe took %.1f s" % (name, took))
+        print("ok: %s without credentials -> exit 2 (%.1f s)" % (name, took))
+    hang.close()
+
+
+def insecure_authority(tmp):
+    spec = write_spec(tmp, "demo-az", azure_fleet(1, ["1"]))
+    env = clean_env(AZURE_TENANT_ID="t", AZURE_CLIENT_ID="c", AZURE_CLIENT_SECRET="x",
+                    AZURE_AUTHORITY_HOST="http://login.example.com")
+    code, out, err = finish(launch(spec, tmp, env))
+    if code != 2 or "must be https:// (http:// only on loopback)" not in err:
+        fail("azure: exit %d\nstderr:\n%s" % (code, err))
+    sa = os.path.join(tmp, "sa.json")
+    with open(sa, "w") as f:
+        json.dump({"type": "service_account", "client_email": "a@b", "private_key": "x",
+                   "token_uri": "http://oauth2.example.com/token"}, f)
+    spec = write_spec(tmp, "demo-gcp", gcp_fleet(1, ["us-central1-a"]))
+    code, out, err = finish(launch(spec, tmp, clean_env(GOOGLE_APPLICATION_CREDENTIALS=sa)))
+    if code != 2 or "must be https:// (http:// only on loopback)" not in err:
+        fail("gcp: exit %d\nstderr:\n%s" % (code, err))
+    print("ok: http:// token endpoints off loopback are refused")
+
+
+def gcp_retry(tmp):
+    fake = GceFake(Discovery(), None)
+    srv = serve(fake)
+    port = srv.server_address[1]
+    sa, pub = make_key(tmp, port)
+    fake.pub = pub
+    fake.fail_next = 2
+    spec = write_spec(tmp, "demo-gcp", gcp_fleet(port, ["us-central1-a"]))
+    launch_and_stop(fake, spec, tmp, clean_env(GOOGLE_APPLICATION_CREDENTIALS=sa), 3,
+                    gce_labels, gce_zone, "us-central1-a")
+    if fake.fail_next != 0:
+        fail("the 503 answers were not all consumed")
+    print("ok: 503 answers retried")
+
+
 def main():
     scenario = sys.argv[1]
     with tempfile.TemporaryDirectory(prefix="spottrain-gcpaz-") as tmp:
@@ -750,7 +847,11 @@ def main():
          "gcp-expired-jwt": lambda: gcp_expired(tmp),
          "azure-launch": lambda: azure_launch(tmp),
          "azure-bad-secret": lambda: azure_bad_secret(tmp),
-         "dry-run": lambda: dry_run(tmp)}[scenario]()
+         "dry-run": lambda: dry_run(tmp),
+         "azure-imds": lambda: azure_launch(tmp, imds=True),
+         "no-credentials": lambda: no_credentials(tmp),
+         "insecure-authority": lambda: insecure_authority(tmp),
+         "gcp-retry": lambda: gcp_retry(tmp)}[scenario]()
 
 
 if __name__ == "__main__":
