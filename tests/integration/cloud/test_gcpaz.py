@@ -581,6 +581,23 @@ def launch_and_stop(fake, spec, tmp, env, count, label_of, zone_of, want_zone):
                 name, zone_of(inst), want_zone))
     if len({label_of(i)[1] for i in insts.values()}) != 1:
         fail("instances carry different job ids")
+    # A preemption: the cloud deletes one instance (instanceTerminationAction / evictionPolicy
+    # Delete). The next listing shows it gone; launch replaces it in the zone with capacity.
+    victim = sorted(insts)[0]
+    with fake.lock:
+        (fake.instances if isinstance(fake, GceFake) else fake.vms).pop(victim)
+
+    def replaced():
+        if proc.poll() is not None:
+            fail("launch exited %d after the preemption" % proc.returncode)
+        with fake.lock:
+            now = dict(fake_instances(fake))
+        return len(now) == count and victim not in now and now
+    after = wait_for(replaced, "a replacement for the preempted %s" % victim)
+    new = sorted(set(after) - set(insts))
+    if len(new) != 1 or zone_of(after[new[0]]) != want_zone:
+        fail("after the preemption: new %s" % new)
+    print("preempted %s, replaced by %s" % (victim, new[0]))
     t1 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     code, out, err = finish(proc)
