@@ -858,8 +858,10 @@ static int run_instances(struct cloud_provider *p, struct aws_state *s, const ch
     q_init(&q, "RunInstances");
     q_param(&q, "ImageId", s->image);
     q_param(&q, "InstanceType", s->instance_type);
-    q_param(&q, "MinCount", "1");
+    /* All or nothing per zone: a zone that cannot hold its whole share refuses it, and the
+     * share moves on to the next zone (MinCount < MaxCount would take a part silently). */
     snprintf(num, sizeof(num), "%d", k);
+    q_param(&q, "MinCount", num);
     q_param(&q, "MaxCount", num);
     if (zone[0])
         q_param(&q, "Placement.AvailabilityZone", zone);
@@ -876,8 +878,14 @@ static int run_instances(struct cloud_provider *p, struct aws_state *s, const ch
     q_param(&q, "TagSpecification.1.Tag.2.Key", "spottrain:job-id");
     q_param(&q, "TagSpecification.1.Tag.2.Value", s->job_id);
     /* The user-data: base64 in the body; a dry run shows it decoded, token redacted. */
+    struct sbuf b64 = {.max = 2 * AWS_USER_DATA_MAX};
+    sb_base64(&b64, s->user_data, strlen(s->user_data));
     sb_str(&q.body, "&UserData=");
-    sb_base64(&q.body, s->user_data, strlen(s->user_data));
+    if (b64.fail)
+        q.body.fail = true;
+    else
+        sb_escape(&q.body, b64.p); /* '+', '/' and '=' are not plain in a form body */
+    sb_done(&b64);
     sb_str(&q.shown, "&UserData=(decoded below)");
     q.user_data_shown = s->user_data_shown;
     TRY_GOTO(aws_call(p, &s->ctx, "RunInstances", &q, &doc), r, out);
