@@ -61,6 +61,7 @@ struct aws_ctx {
     void *dry_run_userdata;
     void *curl; /* CURL *, reused so connections stay alive */
     char last_code[96]; /* the last AWS error code ("" = none) */
+    bool refused;       /* AWS refused the credentials: every later request would fail too */
 };
 
 struct aws_state {
@@ -266,7 +267,7 @@ static int creds_from_file(const char *path, const char *profile, struct aws_cre
     wipe(data, len);
     st_free(data);
     if (!found)
-        return -ENOENT;
+        return -ESRCH; /* no such profile */
     return c->key_id[0] && c->secret[0] ? 0 : -ENOKEY;
 }
 
@@ -294,9 +295,14 @@ static int creds_find(struct cloud_provider *p, struct aws_creds *c) {
     int r = creds_from_file(path, profile, c);
     if (r == 0)
         return 0;
+    char why[64];
+    if (r == -ESRCH || r == -ENOKEY)
+        snprintf(why, sizeof(why), "%s", r == -ESRCH ? "no such profile there"
+                                                     : "the profile lacks a key id or secret");
+    else
+        snprintf(why, sizeof(why), "cannot read it: %s", st_strerror(r));
     aws_log(p, ST_LOG_ERR, "no AWS credentials: set AWS_ACCESS_KEY_ID and "
-            "AWS_SECRET_ACCESS_KEY, or a profile '%s' in '%s' (%s)", profile, path,
-            st_strerror(r));
+            "AWS_SECRET_ACCESS_KEY, or a profile '%s' in '%s' (%s)", profile, path, why);
     memset(c, 0, sizeof(*c));
     return -ENOKEY;
 }
@@ -515,6 +521,7 @@ static int aws_post_once(struct cloud_provider *p, struct aws_ctx *x, const char
         xml_text(xml_child(err, "Message"), msg, sizeof(msg));
         snprintf(x->last_code, sizeof(x->last_code), "%s", code[0] ? code : "Unknown");
         r = code_errno(code, status);
+        x->refused |= r == -EACCES;
         aws_log(p, r == -EBUSY || r == -EAGAIN ? ST_LOG_WARN : ST_LOG_ERR,
                 "%s refused: %s: %s (HTTP %ld)", action, x->last_code, msg, status);
         goto out;
@@ -1047,7 +1054,9 @@ static void aws_done(struct cloud_provider *p, void *state) {
     struct aws_state *s = state;
     if (!s->ctx.dry_run) {
         int n = alive_count(s);
-        if (cloud_provider_detached(p)) {
+        if (s->ctx.refused && n == 0) {
+            /* Refused credentials created nothing, and a sweep would only be refused again. */
+        } else if (cloud_provider_detached(p)) {
             aws_log(p, ST_LOG_NOTICE, "leaving %d instance(s) of job '%s' running for a restart "
                     "to adopt (`spottrain down` ends them)", n, s->job_name);
         } else {

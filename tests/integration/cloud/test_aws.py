@@ -8,6 +8,8 @@ Usage: test_aws.py SCENARIO
   adopt           a launch restarted on the same state dir adopts the kept instances, asks for none
   bad-secret      signature checking on: a wrong secret key -> exit 2 naming AuthFailure, no
                   instance; the right key works (down --job)
+  credentials     AWS_PROFILE in AWS_SHARED_CREDENTIALS_FILE; a wrong default profile, a missing
+                  profile, no credentials, a bad endpoint URL, no fleet.image: exit 2 each
   dry-run         --dry-run prints the requests (user-data decoded, token redacted), no secret,
                   sends nothing
   capacity        a proxy refuses zone us-east-1a with InsufficientInstanceCapacity: all
@@ -33,7 +35,7 @@ import time
 import urllib.request
 
 SCENARIO = sys.argv[1] if len(sys.argv) > 1 else ""
-if SCENARIO == "bad-secret":
+if SCENARIO in ("bad-secret", "credentials"):
     # Signature checking on after the three IAM calls that make the user (read at import).
     os.environ["INITIAL_NO_AUTH_ACTION_COUNT"] = "3"
 
@@ -302,14 +304,59 @@ def t_bad_secret(d, url):
         fail("launch with a wrong secret did not exit")
     out = output(p)
     check(rc == 2, "launch exits 2 with a wrong secret (rc %d)" % rc)
-    check("AuthFailure" in out, "the AWS error code is named: " +
-          " | ".join(l for l in out.splitlines() if "Auth" in l))
+    auth = [l for l in out.splitlines() if "AuthFailure" in l]
+    check(len(auth) == 1 and "DescribeInstances refused: AuthFailure: " in auth[0],
+          "one error line names the AWS error code: " + " | ".join(auth))
     check(secret not in out, "the secret is not printed")
     check(not job_instances(url, key=key, secret=secret), "moto holds no instance")
     env["AWS_SECRET_ACCESS_KEY"] = secret
     rc, o, e = run(["down", "--job", JOB], env)
     check(rc == 0 and "0 instance(s)" in o, "the right secret is accepted (signing works): %s%s"
           % (o, e))
+
+
+def t_credentials(d, url):
+    iam = boto3.client("iam", endpoint_url=url, region_name="us-east-1",
+                       aws_access_key_id="x", aws_secret_access_key="x")
+    iam.create_user(UserName="spottrain")
+    iam.put_user_policy(UserName="spottrain", PolicyName="all", PolicyDocument=(
+        '{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Action":"*","Resource":"*"}]}'))
+    k = iam.create_access_key(UserName="spottrain")["AccessKey"]
+    creds = os.path.join(d, "creds")
+    with open(creds, "w") as f:
+        f.write("[default]\naws_access_key_id = %s\naws_secret_access_key = wrong\n\n"
+                "# the job's profile\n[ spot ]\naws_access_key_id=%s\n"
+                "aws_secret_access_key = %s\n" % (k["AccessKeyId"], k["AccessKeyId"],
+                                                   k["SecretAccessKey"]))
+    env = env_for(url, d)
+    del env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"]
+    env["AWS_SHARED_CREDENTIALS_FILE"] = creds
+    env["AWS_PROFILE"] = "spot"
+    rc, o, e = run(["down", "--job", JOB], env)
+    check(rc == 0 and "0 instance(s)" in o, "AWS_PROFILE's keys from the shared file: %s%s"
+          % (o, e))
+    del env["AWS_PROFILE"]
+    rc, o, e = run(["down", "--job", JOB], env)
+    check(rc == 2 and "AuthFailure" in e, "the default profile's wrong secret: exit 2 (%d)" % rc)
+    check(k["SecretAccessKey"] not in o + e, "no secret printed")
+    env["AWS_PROFILE"] = "missing"
+    rc, o, e = run(["down", "--job", JOB], env)
+    check(rc == 2 and "profile 'missing' in '%s' (no such profile there)" % creds in e,
+          "a missing profile: exit 2 naming it: " + e.strip().splitlines()[0])
+    del env["AWS_SHARED_CREDENTIALS_FILE"], env["AWS_PROFILE"]
+    rc, o, e = run(["down", "--job", JOB], env)  # HOME=d has no .aws/credentials
+    check(rc == 2 and "no AWS credentials" in e, "no credentials anywhere: exit 2")
+    env["AWS_ENDPOINT_URL"] = "ftp://127.0.0.1:1"
+    env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"] = KEY, SECRET
+    rc, o, e = run(["down", "--job", JOB], env)
+    check(rc == 2 and "bad EC2 endpoint 'ftp://127.0.0.1:1'" in e, "a bad endpoint URL: exit 2")
+    spec = write_spec(d)
+    with open(spec) as f:
+        text = f.read()
+    with open(spec, "w") as f:
+        f.write(text.replace("    image: ami-12c6146b\n", ""))
+    rc, o, e = run(["launch", "--dry-run", spec], env_for(url, d))
+    check(rc == 2 and "spec.fleet.image (the AMI id) is required" in e, "no image: exit 2")
 
 
 def t_dry_run(d, url):
@@ -408,7 +455,7 @@ def t_dead_endpoint(d, url):
 
 
 SCENARIOS = {"launch-sigterm": t_launch_sigterm, "keep-down": t_keep_down, "adopt": t_adopt,
-             "bad-secret": t_bad_secret, "dry-run": t_dry_run, "capacity": t_capacity,
+             "bad-secret": t_bad_secret, "credentials": t_credentials, "dry-run": t_dry_run, "capacity": t_capacity,
              "throttled": t_throttled, "bad-xml": t_bad_xml, "dead-endpoint": t_dead_endpoint}
 
 
