@@ -765,6 +765,15 @@ static int user_data_build(const struct cloud_config *cfg, const char *coordinat
             sb_str(&b, "\n");
         sb_str(&b, "SPOTTRAIN_JOB_EOF\n");
     }
+    /* The instance's id from IMDSv2 (curl is on the image, docs/aws.md), so the coordinator
+     * ties the worker to the instance DescribeInstances reports; the data plane listens on
+     * the instance's first address, where its peers reach it. */
+    sb_str(&b, "md=${AWS_EC2_METADATA_SERVICE_ENDPOINT:-http://169.254.169.254}\n"
+               "t=$(curl -fsS -X PUT \"$md/latest/api/token\" "
+               "-H 'X-aws-ec2-metadata-token-ttl-seconds: 300')\n"
+               "iid=$(curl -fsS -H \"X-aws-ec2-metadata-token: $t\" "
+               "\"$md/latest/meta-data/instance-id\")\n"
+               "ip=$(hostname -I 2>/dev/null | cut -d' ' -f1)\n");
     sb_str(&b, "exec spottrain worker --coordinator ");
     sb_str(&b, coordinator);
     sb_str(&b, " --job-id ");
@@ -773,7 +782,7 @@ static int user_data_build(const struct cloud_config *cfg, const char *coordinat
         sb_str(&b, " --token-file \"$dir/token\"");
     if (job)
         sb_str(&b, " --job \"$dir/job.yaml\"");
-    sb_str(&b, " --state-dir \"$dir\"\n");
+    sb_str(&b, " --instance-id \"$iid\" --data-addr \"${ip:-127.0.0.1}:0\" --state-dir \"$dir\"\n");
     st_free(spec_text);
     if (b.fail) {
         sb_done(&b);

@@ -2,6 +2,9 @@
 """`spottrain launch` and `down` with the aws provider against moto (EC2 on loopback).
 
 Usage: test_aws.py SCENARIO
+  train           the boot shim runs each moto instance's user-data as a local worker; one
+                  instance is terminated in moto mid-job (no notice): it becomes a loss, a
+                  replacement is granted, the job ends bitwise equal to train --local --dp 1 --pp 1
   launch-sigterm  fleet.max spot instances tagged with the job, spread over the zones, within
                   30 s; SIGTERM terminates every one of them and launch exits 0
   keep-down       --keep-fleet + SIGTERM leaves them running; `down` ends them, twice (idempotent)
@@ -104,7 +107,8 @@ def running(url, **kw):
     return {k: v for k, v in job_instances(url, **kw).items() if v[0] in ("pending", "running")}
 
 
-def write_spec(d, zones=("us-east-1a", "us-east-1b"), fleet_max=3):
+def write_spec(d, zones=("us-east-1a", "us-east-1b"), fleet_max=3, coord="127.0.0.1:0",
+               advertise="10.1.2.3:7070", steps=20):
     path = os.path.join(d, "job.yaml")
     with open(path, "w") as f:
         f.write("""apiVersion: spottrain/v1
@@ -114,9 +118,9 @@ metadata:
 spec:
   model: {layers: 2, hidden: 32, heads: 2, vocab: 64, seq_len: 16}
   data:
-    train: data/train.bin
+    train: %s/data/train.bin
     synth: {kind: markov, tokens: 4096}
-  training: {global_batch: 4, micro_batch: 1, steps: 20}
+  training: {global_batch: 4, micro_batch: 1, steps: %d}
   fleet:
     provider: aws
     instance_type: t3.micro
@@ -124,13 +128,13 @@ spec:
     zones: [%s]
     max: %d
   coordinator:
-    listen: 127.0.0.1:0
-    advertise: 10.1.2.3:7070
+    listen: %s
+    advertise: %s
   status:
     listen: ""
   checkpoint:
     interval: 0
-""" % (JOB, ", ".join(zones), fleet_max))
+""" % (JOB, d, steps, ", ".join(zones), fleet_max, coord, advertise))
     return path
 
 
@@ -162,6 +166,7 @@ def output(p):
 
 
 def run(args, env, timeout=TIMEOUT):
+    env = env if env is not None else dict(os.environ)
     r = subprocess.run([BIN, *args], env=env, capture_output=True, text=True, timeout=timeout)
     return r.returncode, r.stdout, r.stderr
 
@@ -454,7 +459,139 @@ def t_dead_endpoint(d, url):
           "the endpoint is named: " + out.strip().splitlines()[-1])
 
 
-SCENARIOS = {"launch-sigterm": t_launch_sigterm, "keep-down": t_keep_down, "adopt": t_adopt,
+# ---- the boot shim: moto's instances run their user-data here, as local worker processes ------
+
+class Imds(http.server.ThreadingHTTPServer):
+    """A minimal IMDSv2 for one instance: token, instance-id; no spot notice (404)."""
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        pass  # a worker killed mid-request (its instance terminated) is expected here
+
+    def __init__(self, iid):
+        class H(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def reply(self, status, body=b""):
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_PUT(self):
+                ok = self.path == "/latest/api/token"
+                self.reply(200 if ok else 404, b"imds-token" if ok else b"")
+
+            def do_GET(self):
+                if self.headers.get("X-aws-ec2-metadata-token") != "imds-token":
+                    return self.reply(401)
+                if self.path == "/latest/meta-data/instance-id":
+                    return self.reply(200, iid.encode())
+                self.reply(404)
+        super().__init__(("127.0.0.1", 0), H)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+        self.url = "http://127.0.0.1:%d" % self.server_address[1]
+
+
+class BootShim:
+    """Watches DescribeInstances; runs each new running instance's user-data (the image's
+    paths mapped into a folder of its own, `spottrain` = the binary under test) with its own
+    IMDS; kills the worker of an instance moto shows terminated (the cloud took it away)."""
+
+    def __init__(self, url, d):
+        self.url, self.d = url, d
+        self.workers = {}  # id -> (Popen, Imds)
+        self.stop = False
+        self.t = threading.Thread(target=self.loop, daemon=True)
+        self.t.start()
+
+    def boot(self, iid):
+        import base64
+        ud = ec2(self.url).describe_instance_attribute(InstanceId=iid, Attribute="userData")
+        script = base64.b64decode(ud["UserData"]["Value"]).decode()
+        home = os.path.join(self.d, "inst-" + iid)
+        script = script.replace("/var/lib/spottrain", home).replace(
+            "exec spottrain ", "exec %s " % BIN)
+        imds = Imds(iid)
+        env = dict(os.environ, AWS_EC2_METADATA_SERVICE_ENDPOINT=imds.url)
+        log = open(home + ".log", "w")
+        p = subprocess.Popen(["sh", "-c", script], env=env, stdout=log, stderr=subprocess.STDOUT)
+        self.workers[iid] = (p, imds)
+
+    def loop(self):
+        while not self.stop:
+            try:
+                for iid, (state, _, _) in job_instances(self.url).items():
+                    if state == "running" and iid not in self.workers:
+                        self.boot(iid)
+                    elif state in ("shutting-down", "terminated") and iid in self.workers:
+                        p = self.workers[iid][0]
+                        if p.poll() is None:
+                            p.kill()
+            except Exception as e:  # noqa: BLE001 - moto going away at the end
+                print("shim: %s" % e, flush=True)
+            time.sleep(0.2)
+
+    def close(self):
+        self.stop = True
+        self.t.join()
+        for p, imds in self.workers.values():
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+            imds.shutdown()
+
+
+def t_train(d, url):
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    coord = "127.0.0.1:%d" % port
+    spec = write_spec(d, fleet_max=2, coord=coord, advertise=coord, steps=150)
+    ref = os.path.join(d, "ref")
+    rc, o, e = run(["train", "--local", "--dp", "1", "--pp", "1", "--save", ref, spec], None,
+                   timeout=120)
+    check(rc == 0, "reference run: train --local --dp 1 --pp 1 (%s)" % e.strip()[-200:])
+    shim = BootShim(url, d)
+    try:
+        out_dir = os.path.join(d, "out")
+        p = launch(spec, env_for(url, d), "--state-dir", os.path.join(d, "state"), "--save",
+                   out_dir)
+        fleet = granted_fleet(url, p, n=2)
+        def step():
+            import re
+            m = re.findall(r"^progress: step (\d+)/", output(p), re.M)
+            return int(m[-1]) if m else 0
+        wait_until(lambda: step() >= 10, "training past step 10", timeout=90)
+        victim = sorted(fleet)[0]
+        ec2(url).terminate_instances(InstanceIds=[victim])  # unannounced: no notice first
+        print("terminated %s without notice" % victim, flush=True)
+        try:
+            rc = p.wait(timeout=150)
+        except subprocess.TimeoutExpired:
+            fail("launch did not finish the job")
+        check(rc == 0, "launch trains to the end (rc %d)" % rc)
+        out = output(p)
+        check("lost: %s" % victim in out, "the terminated instance became a loss")
+        check(len([l for l in out.splitlines() if " restart from scratch " in l]) == 1,
+              "one restart from step 0 (no checkpoint, a replica's optimizer shard lost)")
+        grants = [l for l in out.splitlines() if l.startswith("granted: i-")]
+        check(len(grants) == 3, "a replacement was granted after the loss: %d grants" %
+              len(grants))
+        print("\n".join(l for l in out.splitlines() if not l.startswith("progress")),
+              flush=True)
+        check(not running(url), "no instance left running after the job")
+    finally:
+        shim.close()
+    rc, o, e = run(["ckpt", "diff", ref, out_dir], None)
+    check(rc == 0, "the launch's final state equals train --local --dp 1 --pp 1: %s" %
+          (o + e).strip()[-300:])
+
+
+SCENARIOS = {"train": t_train, "launch-sigterm": t_launch_sigterm, "keep-down": t_keep_down, "adopt": t_adopt,
              "bad-secret": t_bad_secret, "credentials": t_credentials, "dry-run": t_dry_run, "capacity": t_capacity,
              "throttled": t_throttled, "bad-xml": t_bad_xml, "dead-endpoint": t_dead_endpoint}
 
