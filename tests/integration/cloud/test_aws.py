@@ -17,6 +17,7 @@ Usage: test_aws.py SCENARIO
                   sends nothing
   capacity        a proxy refuses zone us-east-1a with InsufficientInstanceCapacity: all
                   instances come from us-east-1b
+  fallback        every zone refuses spot, on_demand_fallback: the fleet comes on-demand
   throttled       a proxy answers RunInstances 503 RequestLimitExceeded twice: backoff, then
                   the fleet is granted
   bad-xml         a proxy answers 200 with a body that is not XML: exit 1, one clear error line
@@ -108,7 +109,7 @@ def running(url, **kw):
 
 
 def write_spec(d, zones=("us-east-1a", "us-east-1b"), fleet_max=3, coord="127.0.0.1:0",
-               advertise="10.1.2.3:7070", steps=20):
+               advertise="10.1.2.3:7070", steps=20, fallback=False):
     path = os.path.join(d, "job.yaml")
     with open(path, "w") as f:
         f.write("""apiVersion: spottrain/v1
@@ -127,6 +128,7 @@ spec:
     image: ami-12c6146b
     zones: [%s]
     max: %d
+    on_demand_fallback: %s
   coordinator:
     listen: %s
     advertise: %s
@@ -134,7 +136,8 @@ spec:
     listen: ""
   checkpoint:
     interval: 0
-""" % (JOB, d, steps, ", ".join(zones), fleet_max, coord, advertise))
+""" % (JOB, d, steps, ", ".join(zones), fleet_max, "true" if fallback else "false", coord,
+       advertise))
     return path
 
 
@@ -407,6 +410,23 @@ def t_capacity(d, url):
     srv.shutdown()
 
 
+def t_fallback(d, url):
+    def rule(body):
+        if "Action=RunInstances" in body and "InstanceMarketOptions.MarketType=spot" in body:
+            return (400, ec2_error("InsufficientInstanceCapacity", "No spot capacity"))
+        return None
+    srv, purl = start_proxy(url, rule)
+    spec = write_spec(d, fallback=True)
+    p = launch(spec, env_for(purl, d), "--state-dir", os.path.join(d, "state"))
+    fleet = granted_fleet(url, p)
+    kinds = collections.Counter((v[1], v[2]) for v in fleet.values())
+    check(kinds == {("us-east-1a", "on-demand"): 2, ("us-east-1b", "on-demand"): 1},
+          "every zone refused spot: on-demand, spread the same way: %s" % dict(kinds))
+    check("spot refused for 3 instance(s); asking on-demand" in output(p), "the fallback is said")
+    check(stop(p) == 0 and not running(url), "SIGTERM ends the fleet")
+    srv.shutdown()
+
+
 def t_throttled(d, url):
     count = {"n": 0}
 
@@ -592,7 +612,7 @@ def t_train(d, url):
 
 
 SCENARIOS = {"train": t_train, "launch-sigterm": t_launch_sigterm, "keep-down": t_keep_down, "adopt": t_adopt,
-             "bad-secret": t_bad_secret, "credentials": t_credentials, "dry-run": t_dry_run, "capacity": t_capacity,
+             "bad-secret": t_bad_secret, "credentials": t_credentials, "dry-run": t_dry_run, "capacity": t_capacity, "fallback": t_fallback,
              "throttled": t_throttled, "bad-xml": t_bad_xml, "dead-endpoint": t_dead_endpoint}
 
 
