@@ -1276,6 +1276,10 @@ int coord_loop_tick(struct coord_loop *L, double now) {
         L->hist[L->nhist++] = alive >= 0 ? alive : live;
     L->st.alive = alive >= 0 ? alive : live;
     coord_metrics_set_instances(L->c, L->forecast > 0 ? L->forecast : L->st.alive, L->st.alive);
+    int noticed = 0;
+    for (size_t i = 0; i < L->ninst; i++)
+        noticed += L->inst[i].noticed && !L->inst[i].dead;
+    coord_metrics_set_noticed(L->c, noticed);
 
     ckpt_commit_check(L);
     switch (L->phase) {

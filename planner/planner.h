@@ -200,6 +200,8 @@ enum plan_predictor {
     PLAN_PRED_NKINDS
 };
 const char *plan_predictor_name(enum plan_predictor p);
+/* The names, comma-separated ("last-value, arima, ..."), for messages. */
+const char *plan_predictor_names(void);
 /* Parses a name of predictors.def; returns 0 or -EINVAL. */
 int plan_predictor_parse(const char *s, enum plan_predictor *ret);
 
@@ -340,5 +342,52 @@ int plan_simulate(const struct plan_cost *cost, const struct plan_trace *t, enum
 void plan_sim_result_done(struct plan_sim_result *r);
 
 #include "planner-migration.h" /* migration transfer plans (mig plan), owned separately */
+
+/* ---- situation files (`spottrain plan`, docs/plan-format.md) ------------------------------ */
+
+enum plan_sit_cost_kind {
+    PLAN_SIT_COST_NONE = 0, /* a target shape was given; no cost model is needed */
+    PLAN_SIT_COST_PROFILE,  /* "cost": {"profile": FILE, "model": NAME} */
+    PLAN_SIT_COST_ANALYTIC, /* "cost": {"analytic": {...}} with the model given as "gpt" */
+};
+
+/* Everything a situation file says: the model's layers, the current layout and who holds
+ * which (stage, replica), survivors, new workers, notices, an optional target, the forecast
+ * and history, planner options and the cost model to decide with. */
+struct plan_situation_file {
+    uint32_t nlayers;
+    uint64_t *np;                         /* [nlayers] elements per layer */
+    bool gpt;                             /* the model was given as "gpt" */
+    uint32_t gpt_layers, gpt_hidden, gpt_vocab, gpt_seq;
+    struct plan_mig_tied tied[PLAN_MIG_MAX_TIED];
+    uint32_t ntied;
+    struct plan_mig_layout old_layout, new_layout; /* new_layout only when have_target */
+    bool have_target;
+    struct plan_mig_worker *w;            /* [nw]: listed workers, then new ones */
+    uint32_t nw, nold;                    /* all workers; those listed under "workers" */
+    double *notice_s;                     /* [nw]: seconds until lost, <0 = none */
+    int *forecast, nforecast;             /* instance counts; NULL/0 when absent */
+    int *hist, nhist;
+    int lookahead;                        /* intervals (default 12) */
+    enum plan_predictor predictor;        /* default damped */
+    enum plan_sit_cost_kind cost_kind;    /* NONE whenever have_target */
+    char *cost_profile;                   /* PROFILE: the file name as written (relative to
+                                             the situation file unless absolute) */
+    char *cost_model;                     /* PROFILE: the model name, NULL = the profile's
+                                             default */
+    struct plan_model_desc cost_analytic; /* ANALYTIC: the description, max_n = nw (>= 1) */
+};
+
+/* Parses a situation file (JSON text of len bytes, no NUL needed). Pure: the profile a cost
+ * names is not read here; the caller loads it (relative to the file) and builds the cost.
+ * Fields are checked in file order and the first bad one is reported: -EINVAL with err (if
+ * non-NULL) naming `name` and the dotted field, or, for a JSON syntax error, the line and
+ * column. Returns 0 and fills *ret (release with plan_situation_file_done()), -EINVAL, or
+ * -ENOMEM (*ret untouched on failure). Called by `spottrain plan` and the `situation` fuzz
+ * target. */
+int plan_situation_parse(const char *name, const char *text, size_t len,
+                         struct plan_situation_file *ret, struct st_error *err);
+/* Frees what plan_situation_parse() allocated and zeroes *s; NULL-safe. */
+void plan_situation_file_done(struct plan_situation_file *s);
 
 #endif
