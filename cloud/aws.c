@@ -61,6 +61,7 @@ struct aws_ctx {
     void *dry_run_userdata;
     void *curl; /* CURL *, reused so connections stay alive */
     char last_code[96]; /* the last AWS error code ("" = none) */
+    bool refused;       /* AWS refused the credentials: every later request would fail too */
 };
 
 struct aws_state {
@@ -266,7 +267,7 @@ static int creds_from_file(const char *path, const char *profile, struct aws_cre
     wipe(data, len);
     st_free(data);
     if (!found)
-        return -ENOENT;
+        return -ESRCH; /* no such profile */
     return c->key_id[0] && c->secret[0] ? 0 : -ENOKEY;
 }
 
@@ -294,9 +295,14 @@ static int creds_find(struct cloud_provider *p, struct aws_creds *c) {
     int r = creds_from_file(path, profile, c);
     if (r == 0)
         return 0;
+    char why[64];
+    if (r == -ESRCH || r == -ENOKEY)
+        snprintf(why, sizeof(why), "%s", r == -ESRCH ? "no such profile there"
+                                                     : "the profile lacks a key id or secret");
+    else
+        snprintf(why, sizeof(why), "cannot read it: %s", st_strerror(r));
     aws_log(p, ST_LOG_ERR, "no AWS credentials: set AWS_ACCESS_KEY_ID and "
-            "AWS_SECRET_ACCESS_KEY, or a profile '%s' in '%s' (%s)", profile, path,
-            st_strerror(r));
+            "AWS_SECRET_ACCESS_KEY, or a profile '%s' in '%s' (%s)", profile, path, why);
     memset(c, 0, sizeof(*c));
     return -ENOKEY;
 }
@@ -515,6 +521,7 @@ static int aws_post_once(struct cloud_provider *p, struct aws_ctx *x, const char
         xml_text(xml_child(err, "Message"), msg, sizeof(msg));
         snprintf(x->last_code, sizeof(x->last_code), "%s", code[0] ? code : "Unknown");
         r = code_errno(code, status);
+        x->refused |= r == -EACCES;
         aws_log(p, r == -EBUSY || r == -EAGAIN ? ST_LOG_WARN : ST_LOG_ERR,
                 "%s refused: %s: %s (HTTP %ld)", action, x->last_code, msg, status);
         goto out;
@@ -758,6 +765,15 @@ static int user_data_build(const struct cloud_config *cfg, const char *coordinat
             sb_str(&b, "\n");
         sb_str(&b, "SPOTTRAIN_JOB_EOF\n");
     }
+    /* The instance's id from IMDSv2 (curl is on the image, docs/aws.md), so the coordinator
+     * ties the worker to the instance DescribeInstances reports; the data plane listens on
+     * the instance's first address, where its peers reach it. */
+    sb_str(&b, "md=${AWS_EC2_METADATA_SERVICE_ENDPOINT:-http://169.254.169.254}\n"
+               "t=$(curl -fsS -X PUT \"$md/latest/api/token\" "
+               "-H 'X-aws-ec2-metadata-token-ttl-seconds: 300')\n"
+               "iid=$(curl -fsS -H \"X-aws-ec2-metadata-token: $t\" "
+               "\"$md/latest/meta-data/instance-id\")\n"
+               "ip=$(hostname -I 2>/dev/null | cut -d' ' -f1)\n");
     sb_str(&b, "exec spottrain worker --coordinator ");
     sb_str(&b, coordinator);
     sb_str(&b, " --job-id ");
@@ -766,7 +782,7 @@ static int user_data_build(const struct cloud_config *cfg, const char *coordinat
         sb_str(&b, " --token-file \"$dir/token\"");
     if (job)
         sb_str(&b, " --job \"$dir/job.yaml\"");
-    sb_str(&b, " --state-dir \"$dir\"\n");
+    sb_str(&b, " --instance-id \"$iid\" --data-addr \"${ip:-127.0.0.1}:0\" --state-dir \"$dir\"\n");
     st_free(spec_text);
     if (b.fail) {
         sb_done(&b);
@@ -858,8 +874,10 @@ static int run_instances(struct cloud_provider *p, struct aws_state *s, const ch
     q_init(&q, "RunInstances");
     q_param(&q, "ImageId", s->image);
     q_param(&q, "InstanceType", s->instance_type);
-    q_param(&q, "MinCount", "1");
+    /* All or nothing per zone: a zone that cannot hold its whole share refuses it, and the
+     * share moves on to the next zone (MinCount < MaxCount would take a part silently). */
     snprintf(num, sizeof(num), "%d", k);
+    q_param(&q, "MinCount", num);
     q_param(&q, "MaxCount", num);
     if (zone[0])
         q_param(&q, "Placement.AvailabilityZone", zone);
@@ -876,8 +894,14 @@ static int run_instances(struct cloud_provider *p, struct aws_state *s, const ch
     q_param(&q, "TagSpecification.1.Tag.2.Key", "spottrain:job-id");
     q_param(&q, "TagSpecification.1.Tag.2.Value", s->job_id);
     /* The user-data: base64 in the body; a dry run shows it decoded, token redacted. */
+    struct sbuf b64 = {.max = 2 * AWS_USER_DATA_MAX};
+    sb_base64(&b64, s->user_data, strlen(s->user_data));
     sb_str(&q.body, "&UserData=");
-    sb_base64(&q.body, s->user_data, strlen(s->user_data));
+    if (b64.fail)
+        q.body.fail = true;
+    else
+        sb_escape(&q.body, b64.p); /* '+', '/' and '=' are not plain in a form body */
+    sb_done(&b64);
     sb_str(&q.shown, "&UserData=(decoded below)");
     q.user_data_shown = s->user_data_shown;
     TRY_GOTO(aws_call(p, &s->ctx, "RunInstances", &q, &doc), r, out);
@@ -1039,7 +1063,9 @@ static void aws_done(struct cloud_provider *p, void *state) {
     struct aws_state *s = state;
     if (!s->ctx.dry_run) {
         int n = alive_count(s);
-        if (cloud_provider_detached(p)) {
+        if (s->ctx.refused && n == 0) {
+            /* Refused credentials created nothing, and a sweep would only be refused again. */
+        } else if (cloud_provider_detached(p)) {
             aws_log(p, ST_LOG_NOTICE, "leaving %d instance(s) of job '%s' running for a restart "
                     "to adopt (`spottrain down` ends them)", n, s->job_name);
         } else {

@@ -422,7 +422,8 @@ static void az_free_data(struct az_state *s) {
 static int custom_data(const struct cloud_config *cfg, const char *coordinator, bool redact,
                        char **ret) {
     char *script = NULL;
-    TRY(cloud__bootstrap_script(cfg, coordinator, redact, AZ_CUSTOM_DATA_MAX, &script));
+    TRY(cloud__bootstrap_script(cfg, coordinator, "azure", redact, AZ_CUSTOM_DATA_MAX,
+                                &script));
     struct cloud__sbuf b = {.max = AZ_CUSTOM_DATA_MAX * 2};
     cloud__sb_base64(&b, script, strlen(script), false);
     memset(script, 0, strlen(script));

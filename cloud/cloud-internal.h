@@ -85,10 +85,11 @@ const char *cloud__json_str(const json_t *o, const char *key);
 void cloud__sleep(double seconds);
 
 /* The worker bootstrap (startup-script, customData): writes the join token (or
- * "<redacted>") and the job spec, then execs `spottrain worker`. *ret: caller frees with
- * st_free(). Returns 0 or -E2BIG beyond max bytes. */
+ * "<redacted>") and the job spec, reads the instance's name from the metadata service of
+ * cloud ("gcp" or "azure"), then execs `spottrain worker`. *ret: caller frees with st_free().
+ * Returns 0 or -E2BIG beyond max bytes. */
 int cloud__bootstrap_script(const struct cloud_config *cfg, const char *coordinator,
-                            bool redact, size_t max, char **ret);
+                            const char *cloud, bool redact, size_t max, char **ret);
 
 /* The fleet engine: a target count kept over zones by a backend that can create one named
  * instance, list the job's instances and delete one. */

@@ -514,10 +514,10 @@ static int gcp_init(struct cloud_provider *p, void *state, const struct cloud_co
     s->spot = cfg->spot;
     s->dry_run = cfg->dry_run;
     s->dry_run_userdata = cfg->dry_run_userdata;
-    TRY_GOTO(cloud__bootstrap_script(cfg, coordinator, false, GCP_SCRIPT_MAX, &s->script), r,
-             out);
-    TRY_GOTO(cloud__bootstrap_script(cfg, coordinator, true, GCP_SCRIPT_MAX, &s->script_shown),
-             r, out);
+    TRY_GOTO(cloud__bootstrap_script(cfg, coordinator, "gcp", false, GCP_SCRIPT_MAX,
+                                     &s->script), r, out);
+    TRY_GOTO(cloud__bootstrap_script(cfg, coordinator, "gcp", true, GCP_SCRIPT_MAX,
+                                     &s->script_shown), r, out);
     TRY_GOTO(cloud__fleet_init(&s->fleet, p, "gcp", &gcp_fleet_ops, s, cfg, sp->fleet.nzones),
              r, out);
     cloud__log(p, ST_LOG_INFO, "gcp: project %s, endpoint %s, %d x %s from %s%s", s->project,

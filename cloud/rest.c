@@ -229,7 +229,7 @@ void cloud__sleep(double s) {
 /* ---- the bootstrap ----------------------------------------------------------------------- */
 
 int cloud__bootstrap_script(const struct cloud_config *cfg, const char *coordinator,
-                            bool redact, size_t max, char **ret) {
+                            const char *cloud, bool redact, size_t max, char **ret) {
     struct cloud__sbuf b = {.max = max};
     char *spec_text = NULL;
     size_t spec_len = 0;
@@ -256,6 +256,18 @@ int cloud__bootstrap_script(const struct cloud_config *cfg, const char *coordina
             cloud__sb_str(&b, "\n");
         cloud__sb_str(&b, "SPOTTRAIN_JOB_EOF\n");
     }
+    /* The instance's own name from its metadata service (curl is on the image), so the
+     * coordinator ties the worker to the instance the listing reports; the data plane listens
+     * on the instance's first address, where its peers reach it. */
+    if (!strcmp(cloud, "gcp"))
+        cloud__sb_str(&b, "md=${GCE_METADATA_HOST:-metadata.google.internal}\n"
+                          "iid=$(curl -fsS -H 'Metadata-Flavor: Google' "
+                          "\"http://$md/computeMetadata/v1/instance/name\")\n");
+    else
+        cloud__sb_str(&b, "md=${AZURE_POD_IDENTITY_AUTHORITY_HOST:-http://169.254.169.254}\n"
+                          "iid=$(curl -fsS -H 'Metadata: true' \"$md/metadata/instance/compute/"
+                          "name?api-version=2021-02-01&format=text\")\n");
+    cloud__sb_str(&b, "ip=$(hostname -I 2>/dev/null | cut -d' ' -f1)\n");
     cloud__sb_str(&b, "exec spottrain worker --coordinator ");
     cloud__sb_str(&b, coordinator);
     cloud__sb_str(&b, " --job-id ");
@@ -264,7 +276,8 @@ int cloud__bootstrap_script(const struct cloud_config *cfg, const char *coordina
         cloud__sb_str(&b, " --token-file \"$dir/token\"");
     if (job)
         cloud__sb_str(&b, " --job \"$dir/job.yaml\"");
-    cloud__sb_str(&b, " --state-dir \"$dir\"\n");
+    cloud__sb_str(&b, " --instance-id \"$iid\" --data-addr \"${ip:-127.0.0.1}:0\" --state-dir "
+                      "\"$dir\"\n");
     st_free(spec_text);
     if (b.fail) {
         cloud__sb_done(&b);

@@ -295,6 +295,11 @@ char *coord__metrics_text(struct coord *c) {
       "spottrain_rpc_rejected_total{reason=\"unauthenticated\"} %llu\n"
       "spottrain_rpc_rejected_total{reason=\"invalid_argument\"} %llu\n",
       (unsigned long long)c->rejected_auth, (unsigned long long)c->rejected_invalid);
+    M("# HELP spottrain_data_plane_auth_failures_total Data-plane connections the workers "
+      "refused (no or wrong epoch secret).\n"
+      "# TYPE spottrain_data_plane_auth_failures_total counter\n"
+      "spottrain_data_plane_auth_failures_total %llu\n",
+      (unsigned long long)c->dp_auth_failures);
 #undef M
     return b;
 }
