@@ -158,7 +158,9 @@ static int test_config_errors(void) {
     struct cloud_config cfg;
     struct cloud_provider *p = NULL;
     base_config(&cfg, &sc, evs, 1);
-    ASSERT_ERR(cloud_provider_new("gcp", &cfg, &p), -ENOENT); /* not registered this round */
+    ASSERT_ERR(cloud_provider_new("kubernetes", &cfg, &p), -ENOENT); /* not registered */
+    ASSERT_ERR(cloud_provider_new("gcp", &cfg, &p), -EINVAL);   /* no job spec */
+    ASSERT_ERR(cloud_provider_new("azure", &cfg, &p), -EINVAL); /* no job spec */
     ASSERT_ERR(cloud_provider_new("aws", &cfg, &p), -EINVAL); /* no image, no job identity */
     ASSERT_ERR(cloud_provider_new(NULL, &cfg, &p), -EINVAL);
     cfg.spawn = NULL;
@@ -228,7 +230,9 @@ static int test_config_errors(void) {
     ASSERT_TRUE(cloud_provider_free(NULL) == NULL);
     ASSERT_STREQ(cloud_provider_names()[0], "sim");
     ASSERT_STREQ(cloud_provider_names()[1], "aws");
-    ASSERT_TRUE(cloud_provider_names()[2] == NULL);
+    ASSERT_STREQ(cloud_provider_names()[2], "gcp");
+    ASSERT_STREQ(cloud_provider_names()[3], "azure");
+    ASSERT_TRUE(cloud_provider_names()[4] == NULL);
     return 0;
 }
 
