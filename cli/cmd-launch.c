@@ -240,8 +240,12 @@ int cli_cmd_launch(int argc, char **argv) {
         goto out;
     }
     if (!spec->fleet.image[0]) {
-        cli_usage_error("launch", "'%s': spec.fleet.image (the machine image) is required",
-                        o.job);
+        static const char *const what[] = {[ST_PROVIDER_AWS] = "the AMI id",
+                                           [ST_PROVIDER_GCP] = "the image URL",
+                                           [ST_PROVIDER_AZURE] = "the image id or "
+                                                                 "PUBLISHER:OFFER:SKU:VERSION"};
+        cli_usage_error("launch", "'%s': spec.fleet.image (%s) is required", o.job,
+                        what[spec->fleet.provider]);
         goto out;
     }
     if (!getenv("SPOTTRAIN_DEBUG"))

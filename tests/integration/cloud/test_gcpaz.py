@@ -784,6 +784,15 @@ def dry_run(tmp):
         if "<redacted>" not in p.stdout and name == "demo-gcp":
             fail("the join token is not shown redacted")
         print("ok: %s dry run, %d requests shown" % (name, len(reqs)))
+    for name, fleet, want in [
+            ("demo-gcp", gcp_fleet(1, ["z"]), "spec.fleet.image (the image URL) is required"),
+            ("demo-az", azure_fleet(1, ["1"]), "spec.fleet.image (the image id or "
+             "PUBLISHER:OFFER:SKU:VERSION) is required")]:
+        spec = write_spec(tmp, name, [l for l in fleet if not l.startswith("image:")])
+        p = subprocess.run([SPOTTRAIN, "launch", "--dry-run", spec], cwd=tmp, env=clean_env(),
+                           capture_output=True, text=True, timeout=DEADLINE)
+        if p.returncode != 2 or want not in p.stderr:
+            fail("%s without an image: exit %d: %s" % (name, p.returncode, p.stderr))
     if gce.requests or az.requests:
         fail("a dry run sent requests: %s %s" % (gce.requests, az.requests))
     if az.errors:
