@@ -158,7 +158,7 @@ static int test_config_errors(void) {
     struct cloud_config cfg;
     struct cloud_provider *p = NULL;
     base_config(&cfg, &sc, evs, 1);
-    ASSERT_ERR(cloud_provider_new("kubernetes", &cfg, &p), -ENOENT); /* not registered */
+    ASSERT_ERR(cloud_provider_new("openstack", &cfg, &p), -ENOENT); /* not registered */
     ASSERT_ERR(cloud_provider_new("gcp", &cfg, &p), -EINVAL);   /* no job spec */
     ASSERT_ERR(cloud_provider_new("azure", &cfg, &p), -EINVAL); /* no job spec */
     ASSERT_ERR(cloud_provider_new("aws", &cfg, &p), -EINVAL); /* no image, no job identity */
@@ -232,7 +232,8 @@ static int test_config_errors(void) {
     ASSERT_STREQ(cloud_provider_names()[1], "aws");
     ASSERT_STREQ(cloud_provider_names()[2], "gcp");
     ASSERT_STREQ(cloud_provider_names()[3], "azure");
-    ASSERT_TRUE(cloud_provider_names()[4] == NULL);
+    ASSERT_STREQ(cloud_provider_names()[4], "kubernetes");
+    ASSERT_TRUE(cloud_provider_names()[5] == NULL);
     return 0;
 }
 
