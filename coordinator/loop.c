@@ -45,6 +45,7 @@ static const char *phase_name(enum loop_phase p) {
 struct lworker {
     char id[ST_UUID_STR_LEN];
     bool terminate;            /* relayed a cloud interruption notice */
+    double terminate_at;       /* st_now() when it first did */
     uint64_t reconf_epoch;     /* last epoch it reported "reconfigured" for */
     uint64_t reconf_fail_epoch;
     uint64_t recv, sent;       /* bytes of that reconfiguration */
@@ -74,6 +75,7 @@ struct wv {
     uint64_t step;             /* steps done (last report) */
     double loss;
     bool dead, leaving, failed, positioned;
+    double relayed_at;         /* st_now() when it relayed a notice the provider did not see */
 };
 
 struct reconf {
@@ -234,8 +236,10 @@ static void hook_report(struct coord *c, const struct coord_report *r, void *use
     for (size_t i = 0; w && i < r->nnotices; i++) {
         const char *k = r->notices[i].kind, *d = r->notices[i].detail ? r->notices[i].detail : "";
         if (!strcmp(k, "terminate")) {
-            if (!w->terminate)
+            if (!w->terminate) {
                 L->sum.worker_notices++;
+                w->terminate_at = st_now();
+            }
             w->terminate = true;
         } else if (!strcmp(k, "reconfigured")) {
             w->reconf_epoch = kv_u64(d, "epoch");
@@ -364,6 +368,7 @@ static int view_get(struct coord_loop *L, struct wv **ret, size_t *ret_n) {
         v[i].dead = w[i].state == COORD_WORKER_LOST || w[i].state == COORD_WORKER_STOPPED ||
                     (x && x->dead);
         v[i].leaving = (x && x->noticed) || (lw && lw->terminate);
+        v[i].relayed_at = lw && lw->terminate ? lw->terminate_at : 0;
         v[i].positioned = w[i].state == COORD_WORKER_ACTIVE && w[i].epoch == L->epoch &&
                           L->epoch > 0;
         v[i].step = lw ? lw->step : w[i].step;
@@ -448,6 +453,12 @@ static void choose_shape(struct coord_loop *L, int n, uint64_t at, const struct 
                 continue;
             struct linst *x = inst_find(L, v[i].w.instance_id);
             double left = x && x->deadline > now ? (x->deadline - now) : 0.0;
+            /* A notice only the worker saw (GCE preempted, Azure Preempt): the provider's
+             * notice length (spec fleet.notice: 30 s there) from when it was relayed. */
+            if (!(x && x->deadline > 0) && v[i].relayed_at > 0)
+                left = ST_MAX(0.0, L->cfg.spec.fleet.notice_seconds *
+                                       (L->cfg.time_scale > 0 ? L->cfg.time_scale : 1) -
+                                       (st_now() - v[i].relayed_at));
             notices[nn].instance = (int)i;
             notices[nn].seconds = left / (L->cfg.time_scale > 0 ? L->cfg.time_scale : 1);
             nn++;
