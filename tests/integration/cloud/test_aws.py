@@ -596,8 +596,10 @@ def t_train(d, url):
         check(rc == 0, "launch trains to the end (rc %d)" % rc)
         out = output(p)
         check("lost: %s" % victim in out, "the terminated instance became a loss")
-        check(len([l for l in out.splitlines() if " restart from scratch " in l]) == 1,
-              "one restart from step 0 (no checkpoint, a replica's optimizer shard lost)")
+        # How many epochs the loss costs depends on whether the data plane or DescribeInstances
+        # sees it first; what the job commits does not.
+        check("  steps              150\n  samples committed  600\n" in out,
+              "150 steps, 600 samples committed: none lost or repeated")
         grants = [l for l in out.splitlines() if l.startswith("granted: i-")]
         check(len(grants) == 3, "a replacement was granted after the loss: %d grants" %
               len(grants))
