@@ -66,7 +66,7 @@ struct aws_ctx {
 
 struct aws_state {
     struct aws_ctx ctx;
-    char image[128];
+    char image[256];
     char instance_type[CLOUD_NAME_MAX];
     int nzones; /* 0 = EC2 chooses */
     char zones[CLOUD_MAX_ZONES][CLOUD_NAME_MAX];

@@ -14,6 +14,8 @@
 struct st_error;
 
 #define ST_SPEC_MAX_ZONES 16
+#define ST_SPEC_MAX_KV 16          /* fleet.kubernetes.node_selector / resources entries */
+#define ST_SPEC_MAX_TOLERATIONS 16 /* fleet.kubernetes.tolerations entries */
 #define ST_SPEC_PATH_MAX 512
 
 enum st_precision { ST_PRECISION_FP32 = 0, ST_PRECISION_BF16 };
@@ -69,6 +71,36 @@ struct st_spec_training {
     enum st_precision precision;
 };
 
+/* One entry of a string -> string mapping: a Kubernetes label (node_selector) or a
+ * resource name and its quantity (resources: "nvidia.com/gpu": "1"). */
+struct st_spec_kv {
+    char key[254];        /* [prefix/]name: a DNS subdomain prefix and a 63-character name */
+    char value[64];
+};
+
+/* A Kubernetes toleration (the pod field, in the spec's snake_case). */
+struct st_spec_toleration {
+    char key[254];        /* "" with operator Exists = every taint */
+    char op[8];           /* "Equal" (default) or "Exists" */
+    char value[64];       /* "" with Exists */
+    char effect[20];      /* "", NoSchedule, PreferNoSchedule or NoExecute */
+    long long seconds;    /* toleration_seconds (NoExecute only); -1 = not given */
+};
+
+struct st_spec_kv_list {
+    int n;
+    struct st_spec_kv v[ST_SPEC_MAX_KV];
+};
+
+/* fleet.kubernetes: how the kubernetes provider shapes worker pods. */
+struct st_spec_kubernetes {
+    struct st_spec_kv_list node_selector;
+    int n_tolerations;
+    struct st_spec_toleration tolerations[ST_SPEC_MAX_TOLERATIONS];
+    struct st_spec_kv_list resources; /* requests = limits (GPUs need both equal) */
+    char priority_class[254]; /* PriorityClass name; "" = none */
+};
+
 struct st_spec_fleet {
     enum st_provider provider;
     char instance_type[64];
@@ -79,7 +111,6 @@ struct st_spec_fleet {
     char zones[ST_SPEC_MAX_ZONES][32];
     bool spot;
     bool on_demand_fallback;
-    char image[128];      /* cloud providers: machine image (AWS AMI id) with spottrain */
     /* sim provider */
     char trace[ST_SPEC_PATH_MAX]; /* trace file (events CSV, counts CSV, replay JSONL, seconds,N) */
     double time_scale;    /* wall seconds per trace second; 2/60 = one trace minute in 2 s */
@@ -91,6 +122,10 @@ struct st_spec_fleet {
     uint64_t gpu_memory;      /* bytes of memory per GPU, for the cost model's fit check */
     double gpu_tflops;        /* sustained TFLOP/s per instance, for the cost model */
     double net_gbps;          /* network Gb/s per instance, for the cost model */
+    /* the image workers run: kubernetes pods' container image, aws instances' AMI id (with
+     * spottrain installed, docs/aws.md); "" = none */
+    char image[256];
+    struct st_spec_kubernetes kubernetes;
 };
 
 struct st_spec_planner {
@@ -100,6 +135,9 @@ struct st_spec_planner {
     int dp_min, dp_max;   /* bounds; 0 = unbounded */
     int pp_min, pp_max;
     int dp, pp;           /* pinned shape; 0 = planner chooses */
+    double wait_limit;    /* seconds of cloud time the job may wait for a fleet that can
+                           * host a feasible shape before it stops with an error (default
+                           * 1800) */
 };
 
 struct st_spec_checkpoint {
@@ -110,7 +148,8 @@ struct st_spec_checkpoint {
 
 struct st_spec_coordinator {
     char listen[128];     /* HOST:PORT for gRPC */
-    char advertise[128];  /* HOST:PORT cloud workers dial ("" = the bound listen address) */
+    char advertise[256];  /* HOST:PORT workers dial; "" = the bound address (or, in
+                             Kubernetes, the Service `spottrain k8s render` makes) */
     double heartbeat_deadline; /* seconds of silence before a worker is declared lost */
     /* coordinator.tls: cert + key turn on TLS for gRPC and REST; client_ca also requires
      * and verifies client certificates (mutual TLS). "" = not set; files must exist. */
@@ -123,6 +162,14 @@ struct st_spec_coordinator {
 struct st_spec_status {
     char listen[128];     /* HOST:PORT for REST + /metrics; "" = off */
     char token_file[ST_SPEC_PATH_MAX]; /* bearer token for writes and gRPC; "" = none */
+};
+
+#define ST_SPEC_MAX_WHERE 160 /* positions kept; the format has fewer than 100 fields */
+
+/* Where a field given in the file was (its value), for errors found after parsing. */
+struct st_spec_where {
+    char path[64];         /* "spec.planner.dp"; longer paths are not kept */
+    int line, column;      /* 1-based */
 };
 
 struct st_spec {
@@ -138,6 +185,8 @@ struct st_spec {
     struct st_spec_checkpoint checkpoint;
     struct st_spec_coordinator coordinator;
     struct st_spec_status status;
+    int nwhere;            /* positions of the fields given in the file (st_spec_where) */
+    struct st_spec_where where[ST_SPEC_MAX_WHERE];
 };
 
 /* Fills every field with its default (docs/job-spec.md). */
@@ -158,5 +207,13 @@ int st_spec_parse(const char *name, const char *data, size_t len, struct st_spec
 char *st_spec_to_json(const struct st_spec *spec);
 
 const char *st_provider_name(enum st_provider p);
+
+/* Where `field` (a dotted path such as "spec.planner.dp") was given in the spec's file; for
+ * a field left to its default, where its nearest given parent mapping was. Writes *ret_line
+ * and *ret_column (1-based). Returns 0 for the field itself, 1 for a parent, -ENOENT when
+ * neither was given (a spec not parsed from a file), -EINVAL on bad arguments. Callers with
+ * a verdict about a parsed spec (plan_feasible) use it to name file:line:column. */
+int st_spec_where(const struct st_spec *spec, const char *field, int *ret_line,
+                  int *ret_column);
 
 #endif

@@ -287,7 +287,7 @@ def test_restart():
         shutil.rmtree(d, ignore_errors=True)
 
 
-def http_get(url, token=None):
+def rest_get(url, token=None):
     import urllib.request
     req = urllib.request.Request(url)
     if token:
@@ -296,8 +296,9 @@ def http_get(url, token=None):
         return r.read().decode()
 
 
-def wait_for(what, cond, timeout):
-    """Polls cond() until it returns a true value (returned) or the deadline passes."""
+def wait_for(what, cond, timeout, show=None):
+    """Polls cond() until it returns a true value (returned) or the deadline passes; then
+    fails, showing show() (what was seen last) when given."""
     import time
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -305,7 +306,7 @@ def wait_for(what, cond, timeout):
         if v:
             return v
         time.sleep(0.1)
-    raise Fail("timed out waiting for " + what)
+    raise Fail("timed out waiting for %s%s" % (what, ("; last seen: %r" % show()) if show else ""))
 
 
 def test_standalone():
@@ -315,6 +316,10 @@ def test_standalone():
     try:
         steps = 1500
         job = write_job(d, "standalone", steps, "seconds,N\n0,3\n", ckpt="1s")
+        with open(job) as f:  # the first epoch waits for all three workers
+            text = f.read().replace("    min: 1\n", "    min: 3\n")
+        with open(job, "w") as f:
+            f.write(text)
         ref = reference(d, job, steps)
         tok_text = "standalone-test-token"
         tok = os.path.join(d, "token")
@@ -340,7 +345,7 @@ def test_standalone():
 
         def job_json():
             try:
-                return json.loads(http_get("http://%s/v1/job" % rest, tok_text))
+                return json.loads(rest_get("http://%s/v1/job" % rest, tok_text))
             except OSError:
                 return None
 
@@ -349,16 +354,19 @@ def test_standalone():
         def joined(j):
             w = j["workers"]
             return w["active"] + w["spare"] + w["joined"]
+        def coord_log():
+            with open(os.path.join(d, "coord.log")) as f:
+                return f.read()[-3000:]
         j = wait_for("training on 3 joined workers", lambda: (
-            lambda j: j if j and j["planner"]["decisions"] >= 1 and j["step"] > 20 and
-            joined(j) == 3 else None)(job_json()), 90)
+            lambda j: j if j and j["planner"]["decisions"] >= 1 and j["step"] > 5 and
+            joined(j) == 3 else None)(job_json()), 90, coord_log)
         p = j["planner"]
         check(p["predictor"] == "notice", "planner.predictor: %r" % p["predictor"])
         check(p["last"] is not None and 1 <= p["last"]["dp"] * p["last"]["pp"] <= 3,
               "the latest decision fits the 3 workers: %r" % p["last"])
         check(p["last"]["expected_samples_per_s"] > 0 and p["last"]["reason"],
               "the decision carries its throughput and reason: %r" % p["last"])
-        metrics = http_get("http://%s/metrics" % rest)
+        metrics = rest_get("http://%s/metrics" % rest)
         check("spottrain_planner_decisions_total %d" % p["decisions"] in metrics or
               "spottrain_planner_decisions_total" in metrics,
               "/metrics has spottrain_planner_decisions_total")
@@ -368,7 +376,7 @@ def test_standalone():
         # SIGKILL a worker that holds state (an active one): no notice. Within one heartbeat
         # deadline and a planning interval a new decision follows, and its shape fits the two
         # workers still alive.
-        ws = json.loads(http_get("http://%s/v1/workers" % rest, tok_text))["workers"]
+        ws = json.loads(rest_get("http://%s/v1/workers" % rest, tok_text))["workers"]
         active = [w["id"] for w in ws if w["state"] == "active"]
         ids = [open(os.path.join(d, "w%d" % i, "worker-id")).read().strip() for i in range(3)]
         victim = [i for i in range(3) if ids[i] in active]

@@ -228,7 +228,8 @@ static int test_config_errors(void) {
     ASSERT_TRUE(cloud_provider_free(NULL) == NULL);
     ASSERT_STREQ(cloud_provider_names()[0], "sim");
     ASSERT_STREQ(cloud_provider_names()[1], "aws");
-    ASSERT_TRUE(cloud_provider_names()[2] == NULL);
+    ASSERT_STREQ(cloud_provider_names()[2], "kubernetes");
+    ASSERT_TRUE(cloud_provider_names()[3] == NULL);
     return 0;
 }
 
