@@ -193,6 +193,14 @@ static const struct field checkpoint_fields[] = {
 };
 static const struct table checkpoint_table = TABLE(checkpoint_fields);
 
+static const struct field fault_tolerance_fields[] = {
+    {"peer_copy_every", F_INT, OFF(fault_tolerance.peer_copy_every), 0, 0, 1000000, NULL, NULL,
+     0, NULL},
+    {"peer_copy_memory", F_SIZE, OFF(fault_tolerance.peer_copy_memory), 0, 0, 0, NULL, NULL, 0,
+     NULL},
+};
+static const struct table fault_tolerance_table = TABLE(fault_tolerance_fields);
+
 static const struct field tls_fields[] = {
     {"cert", F_PATH, STR(coordinator.tls_cert), 0, 0, NULL, NULL, EMPTY_OK, NULL},
     {"key", F_PATH, STR(coordinator.tls_key), 0, 0, NULL, NULL, EMPTY_OK, NULL},
@@ -223,6 +231,7 @@ static const struct field spec_fields[] = {
     {"fleet", F_MAP, 0, 0, 0, 0, NULL, &fleet_table, REQUIRED, NULL},
     {"planner", F_MAP, 0, 0, 0, 0, NULL, &planner_table, 0, NULL},
     {"checkpoint", F_MAP, 0, 0, 0, 0, NULL, &checkpoint_table, 0, NULL},
+    {"fault_tolerance", F_MAP, 0, 0, 0, 0, NULL, &fault_tolerance_table, 0, NULL},
     {"coordinator", F_MAP, 0, 0, 0, 0, NULL, &coordinator_table, 0, NULL},
     {"status", F_MAP, 0, 0, 0, 0, NULL, &status_table, 0, NULL},
 };
@@ -1049,6 +1058,11 @@ void st_spec_defaults(struct st_spec *spec) {
     snprintf(spec->planner.predictor, sizeof(spec->planner.predictor), "notice");
     spec->checkpoint.interval = 1800;
     spec->checkpoint.keep = 2;
+    /* A copy costs one send and one receive of the worker's state, about three steps' time
+     * for the quickstart model on two CPU cores (scripts/bench peer-copy): every 10 steps
+     * keeps the overhead near a quarter while bounding the replay after a loss to 10 steps. */
+    spec->fault_tolerance.peer_copy_every = 10;
+    spec->fault_tolerance.peer_copy_memory = 4ull << 30;
     snprintf(spec->coordinator.listen, sizeof(spec->coordinator.listen), "127.0.0.1:7070");
     spec->coordinator.heartbeat_deadline = 10;
     spec->coordinator.events_keep = 10000;
@@ -1329,6 +1343,11 @@ char *st_spec_to_json(const struct st_spec *spec) {
     jset(ckpt, "interval", json_real(spec->checkpoint.interval), &ok);
     jset(ckpt, "keep", json_integer(spec->checkpoint.keep), &ok);
     jset(sp, "checkpoint", ckpt, &ok);
+    json_t *ft = json_object();
+    jset(ft, "peer_copy_every", json_integer(spec->fault_tolerance.peer_copy_every), &ok);
+    jset(ft, "peer_copy_memory", json_integer((json_int_t)spec->fault_tolerance.peer_copy_memory),
+         &ok);
+    jset(sp, "fault_tolerance", ft, &ok);
     jset(coord, "listen", json_string(spec->coordinator.listen), &ok);
     jset(coord, "heartbeat_deadline", json_real(spec->coordinator.heartbeat_deadline), &ok);
     json_t *tls = json_object();
