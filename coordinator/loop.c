@@ -48,6 +48,7 @@ struct lworker {
     uint64_t reconf_epoch;     /* last epoch it reported "reconfigured" for */
     uint64_t reconf_fail_epoch;
     uint64_t recv, sent;       /* bytes of that reconfiguration */
+    uint64_t replayed;         /* steps its rollback to a peer copy undid */
     double stall;
     uint64_t fail_epoch;       /* epoch in which a step or checkpoint failed; 0 = none */
     double step_seconds;       /* wall seconds of its last step */
@@ -59,8 +60,7 @@ struct lworker {
     uint64_t ckw_step;         /* last background checkpoint whose layers it wrote */
     int ckw_stage;
     char ckw_dir[ST_SPEC_PATH_MAX];
-    uint64_t pc_epoch[2], pc_step[2]; /* its two newest peer-copy generations (epoch, step) */
-    int pc_next;               /* slot the next one replaces */
+    uint64_t pc_epoch[2], pc_step[2]; /* its peer-copy generations (epoch, step; 0 = none) */
     uint64_t first_epoch;      /* last epoch whose first step it reported */
     double first_seconds;      /* end of its last step before that epoch to the end of this */
     double first_step_seconds; /* that step's own time */
@@ -149,13 +149,27 @@ struct coord_loop {
     int run_dp, run_pp;
     int run_split[PLAN_MIG_MAX_STAGES + 1];
     char (*run_pos)[ST_UUID_STR_LEN]; /* run_dp * run_pp */
+    char (*prev_pos)[ST_UUID_STR_LEN]; /* the positions of the epoch that ran before it */
+    int prev_n;
     uint64_t max_step;        /* highest step a positioned worker reported since run_epoch */
     uint64_t peer_failed_at;  /* step of the last peer restore that failed; replays it never */
-    bool peer_refused;        /* a worker said the copies do not fit (event said once) */
+    bool peer_refused;        /* a worker said the copies do not fit */
+    bool peer_refused_said;   /* and the event said so (once) */
+    uint64_t peer_refused_need; /* bytes per worker they would have needed */
     /* Stall bookkeeping: records [chain, stall_rec] wait for the first step of the epoch that
      * ended them (stall_rec, ok); -1 = nothing pending. */
     int chain, stall_rec;
+    /* Wall seconds the provider's (trace) clock was held before the first epoch ran: the
+     * trace's events start with training, however long the workers took to come up, so a
+     * run replays the same trace against the same steps whatever the machine's load. */
+    double hold;
+    double prov_t0;           /* st_now() when the (started) provider was set: trace time 0 */
 };
+
+/* The provider's clock at wall time now (see hold). */
+static double trace_now(const struct coord_loop *L, double now) {
+    return now - L->hold;
+}
 
 /* See coord-loop.h. */
 const char *coord_loop_kind_name(enum coord_loop_kind k) {
@@ -250,6 +264,7 @@ static void hook_report(struct coord *c, const struct coord_report *r, void *use
             w->reconf_epoch = kv_u64(d, "epoch");
             w->recv = kv_u64(d, "recv");
             w->sent = kv_u64(d, "sent");
+            w->replayed = kv_u64(d, "replayed");
             w->stall = kv_f(d, "stall");
         } else if (!strcmp(k, "reconfig-failed")) {
             w->reconf_fail_epoch = kv_u64(d, "epoch");
@@ -261,10 +276,14 @@ static void hook_report(struct coord *c, const struct coord_report *r, void *use
             if (!kv(d, "dir", w->ckw_dir, sizeof(w->ckw_dir)))
                 w->ckw_dir[0] = '\0';
         } else if (!strcmp(k, "peer-copy")) {
-            w->pc_epoch[w->pc_next] = kv_u64(d, "epoch");
-            w->pc_step[w->pc_next] = kv_u64(d, "step");
-            w->pc_next ^= 1;
+            /* The generations the worker holds now (it keeps two). */
+            w->pc_epoch[0] = kv_u64(d, "epoch");
+            w->pc_step[0] = kv_u64(d, "step");
+            w->pc_epoch[1] = kv_u64(d, "prev_epoch");
+            w->pc_step[1] = kv_u64(d, "prev_step");
         } else if (!strcmp(k, "peer-copy-refused")) {
+            if (!L->peer_refused)
+                L->peer_refused_need = kv_u64(d, "need");
             L->peer_refused = true;
         } else if (!strcmp(k, "first-step")) {
             w->first_epoch = kv_u64(d, "epoch");
@@ -328,7 +347,8 @@ static int poll_provider(struct coord_loop *L, double now) {
     struct cloud_signal sig[64];
     size_t n;
     do {
-        TRY(cloud_provider_poll(L->cfg.provider, now, sig, ST_ARRAY_SIZE(sig), &n));
+        TRY(cloud_provider_poll(L->cfg.provider, trace_now(L, now), sig, ST_ARRAY_SIZE(sig),
+                                &n));
         for (size_t i = 0; i < n; i++) {
             struct linst *x = inst_get(L, sig[i].instance);
             if (!x)
@@ -338,7 +358,7 @@ static int poll_provider(struct coord_loop *L, double now) {
                 x->noticed = true;
                 x->deadline = sig[i].deadline;
                 set_event(L, "notice: %s (%s) goes in %.1f s", sig[i].instance, sig[i].node,
-                          sig[i].deadline - now);
+                          sig[i].deadline - trace_now(L, now));
                 break;
             case CLOUD_SIG_LOST:
                 x->dead = true;
@@ -479,7 +499,8 @@ static void choose_shape(struct coord_loop *L, int n, uint64_t at, const struct 
             if (v[i].dead || !v[i].leaving)
                 continue;
             struct linst *x = inst_find(L, v[i].w.instance_id);
-            double left = x && x->deadline > now ? (x->deadline - now) : 0.0;
+            double tn = trace_now(L, now);
+            double left = x && x->deadline > tn ? (x->deadline - tn) : 0.0;
             notices[nn].instance = (int)i;
             notices[nn].seconds = left / (L->cfg.time_scale > 0 ? L->cfg.time_scale : 1);
             nn++;
@@ -699,7 +720,7 @@ static int start_restore(struct coord_loop *L, const struct wv *v, size_t nv, do
     L->rc.rec.at_step = step;
     /* Without a checkpoint a "restore" starts from scratch: a fresh start, not a restore. The
      * first epoch is neither (not counted). */
-    L->rc.rec.kind = dir[0] || !restore ? COORD_LOOP_RESTORE : COORD_LOOP_FRESH_START;
+    L->rc.rec.kind = dir[0] ? COORD_LOOP_RESTORE : COORD_LOOP_FRESH_START;
     L->rc.rec.steps_replayed = restore && L->max_step > step ? L->max_step - step : 0;
     L->rc.rec.from_dp = L->epoch ? L->dp : 0;
     L->rc.rec.from_pp = L->epoch ? L->pp : 0;
@@ -1052,7 +1073,8 @@ static void record_done(struct coord_loop *L, bool ok, uint64_t moved, double no
     rec->stall_seconds = 0;
     rec->seconds = now - L->rc.started;
     struct coord_loop_summary *S = &L->sum;
-    bool first = rec->kind == COORD_LOOP_RESTORE && !L->rc.restore;
+    bool first = (rec->kind == COORD_LOOP_RESTORE || rec->kind == COORD_LOOP_FRESH_START) &&
+                 !L->rc.restore;
     if (S->nrecords < COORD_LOOP_MAX_RECORDS) {
         S->records[S->nrecords++] = *rec;
         if (L->chain < 0)
@@ -1086,9 +1108,9 @@ static void stall_done(struct coord_loop *L, const struct wv *v, size_t nv) {
     struct coord_loop_summary *S = &L->sum;
     if (L->stall_rec < 0 || L->chain < 0 || S->records[L->stall_rec].epoch != L->epoch)
         return;
-    double span = 0, steps[64];
+    double span = 0, span_new = 0, steps[64];
     int ns = 0;
-    bool all = true;
+    bool all = true, old = false;
     pthread_mutex_lock(&L->lock);
     for (size_t i = 0; i < nv && all; i++) {
         if (!v[i].positioned || v[i].dead)
@@ -1098,11 +1120,24 @@ static void stall_done(struct coord_loop *L, const struct wv *v, size_t nv) {
             all = false;
             break;
         }
-        span = ST_MAX(span, w->first_seconds);
+        /* Only a worker that trained in the epoch before knows when its last step ended; a
+         * spare's last step may be epochs old, a new worker has none (it counts from its
+         * order, a lower bound used only when nobody else knows better). */
+        bool was = false;
+        for (int p = 0; p < L->prev_n && !was; p++)
+            was = !strcmp(L->prev_pos[p], v[i].w.id);
+        if (was) {
+            span = ST_MAX(span, w->first_seconds);
+            old = true;
+        } else {
+            span_new = ST_MAX(span_new, w->first_seconds);
+        }
         if (ns < (int)ST_ARRAY_SIZE(steps))
             steps[ns++] = w->first_step_seconds;
     }
     pthread_mutex_unlock(&L->lock);
+    if (!old)
+        span = span_new;
     if (!all || ns == 0)
         return;
     qsort(steps, (size_t)ns, sizeof(steps[0]), cmp_double);
@@ -1143,6 +1178,8 @@ static void phase_reconf(struct coord_loop *L, const struct wv *v, size_t nv, do
         } else if (w->reconf_epoch == L->rc.epoch) {
             done++;
             moved += w->recv;
+            /* The loop's view of the steps done lags by a Report; the workers know. */
+            L->rc.rec.steps_replayed = ST_MAX(L->rc.rec.steps_replayed, w->replayed);
         }
     }
     pthread_mutex_unlock(&L->lock);
@@ -1178,7 +1215,9 @@ static void phase_reconf(struct coord_loop *L, const struct wv *v, size_t nv, do
     L->pp = L->rc.pp;
     memcpy(L->split, L->rc.split, sizeof(L->split));
     /* The layout peer copies will be taken in from now on. */
-    st_free(L->run_pos);
+    st_free(L->prev_pos);
+    L->prev_pos = L->run_pos;
+    L->prev_n = L->run_pos ? L->run_dp * L->run_pp : 0;
     L->run_pos = L->rc.pos;
     L->rc.pos = NULL;
     L->run_epoch = L->epoch;
@@ -1195,7 +1234,7 @@ static void phase_reconf(struct coord_loop *L, const struct wv *v, size_t nv, do
     set_event(L, "epoch %" PRIu64 " running %dx%d from step %" PRIu64 " (%s, %" PRIu64
               " bytes moved on the wire, %" PRIu64 " planned)", L->epoch, L->dp, L->pp,
               L->lease,
-              L->rc.rec.kind == COORD_LOOP_RESTORE && !L->rc.restore
+              L->rc.rec.kind == COORD_LOOP_FRESH_START && !L->rc.restore
                   ? "start" : coord_loop_kind_name(L->rc.rec.kind), moved,
               L->rc.rec.planned_bytes);
 }
@@ -1232,7 +1271,7 @@ static void phase_running(struct coord_loop *L, const struct wv *v, size_t nv, d
     }
     if (npos == 0)
         minstep = 0;
-    if (npos > 0 && !dead)
+    if (npos > 0)
         L->max_step = ST_MAX(L->max_step, maxstep);
     stall_done(L, v, nv);
     if (minstep > L->fail_at)
@@ -1404,7 +1443,8 @@ static void phase_wait_first(struct coord_loop *L, const struct wv *v, size_t nv
     if (n == 0) {
         /* Nobody left and nobody coming: the trace is over (or every worker crashed). */
         if (L->cfg.provider && alive_instances(L) == 0 &&
-            cloud_provider_next_deadline(L->cfg.provider, now) < 0 && now - L->t0 > 2.0) {
+            cloud_provider_next_deadline(L->cfg.provider, trace_now(L, now)) < 0 &&
+            now - L->t0 > 2.0) {
             set_event(L, "no instances left and none coming; giving up");
             (void)coord_stop(L->c, "no instances");
             L->phase = PH_STOPPING;
@@ -1510,6 +1550,8 @@ int coord_loop_tick(struct coord_loop *L, double now) {
         coord_metrics_add_spend(L->c, hours * L->cfg.spec.fleet.spot_price);
     }
     L->last_tick = now;
+    if (L->run_epoch == 0 && L->phase != PH_RESYNC)
+        L->hold = now - ST_MIN(L->prov_t0 > 0 ? L->prov_t0 : L->t0, now); /* time 0 fires */
     TRY(poll_provider(L, now));
     TRY(view_get(L, &v, &nv));
     /* History of live counts, one per planning interval. */
@@ -1517,7 +1559,7 @@ int coord_loop_tick(struct coord_loop *L, double now) {
     for (size_t i = 0; i < nv; i++)
         live += !v[i].dead;
     double interval = L->cfg.spec.planner.interval * L->cfg.time_scale;
-    int want = (int)((now - L->t0) / (interval > 0 ? interval : 1)) + 1;
+    int want = (int)((trace_now(L, now) - L->t0) / (interval > 0 ? interval : 1)) + 1;
     while (L->nhist < want && L->nhist < LOOP_MAX_HIST)
         L->hist[L->nhist++] = alive >= 0 ? alive : live;
     L->st.alive = alive >= 0 ? alive : live;
@@ -1528,6 +1570,13 @@ int coord_loop_tick(struct coord_loop *L, double now) {
     coord_metrics_set_noticed(L->c, noticed);
 
     ckpt_commit_check(L);
+    if (L->peer_refused && !L->peer_refused_said) {
+        L->peer_refused_said = true;
+        set_event(L, "peer copies do not fit: %" PRIu64 " bytes per worker, "
+                  "fault_tolerance.peer_copy_memory is %" PRIu64 "; an unannounced loss restores "
+                  "from the disk checkpoint", L->peer_refused_need,
+                  L->cfg.spec.fault_tolerance.peer_copy_memory);
+    }
     switch (L->phase) {
     case PH_WAIT_FIRST: phase_wait_first(L, v, nv, now); break;
     case PH_RESYNC: phase_resync(L, v, nv, now); break;
@@ -1639,8 +1688,10 @@ int coord_loop_attach(struct coord_loop *L, struct coord *c) {
 
 /* See coord-loop.h. */
 void coord_loop_set_provider(struct coord_loop *L, struct cloud_provider *p) {
-    if (L)
+    if (L) {
         L->cfg.provider = p;
+        L->prov_t0 = st_now(); /* the trace's time 0 (see hold) */
+    }
 }
 
 /* See coord-loop.h. */
@@ -1689,6 +1740,7 @@ struct coord_loop *coord_loop_free(struct coord_loop *L) {
     st_free(L->rc.part);
     st_free(L->rc.pos);
     st_free(L->run_pos);
+    st_free(L->prev_pos);
     L->magic = 0;
     st_free(L);
     return NULL;

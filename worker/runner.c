@@ -77,6 +77,7 @@ struct runner {
     double last_step_end;     /* st_now() at the end of the last step (any epoch); 0 = none */
     uint64_t first_epoch;     /* epoch whose first step is still to be reported; 0 = none */
     double first_from;        /* st_now() the stall of first_epoch counts from */
+    uint64_t rolled_back;     /* steps the last peer-copy rollback undid (to be replayed) */
 };
 
 /* ---- rendezvous ---------------------------------------------------------------------------- */
@@ -221,12 +222,14 @@ static void fail_state(struct runner *R) {
         R->eng = worker_engine_free(R->eng);
 }
 
-/* A new epoch starts: its stall runs from the end of our last step (or from now when we never
- * made one) to the end of its first step, which we report at once. An epoch that made no step
- * (it failed, or was replaced first) passes its starting point on to the next. */
-static void epoch_started(struct runner *R, uint64_t epoch) {
+/* A new epoch starts: its stall runs from the end of our last step (or from the order when we
+ * never made one) to the end of its first step, which we report at once. An epoch that made
+ * no step (it failed, or was replaced first) passes its starting point on to the next. The
+ * coordinator only takes the span of workers that trained in the epoch before (a spare's last
+ * step may be old). */
+static void epoch_started(struct runner *R, uint64_t epoch, double ordered) {
     if (R->first_epoch == 0 || R->first_from <= 0)
-        R->first_from = R->last_step_end > 0 ? R->last_step_end : st_now();
+        R->first_from = R->last_step_end > 0 ? R->last_step_end : ordered;
     R->first_epoch = epoch;
 }
 
@@ -317,7 +320,7 @@ static int apply_fresh(struct runner *R, const Spottrain__V1__Command *cmd, cons
     R->lease = step;
     R->failed = false;
     R->nckpt = 0;
-    epoch_started(R, cmd->epoch);
+    epoch_started(R, cmd->epoch, t0);
     progress(R, 0.0, st_now() - t0); /* before the notice: the same Report carries both */
     notice(R, "reconfigured", "epoch=%llu mode=%s step=%llu stage=%u replica=%u sent=0 recv=0 "
            "seconds=%.6f stall=%.6f", (unsigned long long)cmd->epoch, mode,
@@ -497,14 +500,15 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
     R->failed = false;
     R->nckpt = 0;
     if (cfg)
-        epoch_started(R, mig->epoch);
+        epoch_started(R, mig->epoch, t0);
     double stall = st_now() - (R->blocked_since > 0 ? R->blocked_since : t0);
     progress(R, 0.0, stall); /* before the notice: the same Report carries both */
     notice(R, "reconfigured", "epoch=%llu mode=migrate step=%llu stage=%d replica=%d sent=%llu "
-           "recv=%llu seconds=%.6f stall=%.6f", (unsigned long long)mig->epoch,
+           "recv=%llu replayed=%llu seconds=%.6f stall=%.6f", (unsigned long long)mig->epoch,
            (unsigned long long)m->at_step, cfg ? (int)cfg->configure->stage : -1,
            cfg ? (int)cfg->configure->replica : -1, (unsigned long long)(wsent - wsent0),
-           (unsigned long long)(wrecv - wrecv0), st.seconds, stall);
+           (unsigned long long)(wrecv - wrecv0), (unsigned long long)R->rolled_back, st.seconds,
+           stall);
 out:
     if (r < 0) {
         if (reshaped)
@@ -671,8 +675,11 @@ static bool try_reconfigure(struct runner *R) {
         }
         st_log(ST_LOG_NOTICE, "runner", "Rolled back from step %llu to the peer copy of step "
                "%llu", (unsigned long long)R->done, (unsigned long long)at);
+        R->rolled_back = R->done - at;
         R->done = at;
         R->failed = false;
+    } else {
+        R->rolled_back = 0;
     }
     /* State counts only if it is the previous epoch's: a worker left out of an epoch (a
      * spare during a restore) holds stale state the plan knows nothing about. */
@@ -894,8 +901,15 @@ static void peer_copy(struct runner *R) {
                (unsigned long long)R->epoch, (unsigned long long)R->done, st_strerror(r));
         return;
     }
-    notice(R, "peer-copy", "epoch=%llu step=%llu seconds=%.6f", (unsigned long long)R->epoch,
-           (unsigned long long)R->done, st_now() - t0);
+    /* Both generations we hold, so the newest notice alone tells the coordinator everything
+     * (notices may be dropped when the agent's queue is full between two Reports). */
+    const struct worker_peer_gen *o = &R->peers.gen[0];
+    if (o->valid && o->step == R->done && o->epoch == R->epoch)
+        o = &R->peers.gen[1];
+    notice(R, "peer-copy", "epoch=%llu step=%llu prev_epoch=%llu prev_step=%llu seconds=%.6f",
+           (unsigned long long)R->epoch, (unsigned long long)R->done,
+           (unsigned long long)(o->valid ? o->epoch : 0), (unsigned long long)(o->valid ? o->step : 0),
+           st_now() - t0);
 }
 
 static bool can_step(struct runner *R) {
