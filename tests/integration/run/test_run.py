@@ -24,6 +24,8 @@ engine, can appear and then grow; `train --local --dp 2` shows it against `--dp 
               comes back from its successor's in-memory peer copy (one peer restore, the steps since the copy replayed); then a worker and its
               successor are lost together, so that position has no copy left and the job
               restores from disk (one checkpoint restore); no fresh start; same bits
+  refused     peer copies that do not fit fault_tolerance.peer_copy_memory: refused, said
+              once with the need and the budget, and the job trains on to the same bits
   input       invalid input exits 2 with a message naming it
 Each per-kind test checks that the bytes the workers received equal the plan's bytes.
 
@@ -101,12 +103,16 @@ def reference(d, job, steps):
     return ref
 
 
+LAST_OUT = [""]  # stdout of the latest run()
+
+
 def run(d, job, steps, extra=(), timeout=150):
     save = os.path.join(d, "save")
     summ = os.path.join(d, "summary.json")
     args = [BIN, "run", job, "--steps", str(steps), "--save", save, "--json-summary", summ,
             "--state-dir", os.path.join(d, "state")] + list(extra)
     rc, out, err = sh(args, timeout)
+    LAST_OUT[0] = out
     sys.stdout.write(out[-6000:])
     # What the loop decided and why, and anything a worker complained about.
     sys.stdout.write("".join(l + "\n" for l in err.splitlines()
@@ -324,6 +330,26 @@ def test_peer():
         if proc and proc.poll() is None:
             proc.kill()
             proc.wait()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_refused():
+    # Copies that do not fit fault_tolerance.peer_copy_memory are refused, said once, and the
+    # job trains on without them.
+    d = tempfile.mkdtemp(prefix="st-run-")
+    try:
+        steps = 60
+        job = write_job(d, "refused", steps, "seconds,N\n0,2\n", planner="pp: 2",
+                        extra="  fault_tolerance: {peer_copy_every: 5, peer_copy_memory: 1KiB}\n")
+        ref = reference(d, job, steps)
+        save, s = run(d, job, steps)
+        out = LAST_OUT[0]
+        check(out.count("peer copies do not fit") == 1,
+              "the refusal is said once: %d" % out.count("peer copies do not fit"))
+        check("fault_tolerance.peer_copy_memory is 1024" in out, "names the field and budget")
+        check(s["finished"] and s["steps"] == steps, "job did not finish")
+        same(ref, save)
+    finally:
         shutil.rmtree(d, ignore_errors=True)
 
 
@@ -556,7 +582,7 @@ def test_input():
 
 TESTS = {"restart": test_restart, "standalone": test_standalone, "central": test_central, "intra": test_intra, "inter": test_inter,
          "pipeline": test_pipeline, "reshard": test_reshard, "input": test_input,
-         "peer": test_peer}
+         "peer": test_peer, "refused": test_refused}
 
 if __name__ == "__main__":
     name = sys.argv[1] if len(sys.argv) > 1 else ""
