@@ -170,16 +170,19 @@ struct outbox {
 
 static void outbox_done(struct outbox *o) {
     for (size_t i = 0; i < o->n; i++)
-        st_free(o->v[i].data);
+        coord__dp_free_packed(o->v[i].data, o->v[i].len);
     st_free(o->v);
     memset(o, 0, sizeof(*o));
 }
 
 /* Packs cmd (id and epoch set by the caller), journals it and keeps the bytes for delivery
- * after the commit. */
+ * after the commit. The journal gets it without the data-plane secret; the bytes delivered
+ * carry it (dp-secret.c). */
 static int issue(struct coord *c, struct coord_wk *wk, const char *kind,
                  Spottrain__V1__Command *cmd, struct outbox *o) {
-    size_t len = spottrain__v1__command__get_packed_size(cmd);
+    void *body = NULL, *data = NULL;
+    size_t blen = 0, len = 0;
+    int r = 0;
     if (o->n == o->cap) {
         size_t cap = o->cap ? o->cap * 2 : 8;
         struct coord_outgoing *v = st_realloc(o->v, cap * sizeof(*v));
@@ -188,18 +191,16 @@ static int issue(struct coord *c, struct coord_wk *wk, const char *kind,
         o->v = v;
         o->cap = cap;
     }
-    void *data = st_malloc(len ? len : 1);
-    if (!data)
-        return -ENOMEM;
-    spottrain__v1__command__pack(cmd, data);
-    int r = coord__journal_command_add(c->journal, wk->pub.id, cmd->id, cmd->epoch, kind, data,
-                                       len, st_wall());
-    if (r < 0) {
-        st_free(data);
-        return r;
-    }
+    TRY_GOTO(coord__dp_pack(c, cmd, false, &body, &blen), r, out);
+    TRY_GOTO(coord__dp_pack(c, cmd, true, &data, &len), r, out);
+    TRY_GOTO(coord__journal_command_add(c->journal, wk->pub.id, cmd->id, cmd->epoch, kind, body,
+                                        blen, st_wall()), r, out);
     o->v[o->n++] = (struct coord_outgoing){.wk = wk, .data = data, .len = len};
-    return 0;
+    data = NULL;
+out:
+    st_free(body);
+    coord__dp_free_packed(data, len);
+    return r;
 }
 
 /* After a commit: push each command on its worker's stream (if one is open). */
@@ -217,9 +218,15 @@ struct fill_ctx {
     struct coord_watch *w;
 };
 
+/* A redelivery: the journaled body gets its epoch's secret back on the way out. */
 static int fill_one(const struct coord_command_row *row, void *userdata) {
     struct fill_ctx *f = userdata;
-    return coord__watch_push(f->c, f->w, row->body, row->len);
+    void *data = NULL;
+    size_t len = 0;
+    TRY(coord__dp_repack(f->c, row->body, row->len, &data, &len));
+    int r = coord__watch_push(f->c, f->w, data, len);
+    coord__dp_free_packed(data, len);
+    return r;
 }
 
 int coord__watch_fill(struct coord *c, struct coord_wk *wk, struct coord_watch *w) {
@@ -717,7 +724,7 @@ int coord__apply_report(struct coord *c, const Spottrain__V1__ReportRequest *req
     c->reports++;
     if (req->step > wk->pub.step || (req->step == wk->pub.step && req->step > 0)) {
         wk->pub.step = req->step;
-        wk->pub.loss = req->has_loss ? req->loss : 0.0;
+        wk->pub.loss = !req->no_loss ? req->loss : 0.0;
     }
     if (req->step > c->job.step) {
         c->job.step = req->step;
@@ -726,7 +733,7 @@ int coord__apply_report(struct coord *c, const Spottrain__V1__ReportRequest *req
     /* Only a worker that computes the loss may set it (the others report none, not 0), and
      * the newest step wins whichever replica reports first. A newer epoch may restart from an
      * older step (a checkpoint restore), so its losses replace those of the epoch it ended. */
-    if (req->has_loss && req->step > 0 &&
+    if (!req->no_loss && req->step > 0 &&
         (req->epoch > c->loss_epoch || (req->epoch == c->loss_epoch && req->step > c->loss_step))) {
         c->loss_epoch = req->epoch;
         c->loss_step = req->step;
@@ -762,11 +769,15 @@ int coord__apply_report(struct coord *c, const Spottrain__V1__ReportRequest *req
                                         (unsigned long long)a->id, a->error) < 0 ? -EIO : 1;
         }
     }
+    uint64_t dp_refused = 0;
     for (size_t i = 0; i < req->n_notices && r >= 0; i++) {
         const Spottrain__V1__Notice *n = req->notices[i];
         if (coord__event_locked(c, "notice", wk->pub.id, "%s at %.0f %s", n->kind, n->at,
                                 n->detail) < 0)
             r = -EIO;
+        /* The event above names the refused peer's address (the detail says "peer=..."). */
+        if (!strcmp(n->kind, COORD_NOTICE_DP_AUTH))
+            dp_refused++;
     }
     if (r >= 0 && c->job.state == COORD_JOB_STOPPING && !strcmp(req->state, "stopped"))
         stopped = true;
@@ -782,6 +793,7 @@ int coord__apply_report(struct coord *c, const Spottrain__V1__ReportRequest *req
         coord__journal_rollback(c->journal);
         return r;
     }
+    c->dp_auth_failures += dp_refused; /* after the commit: counted once, as journaled */
     wk->pub.acked_command = row.acked_command;
     wk->pub.state = row.state;
     for (size_t i = 0; i < req->n_acks; i++) {
@@ -1009,6 +1021,7 @@ int coord_new(const struct coord_config *cfg, const struct coord_hooks *hooks,
     if (r == -ENOENT) {
         memset(&c->job, 0, sizeof(c->job));
         st_uuid_new(c->job.id);
+        TRY_GOTO(coord__dp_key_load(c), r, out);
         snprintf(c->job.name, sizeof(c->job.name), "%s", c->spec.name);
         c->job.state = COORD_JOB_PENDING;
         c->job.created = st_wall();
@@ -1034,6 +1047,7 @@ int coord_new(const struct coord_config *cfg, const struct coord_hooks *hooks,
             goto out;
         }
         TRY_GOTO(coord__journal_workers_load(c->journal, load_worker, c), r, out);
+        TRY_GOTO(coord__dp_key_load(c), r, out);
         coord__event_locked(c, "job_resumed", NULL, "epoch %llu, %zu worker(s) known",
                             (unsigned long long)c->job.epoch, c->nworkers);
         if (c->job.epoch > 0)
@@ -1091,6 +1105,7 @@ struct coord *coord_free(struct coord *c) {
     st_free(c->notes);
     st_free(c->plan_detail);
     coord__tls_free(c);
+    coord__dp_key_free(c);
     coord__journal_close(c->journal);
     pthread_mutex_destroy(&c->lock);
     c->magic = 0;
@@ -1213,6 +1228,14 @@ void coord_planner_record(struct coord *c, const char *predictor,
     pthread_mutex_unlock(&c->lock);
     (void)coord_event(c, "decision", NULL, "%dx%d at step %" PRIu64 ": %s", d->dp, d->pp,
                       d->at_step, d->reason);
+}
+
+void coord_set_waiting(struct coord *c, const char *reason) {
+    if (!c || c->magic != COORD_MAGIC || !reason)
+        return;
+    pthread_mutex_lock(&c->lock);
+    snprintf(c->waiting_reason, sizeof(c->waiting_reason), "%s", reason);
+    pthread_mutex_unlock(&c->lock);
 }
 
 void coord_metrics_add_spend(struct coord *c, double dollars) {
