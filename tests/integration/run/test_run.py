@@ -286,7 +286,7 @@ def test_peer():
 
         def job_at(step, epoch):
             try:
-                j = json.loads(http_get(base + "/v1/job"))
+                j = json.loads(http_get(base, "/v1/job"))
             except (OSError, ValueError):
                 return None
             return j if j["epoch"] >= epoch and j["step"] >= step else None
