@@ -24,6 +24,7 @@
 #define LOOP_MAX_HIST 4096
 #define LOOP_SPARE_STAGE (-1)
 #define LOOP_EVENTS 256 /* events kept for coord_loop_event_next() */
+#define LOOP_FAILED_GRACE 1.0 /* seconds a failed step waits for its cause to be known dead */
 
 enum loop_phase {
     PH_WAIT_FIRST = 0, /* no epoch yet: waiting for the first workers */
@@ -164,6 +165,7 @@ struct coord_loop {
      * run replays the same trace against the same steps whatever the machine's load. */
     double hold;
     double prov_t0;           /* st_now() when the (started) provider was set: trace time 0 */
+    double failed_since;      /* a positioned worker's step failed, none known dead; 0 = no */
     /* Which shapes may run (the planner's rules, shared with validate) and the wait for a
      * fleet that can host one. */
     struct plan_rules rules;        /* the spec's rules, pins included */
@@ -375,6 +377,15 @@ static int poll_provider(struct coord_loop *L, double now) {
                 break;
             case CLOUD_SIG_GRANTED:
                 set_event(L, "granted: %s (%s)", sig[i].instance, sig[i].node);
+                break;
+            case CLOUD_SIG_EXITED:
+                /* The worker process ended (crashed, killed by someone else): its state is
+                 * gone as surely as with a preemption, and known now, not at the heartbeat
+                 * deadline. */
+                if (!x->dead)
+                    set_event(L, "exited: %s (%s, status %d)", sig[i].instance, sig[i].node,
+                              sig[i].status);
+                x->dead = true;
                 break;
             default:
                 break;
@@ -1281,7 +1292,20 @@ static void phase_running(struct coord_loop *L, const struct wv *v, size_t nv, d
         L->rate_t = now;
     }
     L->st.samples_per_s = L->steps_per_s * L->cfg.spec.training.global_batch;
+    /* A failed step alone usually means a peer died and is not known dead yet (the provider
+     * or the heartbeat tells a moment later): a restore ordered now would count it alive and
+     * fail on it. Wait a little for the loss to show, never long. */
+    bool gone = false;
+    for (size_t i = 0; i < nv; i++)
+        gone = gone || (v[i].positioned && v[i].dead);
+    if (dead && !gone && L->failed_since == 0)
+        L->failed_since = now;
+    if (!dead)
+        L->failed_since = 0;
+    if (dead && !gone && now - L->failed_since < LOOP_FAILED_GRACE)
+        return;
     if (dead) {
+        L->failed_since = 0;
         int r = start_peer_restore(L, v, nv, now, "a worker holding state was lost");
         if (r < 0)
             (void)start_restore(L, v, nv, now, "a worker holding state was lost");
