@@ -78,6 +78,7 @@ struct runner {
     uint64_t first_epoch;     /* epoch whose first step is still to be reported; 0 = none */
     double first_from;        /* st_now() the stall of first_epoch counts from */
     uint64_t rolled_back;     /* steps the last peer-copy rollback undid (to be replayed) */
+    double pc_reported;       /* st_now() a copy last asked for an immediate Report */
 };
 
 /* ---- rendezvous ---------------------------------------------------------------------------- */
@@ -689,6 +690,23 @@ static bool try_reconfigure(struct runner *R) {
      * and data order is a function of the step, so they come out the same. */
     const struct worker_peer_gen *g = R->eng ? worker__peer_find(&R->peers, R->eng, at) : NULL;
     bool roll = g && (peer_mode || R->failed || R->done > at);
+    /* An engine whose layout we took copies in, asked to roll back to a step we no longer hold
+     * (the coordinator's view of our copies lags): proceeding would start from the wrong
+     * state. Refuse; the coordinator then restores from disk. A stale engine of an older
+     * layout (a spare) is simply replaced below. */
+    bool ours = false;
+    for (int k = 0; R->eng && k < WORKER_PEER_GENS; k++)
+        ours = ours || (R->peers.gen[k].valid &&
+                        worker__peer_find(&R->peers, R->eng, R->peers.gen[k].step) != NULL);
+    if (!g && ours && (peer_mode || R->done > at)) {
+        notice(R, "reconfig-failed", "epoch=%llu: no peer copy of step %llu here",
+               (unsigned long long)R->pmig->epoch, (unsigned long long)at);
+        fail_state(R);
+        cmd_free(&R->pcfg);
+        cmd_free(&R->pmig);
+        R->pending_since = 0;
+        return true;
+    }
     if (roll) {
         int r = worker__peer_rollback(g, R->eng);
         if (r < 0) {
@@ -937,6 +955,10 @@ static void peer_copy(struct runner *R) {
            (unsigned long long)R->epoch, (unsigned long long)R->done,
            (unsigned long long)(o->valid ? o->epoch : 0), (unsigned long long)(o->valid ? o->step : 0),
            st_now() - t0);
+    if (st_now() - R->pc_reported >= 0.1) {
+        R->pc_reported = st_now();
+        worker_agent_report_now(R->agent); /* the queue drains; the view stays fresh */
+    }
 }
 
 static bool can_step(struct runner *R) {
