@@ -691,14 +691,15 @@ static bool try_reconfigure(struct runner *R) {
     const struct worker_peer_gen *g = R->eng ? worker__peer_find(&R->peers, R->eng, at) : NULL;
     bool roll = g && (peer_mode || R->failed || R->done > at);
     /* An engine whose layout we took copies in, asked to roll back to a step we no longer hold
-     * (the coordinator's view of our copies lags): proceeding would start from the wrong
-     * state. Refuse; the coordinator then restores from disk. A stale engine of an older
-     * layout (a spare) is simply replaced below. */
+     * (the coordinator's view of our copies lags), or asked to migrate after a failed step (an
+     * order that crossed our failure): proceeding would start from the wrong state, or drop
+     * the engine a peer restore needs. Refuse; the coordinator then restores from the copies or
+     * from disk. A stale engine of an older layout (a spare) is simply replaced below. */
     bool ours = false;
     for (int k = 0; R->eng && k < WORKER_PEER_GENS; k++)
         ours = ours || (R->peers.gen[k].valid &&
                         worker__peer_find(&R->peers, R->eng, R->peers.gen[k].step) != NULL);
-    if (!g && ours && (peer_mode || R->done > at)) {
+    if (!g && ours && (peer_mode || R->done > at || R->failed)) {
         notice(R, "reconfig-failed", "epoch=%llu: no peer copy of step %llu here",
                (unsigned long long)R->pmig->epoch, (unsigned long long)at);
         fail_state(R);
