@@ -224,6 +224,14 @@ static const struct field checkpoint_fields[] = {
 };
 static const struct table checkpoint_table = TABLE(checkpoint_fields);
 
+static const struct field fault_tolerance_fields[] = {
+    {"peer_copy_every", F_INT, OFF(fault_tolerance.peer_copy_every), 0, 0, 1000000, NULL, NULL,
+     0, NULL},
+    {"peer_copy_memory", F_SIZE, OFF(fault_tolerance.peer_copy_memory), 0, 0, 0, NULL, NULL, 0,
+     NULL},
+};
+static const struct table fault_tolerance_table = TABLE(fault_tolerance_fields);
+
 static const struct field tls_fields[] = {
     {"cert", F_PATH, STR(coordinator.tls_cert), 0, 0, NULL, NULL, EMPTY_OK, NULL},
     {"key", F_PATH, STR(coordinator.tls_key), 0, 0, NULL, NULL, EMPTY_OK, NULL},
@@ -255,6 +263,7 @@ static const struct field spec_fields[] = {
     {"fleet", F_MAP, 0, 0, 0, 0, NULL, &fleet_table, REQUIRED, NULL},
     {"planner", F_MAP, 0, 0, 0, 0, NULL, &planner_table, 0, NULL},
     {"checkpoint", F_MAP, 0, 0, 0, 0, NULL, &checkpoint_table, 0, NULL},
+    {"fault_tolerance", F_MAP, 0, 0, 0, 0, NULL, &fault_tolerance_table, 0, NULL},
     {"coordinator", F_MAP, 0, 0, 0, 0, NULL, &coordinator_table, 0, NULL},
     {"status", F_MAP, 0, 0, 0, 0, NULL, &status_table, 0, NULL},
 };
@@ -1401,6 +1410,12 @@ void st_spec_defaults(struct st_spec *spec) {
     spec->planner.wait_limit = 1800;
     spec->checkpoint.interval = 1800;
     spec->checkpoint.keep = 2;
+    /* Measured on the quickstart (8 CPU workers on 2 cores, `SPOTTRAIN_DEBUG=info spottrain
+     * run examples/quickstart.yaml --steps 300`, the peer-copy notices' seconds): a copy takes
+     * a median 3.4 ms against about 75 ms per step. Every 10 steps costs about 0.5% and keeps
+     * the replay after a loss under 20 steps (two generations are kept). */
+    spec->fault_tolerance.peer_copy_every = 10;
+    spec->fault_tolerance.peer_copy_memory = 4ull << 30;
     snprintf(spec->coordinator.listen, sizeof(spec->coordinator.listen), "127.0.0.1:7070");
     spec->coordinator.heartbeat_deadline = 10;
     spec->coordinator.events_keep = 10000;
@@ -1742,6 +1757,11 @@ char *st_spec_to_json(const struct st_spec *spec) {
     jset(ckpt, "interval", json_real(spec->checkpoint.interval), &ok);
     jset(ckpt, "keep", json_integer(spec->checkpoint.keep), &ok);
     jset(sp, "checkpoint", ckpt, &ok);
+    json_t *ft = json_object();
+    jset(ft, "peer_copy_every", json_integer(spec->fault_tolerance.peer_copy_every), &ok);
+    jset(ft, "peer_copy_memory", json_integer((json_int_t)spec->fault_tolerance.peer_copy_memory),
+         &ok);
+    jset(sp, "fault_tolerance", ft, &ok);
     jset(coord, "listen", json_string(spec->coordinator.listen), &ok);
     jset(coord, "advertise", json_string(spec->coordinator.advertise), &ok);
     jset(coord, "heartbeat_deadline", json_real(spec->coordinator.heartbeat_deadline), &ok);

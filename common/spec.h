@@ -157,6 +157,12 @@ struct st_spec_checkpoint {
     int keep;             /* how many to keep */
 };
 
+/* fault_tolerance: in-memory peer copies of state (docs/live-migration.md, "Peer copies"). */
+struct st_spec_fault_tolerance {
+    int peer_copy_every;       /* steps between peer copies; 0 = off */
+    uint64_t peer_copy_memory; /* bytes a worker may spend on copies (its own and a peer's) */
+};
+
 struct st_spec_coordinator {
     char listen[128];     /* HOST:PORT for gRPC */
     char advertise[256];  /* HOST:PORT workers dial; "" = the bound address (or, in
@@ -194,6 +200,7 @@ struct st_spec {
     struct st_spec_fleet fleet;
     struct st_spec_planner planner;
     struct st_spec_checkpoint checkpoint;
+    struct st_spec_fault_tolerance fault_tolerance;
     struct st_spec_coordinator coordinator;
     struct st_spec_status status;
     int nwhere;            /* positions of the fields given in the file (st_spec_where) */

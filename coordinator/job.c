@@ -233,9 +233,9 @@ static int fleet_start(struct job *J, const char *state_dir) {
     }
     if (r < 0)
         return st_log_errno(r, "Cannot create the '%s' fleet", name);
-    coord_loop_set_provider(J->L, J->prov);
     if ((r = cloud_provider_start(J->prov, st_now())) < 0)
         return st_log_errno(r, "Cannot start the '%s' fleet", name);
+    coord_loop_set_provider(J->L, J->prov); /* after start: the trace's time 0 is now */
     return 0;
 }
 
