@@ -1,9 +1,13 @@
 /* run-worker.c: `spottrain worker --job JOB.yaml ...` — a training worker under a coordinator.
  *
  * One idea: glue only. The flags become a worker_runner_config (worker/runner.c does the
- * work), and the cloud's interruption notice is polled with cloud/'s IMDSv2 client — the same
- * libcurl code that runs on EC2 — at the endpoint AWS_EC2_METADATA_SERVICE_ENDPOINT names
- * (the sim provider sets it for every instance). Without that variable no notice is polled. */
+ * work), and the cloud's interruption notice is polled with cloud/'s notice clients — the same
+ * libcurl code that runs on the clouds. `--cloud gcp|azure` (the gcp and azure bootstraps pass
+ * it) picks that cloud's metadata client at its default or environment endpoint
+ * (GCE_METADATA_HOST, AZURE_POD_IDENTITY_AUTHORITY_HOST); without it, the IMDSv2 client is used
+ * only when AWS_EC2_METADATA_SERVICE_ENDPOINT is set (the sim provider and the aws tests set it
+ * for every instance). On Azure the worker acknowledges its Scheduled Event once its state has
+ * left. */
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -18,8 +22,9 @@
 #include "worker.h"
 #include "worker-runner.h"
 
-static int poll_imds(void *userdata, char *kind, size_t kindsz, double *ret_at) {
-    struct cloud_notice_client *c = userdata;
+/* The event id it fills is the one state_left acknowledges. */
+static int poll_imds(struct cloud_notice_client *c, char *event_id, size_t idsz, char *kind,
+                     size_t kindsz, double *ret_at) {
     struct cloud_notice n;
     int r = cloud_notice_client_poll(c, &n);
     if (r <= 0)
@@ -28,6 +33,7 @@ static int poll_imds(void *userdata, char *kind, size_t kindsz, double *ret_at) 
         n.kind != CLOUD_NOTICE_HIBERNATE)
         return 0;
     snprintf(kind, kindsz, "terminate");
+    snprintf(event_id, idsz, "%s", n.event_id);
     *ret_at = n.time;
     return 1;
 }
@@ -47,6 +53,7 @@ static void on_term(int sig) {
 struct notice_sources {
     struct cloud_notice_client *imds; /* NULL = none */
     double grace;                     /* seconds from SIGTERM to SIGKILL; < 0 = not a notice */
+    char event_id[CLOUD_NAME_MAX];    /* the notice's event (Azure), "" = none */
 };
 
 static int poll_notices(void *userdata, char *kind, size_t kindsz, double *ret_at) {
@@ -56,7 +63,24 @@ static int poll_notices(void *userdata, char *kind, size_t kindsz, double *ret_a
         *ret_at = st_wall() + n->grace;
         return 1;
     }
-    return n->imds ? poll_imds(n->imds, kind, kindsz, ret_at) : 0;
+    return n->imds ? poll_imds(n->imds, n->event_id, sizeof(n->event_id), kind, kindsz, ret_at)
+                   : 0;
+}
+
+/* The runner's state_left: our state has moved away after the notice, so the cloud need not
+ * wait for the event's NotBefore. A failed acknowledgement only costs that wait. */
+static void ack_notice(void *userdata) {
+    struct notice_sources *n = userdata;
+    if (!n->imds || !n->event_id[0])
+        return;
+    int r = cloud_notice_client_ack(n->imds, n->event_id);
+    if (r == -EOPNOTSUPP)
+        return;
+    if (r < 0)
+        st_log(ST_LOG_WARN, "worker", "Cannot acknowledge event '%s': %s, ignoring", n->event_id,
+               st_strerror(r));
+    else
+        st_log(ST_LOG_NOTICE, "worker", "State left: acknowledged event '%s'", n->event_id);
 }
 
 static int parse_int(const char *flag, const char *s, int lo, int hi, int *ret) {
@@ -88,11 +112,12 @@ int cli_worker_job_main(int argc, char **argv) {
         {"tls-ca", required_argument, NULL, 'A'},
         {"tls-cert", required_argument, NULL, 'C'},
         {"tls-key", required_argument, NULL, 'K'},
+        {"cloud", required_argument, NULL, 'L'},
         {NULL, 0, NULL, 0},
     };
     struct worker_runner_config *cfg = st_calloc(1, sizeof(*cfg));
     struct cloud_notice_client *nc = NULL;
-    const char *token_file = NULL, *want_id = NULL, *job = NULL;
+    const char *token_file = NULL, *want_id = NULL, *job = NULL, *cloud = NULL;
     int opt, ret = CLI_EXIT_INPUT;
 
     if (!cfg) {
@@ -161,6 +186,13 @@ int cli_worker_job_main(int argc, char **argv) {
                 goto out;
             break;
         case 'j': job = v; break;
+        case 'L':
+            if (strcmp(v, "aws") && strcmp(v, "gcp") && strcmp(v, "azure")) {
+                cli_usage_error("worker", "bad --cloud '%s' (aws, gcp or azure)", v);
+                goto out;
+            }
+            cloud = v;
+            break;
         case 's':
             if (parse_int("--steps", v, 1, 100000000, &cfg->steps) != 0)
                 goto out;
@@ -261,17 +293,23 @@ int cli_worker_job_main(int argc, char **argv) {
         cfg->poll_notice = poll_notices;
         cfg->notice_userdata = &ns;
     }
-    if (getenv("AWS_EC2_METADATA_SERVICE_ENDPOINT")) {
+    if (!cloud && getenv("AWS_EC2_METADATA_SERVICE_ENDPOINT"))
+        cloud = "aws";
+    if (cloud) {
         struct cloud_notice_config ncfg;
         memset(&ncfg, 0, sizeof(ncfg));
         ncfg.timeout_ms = 500;
-        r = cloud_notice_client_new("aws", &ncfg, &nc);
+        /* Azure's document lists every VM of the availability set: keep the events naming us. */
+        if (!strcmp(cloud, "azure") && cfg->agent.instance_id[0])
+            ncfg.vm_name = cfg->agent.instance_id;
+        r = cloud_notice_client_new(cloud, &ncfg, &nc);
         if (r < 0)
             st_log(ST_LOG_WARN, "worker", "No interruption-notice client (%s), ignoring",
                    st_strerror(r));
         else {
             ns.imds = nc;
             cfg->poll_notice = poll_notices;
+            cfg->state_left = ack_notice;
             cfg->notice_userdata = &ns;
         }
     }

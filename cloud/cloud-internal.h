@@ -210,11 +210,15 @@ struct cloud_http_reply {
     long ttl_header;     /* X-Aws-Ec2-Metadata-Token-Ttl-Seconds, -1 when absent */
 };
 
-/* One request: method "GET" or "PUT", url = endpoint + path_and_query, extra headers
+/* One request: method "GET", "PUT" or "POST", url = endpoint + path_and_query, extra headers
  * ("Name: value", NULL-terminated). Returns 0 with the reply filled (any status), or
  * -ETIMEDOUT, -ECONNREFUSED, -EFBIG, -ENOMEM, -EIO for transport failures. */
 int cloud__http(struct cloud_notice_client *c, const char *method, const char *path_and_query,
                 const char *const *headers, struct cloud_http_reply *ret_reply);
+/* The same with a request body (NUL-terminated, sent as is; NULL = none). */
+int cloud__http_body(struct cloud_notice_client *c, const char *method,
+                     const char *path_and_query, const char *const *headers, const char *body,
+                     struct cloud_http_reply *ret_reply);
 void cloud__http_reply_done(struct cloud_http_reply *r);
 /* Maps a non-success HTTP status to a negative errno (see cloud_notice_client_poll). */
 int cloud__http_status_errno(long status);

@@ -355,8 +355,10 @@ struct cloud_identity {
 
 struct cloud_notice_config {
     const char *endpoint;      /* base URL; NULL = from the environment (AWS:
-                                  AWS_EC2_METADATA_SERVICE_ENDPOINT, GCE: GCE_METADATA_HOST),
-                                  else the cloud's link-local default */
+                                  AWS_EC2_METADATA_SERVICE_ENDPOINT, GCE: GCE_METADATA_HOST,
+                                  Azure: AZURE_POD_IDENTITY_AUTHORITY_HOST, the IMDS override
+                                  the bootstrap and azure-identity read too), else the cloud's
+                                  link-local default */
     long timeout_ms;           /* per request; 0 = 2000 */
     long token_ttl;            /* AWS token TTL seconds, 1..21600; 0 = 21600 */
     const char *vm_name;       /* Azure: only events whose Resources name this VM; NULL = any */
@@ -374,6 +376,8 @@ struct cloud_notice_ops {
     void (*done)(struct cloud_notice_client *c, void *state);
     int (*poll)(struct cloud_notice_client *c, void *state, struct cloud_notice *ret_notice);
     int (*identity)(struct cloud_notice_client *c, void *state, struct cloud_identity *ret_id);
+    /* Optional: tells the cloud the instance is ready for the event (Azure StartRequests). */
+    int (*ack)(struct cloud_notice_client *c, void *state, const char *event_id);
 };
 
 /* Creates a client for "aws", "gcp" or "azure". Returns 0 and *ret_c, -ENOENT for another
@@ -393,6 +397,12 @@ const char *cloud_notice_client_endpoint(const struct cloud_notice_client *c);
  * is refreshed and the request retried once. Polling every 5 s is what AWS recommends; the
  * caller owns the schedule. */
 int cloud_notice_client_poll(struct cloud_notice_client *c, struct cloud_notice *ret_notice);
+
+/* Acknowledges a notice's event (Azure: POST StartRequests with its EventId, so the platform
+ * may go ahead before NotBefore). Called by the worker once its state has left the instance.
+ * Returns 0, -EOPNOTSUPP where the cloud has no acknowledgement (aws, gcp), -EINVAL for an
+ * empty or overlong event id, or negative errno as for poll. */
+int cloud_notice_client_ack(struct cloud_notice_client *c, const char *event_id);
 
 /* Reads the instance's id, type and zone. Returns 0 or negative errno as above;
  * -EOPNOTSUPP where the backend has no identity call. */

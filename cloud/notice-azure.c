@@ -3,9 +3,12 @@
  * The one idea: the whole document is the state. "Nothing pending" is 200 with an empty
  * Events array; a Spot eviction is an event of type Preempt (Terminate for a user delete)
  * whose Resources name our VM, with NotBefore in RFC 1123 ("" once it has started). Requests
- * carry Metadata: true (400 without) and never go through a proxy. */
+ * carry Metadata: true (400 without) and never go through a proxy. A worker whose state has
+ * left acknowledges the event (POST StartRequests), so the eviction need not wait for
+ * NotBefore. */
 #include <jansson.h>
 #include <stdio.h>
+#include <stdlib.h> /* free: json_dumps's buffer */
 #include <string.h>
 
 #include "check.h"          /* TRY */
@@ -91,6 +94,28 @@ out:
     return r;
 }
 
+static int azure_ack(struct cloud_notice_client *c, void *state, const char *event_id) {
+    (void)state;
+    static const char *const post_headers[] = {"Metadata: true",
+                                               "Content-Type: application/json", NULL};
+    json_t *doc = json_pack("{s:[{s:s}]}", "StartRequests", "EventId", event_id);
+    char *body = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
+    json_decref(doc);
+    if (!body)
+        return -ENOMEM;
+    struct cloud_http_reply rep;
+    int r = cloud__http_body(c, "POST", "/metadata/scheduledevents?api-version=2020-07-01",
+                             post_headers, body, &rep);
+    free(body); /* jansson's allocator */
+    if (r < 0)
+        return r;
+    /* IMDS answers 200 with an empty body; any 2xx means the request was taken. */
+    if (rep.status < 200 || rep.status > 299)
+        r = cloud__http_status_errno(rep.status);
+    cloud__http_reply_done(&rep);
+    return r;
+}
+
 static int azure_identity(struct cloud_notice_client *c, void *state,
                           struct cloud_identity *id) {
     struct cloud_http_reply rep;
@@ -136,4 +161,5 @@ const struct cloud_notice_ops cloud__azure_notice_ops = {
     .init = azure_init,
     .poll = azure_poll,
     .identity = azure_identity,
+    .ack = azure_ack,
 };

@@ -62,7 +62,9 @@ static int resolve_endpoint(const char *kind, const char *explicit_url, char *bu
             url = "http://metadata.google.internal";
         }
     } else if (!url) {
-        url = "http://169.254.169.254";
+        url = getenv("AZURE_POD_IDENTITY_AUTHORITY_HOST"); /* a URL, as the bootstrap reads it */
+        if (!url || !*url)
+            url = "http://169.254.169.254";
     }
     size_t len = strlen(url);
     while (len > 0 && url[len - 1] == '/')
@@ -153,6 +155,14 @@ int cloud_notice_client_poll(struct cloud_notice_client *c, struct cloud_notice 
     return r;
 }
 
+int cloud_notice_client_ack(struct cloud_notice_client *c, const char *event_id) {
+    if (!client_ok(c) || !event_id || !*event_id || strlen(event_id) >= CLOUD_NAME_MAX)
+        return -EINVAL;
+    if (!c->ops->ack)
+        return -EOPNOTSUPP;
+    return c->ops->ack(c, c->state, event_id);
+}
+
 int cloud_notice_client_identity(struct cloud_notice_client *c, struct cloud_identity *ret_id) {
     if (!client_ok(c) || !ret_id)
         return -EINVAL;
@@ -235,6 +245,12 @@ static int curl_errno(CURLcode cc, bool too_big) {
  * that pointer NULL, and the shared cache still keeps the connection alive between polls. */
 int cloud__http(struct cloud_notice_client *c, const char *method, const char *path_and_query,
                 const char *const *headers, struct cloud_http_reply *ret_reply) {
+    return cloud__http_body(c, method, path_and_query, headers, NULL, ret_reply);
+}
+
+int cloud__http_body(struct cloud_notice_client *c, const char *method,
+                     const char *path_and_query, const char *const *headers, const char *data,
+                     struct cloud_http_reply *ret_reply) {
     char url[CLOUD_URL_MAX + 512];
     if (snprintf(url, sizeof(url), "%s%s", c->endpoint, path_and_query) >= (int)sizeof(url))
         return -EINVAL;
@@ -263,6 +279,10 @@ int cloud__http(struct cloud_notice_client *c, const char *method, const char *p
     curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
     if (strcmp(method, "GET") != 0)
         curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
+    if (data) {
+        curl_easy_setopt(h, CURLOPT_POSTFIELDS, data); /* borrowed: outlives the perform */
+        curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, (long)strlen(data));
+    }
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, hl);
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, &body);

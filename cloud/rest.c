@@ -276,6 +276,8 @@ int cloud__bootstrap_script(const struct cloud_config *cfg, const char *coordina
         cloud__sb_str(&b, " --token-file \"$dir/token\"");
     if (job)
         cloud__sb_str(&b, " --job \"$dir/job.yaml\"");
+    cloud__sb_str(&b, " --cloud ");
+    cloud__sb_str(&b, cloud);
     cloud__sb_str(&b, " --instance-id \"$iid\" --data-addr \"${ip:-127.0.0.1}:0\" --state-dir "
                       "\"$dir\"\n");
     st_free(spec_text);

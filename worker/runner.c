@@ -70,6 +70,7 @@ struct runner {
     int nckpt;
     double last_loss;
     bool noticed;             /* a cloud notice was relayed */
+    bool told_left;           /* state_left was called: the state left after the notice */
     struct bgckpt bg;
     double next_notice_poll;
     struct worker_peer_store peers; /* in-memory copies: ours and our predecessor's */
@@ -522,6 +523,10 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
     comm = NULL;
     if (!cfg)
         R->eng = worker_engine_free(R->eng); /* gave everything away: now a spare */
+    if (!cfg && R->noticed && !R->told_left && R->cfg.state_left) {
+        R->told_left = true;
+        R->cfg.state_left(R->cfg.notice_userdata);
+    }
     R->epoch = mig->epoch;
     R->done = m->at_step;
     R->lease = m->at_step;

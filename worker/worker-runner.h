@@ -31,6 +31,11 @@
  * none, negative errno on a failed poll (retried later). */
 typedef int worker_notice_poll_fn(void *userdata, char *kind, size_t kindsz, double *ret_at);
 
+/* Called on the runner thread, once, when a migration after the cloud's notice has moved all
+ * of this worker's state away (it is a spare now): the cloud may take the instance at once
+ * (Azure: acknowledge the Scheduled Event). Gets notice_userdata. */
+typedef void worker_state_left_fn(void *userdata);
+
 struct worker_runner_config {
     struct worker_agent_config agent; /* data_addr is replaced by the endpoint's address */
     char bind_host[64];               /* data-plane listen host; "" = 127.0.0.1 */
@@ -43,6 +48,7 @@ struct worker_runner_config {
                                          seconds; 0 = 60 */
     worker_notice_poll_fn *poll_notice; /* NULL = no cloud notices */
     void *notice_userdata;
+    worker_state_left_fn *state_left;   /* NULL = nothing to tell */
     double notice_interval;           /* seconds between polls; 0 = 0.2 */
 };
 
