@@ -7,7 +7,9 @@
  * already hold), maps the outcome to an exit code and otherwise prints what the driver
  * reports. What happens to the fleet when launch ends is the driver's on_stop: RELEASE (every
  * instance terminated) unless --keep-fleet. down needs no coordinator: it terminates every
- * instance tagged spottrain:job=<metadata.name>, which is idempotent. docs/aws.md. */
+ * instance tagged spottrain:job=<metadata.name> (aws) or labelled/tagged spottrain-job (gcp,
+ * azure: the spec names the project or resource group), which is idempotent. docs/aws.md,
+ * docs/gcp-azure.md. */
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
@@ -288,19 +290,25 @@ int cli_cmd_down(int argc, char **argv) {
     if (!name) {
         if ((code = cli_spec_load("down", argv[optind], spec)) != CLI_EXIT_OK)
             goto out;
-        if (spec->fleet.provider != ST_PROVIDER_AWS) {
-            code = cli_usage_error("down", "'%s' uses provider '%s'; down ends aws fleets",
-                                   argv[optind], st_provider_name(spec->fleet.provider));
+        if (spec->fleet.provider != ST_PROVIDER_AWS && spec->fleet.provider != ST_PROVIDER_GCP &&
+            spec->fleet.provider != ST_PROVIDER_AZURE) {
+            code = cli_usage_error("down", "'%s' uses provider '%s'; down ends aws, gcp and "
+                                   "azure fleets", argv[optind],
+                                   st_provider_name(spec->fleet.provider));
             goto out;
         }
         (void)cloud_config_from_fleet(cfg, &spec->fleet);
         if (spec->fleet.nzones == 0)
             cfg->nzones = 0;
+        cfg->spec = spec; /* gcp and azure: project or subscription, endpoint */
         name = spec->name;
     }
     if (!getenv("SPOTTRAIN_DEBUG"))
         st_log_set_level(ST_LOG_WARN);
-    int r = cloud_aws_down(cfg, name);
+    /* --job NAME has no spec to name a project or subscription: aws only. */
+    int r = !cfg->spec || spec->fleet.provider == ST_PROVIDER_AWS ? cloud_aws_down(cfg, name)
+            : spec->fleet.provider == ST_PROVIDER_GCP             ? cloud_gcp_down(cfg, name)
+                                                                  : cloud_azure_down(cfg, name);
     if (r < 0) {
         fprintf(stderr, "spottrain down: job '%s': %s\n", name, st_strerror(r));
         code = error_code(r);

@@ -37,6 +37,7 @@ struct az_state {
                          virtualMachines */
     char location[48], vm_size[CLOUD_NAME_MAX], image[128], subnet[384];
     char job_name[128], job_id[40];
+    bool by_name; /* list by the job-name tag (down) instead of the job id */
     bool spot;
     char *custom_data, *custom_data_shown; /* base64 bootstrap with and without the token */
     cloud_dry_run_fn *dry_run;
@@ -384,8 +385,9 @@ static int az_list(void *backend, cloud__fleet_seen_fn *fn, void *userdata) {
         const json_t *vm;
         json_array_foreach(vms, i, vm) {
             /* The resource group holds other VMs too: the job's tag decides. */
-            if (strcmp(cloud__json_str(json_object_get(vm, "tags"), "spottrain-job-id"),
-                       s->job_id))
+            if (strcmp(cloud__json_str(json_object_get(vm, "tags"),
+                                       s->by_name ? "spottrain-job" : "spottrain-job-id"),
+                       s->by_name ? s->job_name : s->job_id))
                 continue;
             const char *zone = json_string_value(json_array_get(json_object_get(vm, "zones"),
                                                                 0));
@@ -436,6 +438,29 @@ static int custom_data(const struct cloud_config *cfg, const char *coordinator, 
     return 0;
 }
 
+/* The subscription, resource group and endpoint of the spec into s->base (launch, down). */
+static int az_base_init(struct az_state *s, const struct st_spec_fleet *f) {
+    if (!f->subscription[0] || !f->resource_group[0]) {
+        cloud__log(s->p, ST_LOG_ERR, "azure: fleet.subscription and fleet.resource_group are "
+                   "required");
+        return -EINVAL;
+    }
+    const char *ep = f->azure_endpoint[0] ? f->azure_endpoint : AZ_RESOURCE;
+    if (strncmp(ep, "https://", 8) && !(strncmp(ep, "http://", 7) == 0 &&
+                                        cloud__url_is_loopback(ep))) {
+        cloud__log(s->p, ST_LOG_ERR, "azure: fleet.azure.endpoint '%s' must be https:// "
+                   "(http:// only on loopback)", ep);
+        return -EINVAL;
+    }
+    size_t el = strlen(ep);
+    while (el > 0 && ep[el - 1] == '/')
+        el--;
+    snprintf(s->base, sizeof(s->base), "%.*s/subscriptions/%s/resourceGroups/%s/providers/"
+             "Microsoft.Compute/virtualMachines", (int)el, ep, f->subscription,
+             f->resource_group);
+    return 0;
+}
+
 static int az_init(struct cloud_provider *p, void *state, const struct cloud_config *cfg) {
     struct az_state *s = state;
     const struct st_spec *sp = cfg->spec;
@@ -460,19 +485,7 @@ static int az_init(struct cloud_provider *p, void *state, const struct cloud_con
                    "coordinator address)");
         return -EINVAL;
     }
-    const char *ep = f->azure_endpoint[0] ? f->azure_endpoint : AZ_RESOURCE;
-    if (strncmp(ep, "https://", 8) && !(strncmp(ep, "http://", 7) == 0 &&
-                                        cloud__url_is_loopback(ep))) {
-        cloud__log(p, ST_LOG_ERR, "azure: fleet.azure.endpoint '%s' must be https:// (http:// "
-                   "only on loopback)", ep);
-        return -EINVAL;
-    }
-    size_t el = strlen(ep);
-    while (el > 0 && ep[el - 1] == '/')
-        el--;
-    snprintf(s->base, sizeof(s->base), "%.*s/subscriptions/%s/resourceGroups/%s/providers/"
-             "Microsoft.Compute/virtualMachines", (int)el, ep, f->subscription,
-             f->resource_group);
+    TRY(az_base_init(s, f));
     snprintf(s->location, sizeof(s->location), "%s", f->location);
     snprintf(s->subnet, sizeof(s->subnet), "%s", f->azure_subnet);
     snprintf(s->vm_size, sizeof(s->vm_size), "%s", cfg->instance_type);
@@ -491,9 +504,8 @@ static int az_init(struct cloud_provider *p, void *state, const struct cloud_con
     /* Zones in a location are "1", "2", "3"; none given = Azure places the VM. */
     TRY_GOTO(cloud__fleet_init(&s->fleet, p, "azure", &az_fleet_ops, s, cfg, f->nzones), r,
              out);
-    cloud__log(p, ST_LOG_INFO, "azure: %s/%s in %s, endpoint %s, %d x %s from %s%s",
-               f->subscription, f->resource_group, s->location, ep, s->fleet.target,
-               s->vm_size, s->image, s->spot ? " (spot)" : "");
+    cloud__log(p, ST_LOG_INFO, "azure: %s in %s, %d x %s from %s%s", s->base, s->location,
+               s->fleet.target, s->vm_size, s->image, s->spot ? " (spot)" : "");
     return 0;
 out:
     az_free_data(s);
@@ -552,3 +564,24 @@ const struct cloud_provider_ops cloud__azure_ops = {
     .instances = az_instances,
     .next_deadline = az_next_deadline,
 };
+
+/* See cloud.h. */
+int cloud_azure_down(const struct cloud_config *cfg, const char *job_name) {
+    if (!cfg || !cfg->spec || !job_name || !*job_name)
+        return -EINVAL;
+    struct az_state *s = st_calloc(1, sizeof(*s));
+    if (!s)
+        return -ENOMEM;
+    int r;
+    TRY_GOTO(az_base_init(s, &cfg->spec->fleet), r, out);
+    snprintf(s->job_name, sizeof(s->job_name), "%s", job_name);
+    s->by_name = true;
+    TRY_GOTO(cloud__fleet_init(&s->fleet, NULL, "azure", &az_fleet_ops, s, cfg,
+                               cfg->spec->fleet.nzones), r, out);
+    r = cloud__fleet_sweep(&s->fleet);
+out:
+    cloud__fleet_done(&s->fleet); /* never started: frees only */
+    memset(s->token, 0, sizeof(s->token));
+    st_free(s);
+    return r;
+}

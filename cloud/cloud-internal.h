@@ -26,7 +26,7 @@ struct cloud_provider {
     void *state; /* backend state, ops->state_size bytes */
 };
 
-/* Logs through the injected logger (or st_log). */
+/* Logs through the injected logger (or st_log, also when p is NULL: `down` has no provider). */
 void cloud__log(struct cloud_provider *p, int level, const char *fmt, ...) ST_PRINTF(3, 4);
 
 /* Appends a signal. Returns 0, -ENOBUFS when CLOUD_SIGNAL_QUEUE_MAX are queued, -ENOMEM. */

@@ -418,4 +418,16 @@ int cloud_notice_client_identity(struct cloud_notice_client *c, struct cloud_ide
  * -EBADMSG for an answer that is not EC2 XML, -EPROTO for another AWS error. */
 int cloud_aws_down(const struct cloud_config *cfg, const char *job_name);
 
+/* ---- gcp and azure outside a job (gcp.c, azure.c) ----------------------------------------- */
+
+/* Deletes every instance labelled (gcp: spottrain-job, in each of the spec's zones) or tagged
+ * (azure: spottrain-job, in the spec's resource group) with job_name that is still alive
+ * (`spottrain down`), with the credentials the provider finds in the environment; cfg->spec
+ * gives the project or subscription and the endpoint. Idempotent. Returns how many were asked
+ * to delete (>= 0), or negative errno: -EINVAL for a spec without them, -EACCES for refused
+ * credentials (the cloud's error is logged), -ENOKEY when none are found, -ETIMEDOUT or
+ * -ECONNREFUSED for a dead endpoint, -EPROTO for another error. */
+int cloud_gcp_down(const struct cloud_config *cfg, const char *job_name);
+int cloud_azure_down(const struct cloud_config *cfg, const char *job_name);
+
 #endif

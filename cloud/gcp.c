@@ -39,6 +39,7 @@ struct gcp_state {
     char project[64];
     char machine_type[CLOUD_NAME_MAX], image[128];
     char label_job[64], job_id[40];
+    bool by_name; /* list by the job-name label (down) instead of the job id */
     bool spot;
     char *script, *script_shown; /* the startup-script with and without the join token */
     cloud_dry_run_fn *dry_run;
@@ -409,7 +410,9 @@ static int gcp_list(void *backend, cloud__fleet_seen_fn *fn, void *userdata) {
             struct cloud__sbuf url = {.max = 4096};
             struct cloud__rest_reply rep;
             char filter[128];
-            snprintf(filter, sizeof(filter), "labels.spottrain-job-id=\"%s\"", s->job_id);
+            const char *key = s->by_name ? "spottrain-job" : "spottrain-job-id";
+            const char *want = s->by_name ? s->label_job : s->job_id;
+            snprintf(filter, sizeof(filter), "labels.%s=\"%s\"", key, want);
             cloud__sb_str(&url, s->base);
             cloud__sb_str(&url, "/zones/");
             cloud__sb_str(&url, zone);
@@ -431,7 +434,7 @@ static int gcp_list(void *backend, cloud__fleet_seen_fn *fn, void *userdata) {
             json_array_foreach(items, i, it) {
                 const json_t *labels = json_object_get(it, "labels");
                 /* The filter is the server's; the label is checked again here. */
-                if (strcmp(cloud__json_str(labels, "spottrain-job-id"), s->job_id))
+                if (strcmp(cloud__json_str(labels, key), want))
                     continue;
                 if ((r = fn(userdata, cloud__json_str(it, "name"), zone,
                             status_alive(cloud__json_str(it, "status")))) < 0)
@@ -473,6 +476,28 @@ static void gcp_free_scripts(struct gcp_state *s) {
     s->script = s->script_shown = NULL;
 }
 
+/* The project, zones and endpoint of the spec into s->base (launch and down). */
+static int gcp_base_init(struct gcp_state *s, const struct st_spec *sp) {
+    snprintf(s->project, sizeof(s->project), "%s", sp->fleet.project);
+    if (!s->project[0] || sp->fleet.nzones == 0) {
+        cloud__log(s->p, ST_LOG_ERR, "gcp: fleet.project and fleet.zones are required");
+        return -EINVAL;
+    }
+    const char *ep = sp->fleet.gcp_endpoint[0] ? sp->fleet.gcp_endpoint
+                                               : "https://compute.googleapis.com";
+    if (strncmp(ep, "https://", 8) && !(strncmp(ep, "http://", 7) == 0 &&
+                                        cloud__url_is_loopback(ep))) {
+        cloud__log(s->p, ST_LOG_ERR, "gcp: fleet.gcp.endpoint '%s' must be https:// (http:// "
+                   "only on loopback)", ep);
+        return -EINVAL;
+    }
+    size_t el = strlen(ep);
+    while (el > 0 && ep[el - 1] == '/')
+        el--;
+    snprintf(s->base, sizeof(s->base), "%.*s/compute/v1/projects/%s", (int)el, ep, s->project);
+    return 0;
+}
+
 static int gcp_init(struct cloud_provider *p, void *state, const struct cloud_config *cfg) {
     struct gcp_state *s = state;
     const struct st_spec *sp = cfg->spec;
@@ -485,8 +510,7 @@ static int gcp_init(struct cloud_provider *p, void *state, const struct cloud_co
     const char *coordinator = sp->coordinator.advertise[0] ? sp->coordinator.advertise
                                                            : cfg->coordinator;
     snprintf(s->image, sizeof(s->image), "%s", cfg->image[0] ? cfg->image : sp->fleet.image);
-    snprintf(s->project, sizeof(s->project), "%s", sp->fleet.project);
-    if (!s->image[0] || !s->project[0] || sp->fleet.nzones == 0) {
+    if (!s->image[0] || !sp->fleet.project[0] || sp->fleet.nzones == 0) {
         cloud__log(p, ST_LOG_ERR, "gcp: fleet.image, fleet.project and fleet.zones are "
                    "required");
         return -EINVAL;
@@ -496,18 +520,7 @@ static int gcp_init(struct cloud_provider *p, void *state, const struct cloud_co
                    "address)");
         return -EINVAL;
     }
-    const char *ep = sp->fleet.gcp_endpoint[0] ? sp->fleet.gcp_endpoint
-                                               : "https://compute.googleapis.com";
-    if (strncmp(ep, "https://", 8) && !(strncmp(ep, "http://", 7) == 0 &&
-                                        cloud__url_is_loopback(ep))) {
-        cloud__log(p, ST_LOG_ERR, "gcp: fleet.gcp.endpoint '%s' must be https:// (http:// only "
-                   "on loopback)", ep);
-        return -EINVAL;
-    }
-    size_t el = strlen(ep);
-    while (el > 0 && ep[el - 1] == '/')
-        el--;
-    snprintf(s->base, sizeof(s->base), "%.*s/compute/v1/projects/%s", (int)el, ep, s->project);
+    TRY(gcp_base_init(s, sp));
     snprintf(s->machine_type, sizeof(s->machine_type), "%s", cfg->instance_type);
     label_value(cfg->job_id, s->job_id, sizeof(s->job_id));
     label_value(cfg->job_name, s->label_job, sizeof(s->label_job));
@@ -520,8 +533,7 @@ static int gcp_init(struct cloud_provider *p, void *state, const struct cloud_co
                                      &s->script_shown), r, out);
     TRY_GOTO(cloud__fleet_init(&s->fleet, p, "gcp", &gcp_fleet_ops, s, cfg, sp->fleet.nzones),
              r, out);
-    cloud__log(p, ST_LOG_INFO, "gcp: project %s, endpoint %s, %d x %s from %s%s", s->project,
-               ep, s->fleet.target, s->machine_type, s->image, s->spot ? " (spot)" : "");
+    cloud__log(p, ST_LOG_INFO, "gcp: %s, %d x %s from %s%s", s->base, s->fleet.target, s->machine_type, s->image, s->spot ? " (spot)" : "");
     return 0;
 out:
     gcp_free_scripts(s);
@@ -580,3 +592,24 @@ const struct cloud_provider_ops cloud__gcp_ops = {
     .instances = gcp_instances,
     .next_deadline = gcp_next_deadline,
 };
+
+/* See cloud.h. */
+int cloud_gcp_down(const struct cloud_config *cfg, const char *job_name) {
+    if (!cfg || !cfg->spec || !job_name || !*job_name)
+        return -EINVAL;
+    struct gcp_state *s = st_calloc(1, sizeof(*s));
+    if (!s)
+        return -ENOMEM;
+    int r;
+    TRY_GOTO(gcp_base_init(s, cfg->spec), r, out);
+    label_value(job_name, s->label_job, sizeof(s->label_job));
+    s->by_name = true;
+    TRY_GOTO(cloud__fleet_init(&s->fleet, NULL, "gcp", &gcp_fleet_ops, s, cfg,
+                               cfg->spec->fleet.nzones), r, out);
+    r = cloud__fleet_sweep(&s->fleet);
+out:
+    cloud__fleet_done(&s->fleet); /* never started: frees only */
+    memset(s->token, 0, sizeof(s->token));
+    st_free(s);
+    return r;
+}

@@ -77,14 +77,14 @@ int cloud_config_from_fleet(struct cloud_config *cfg, const struct st_spec_fleet
 }
 
 void cloud__log(struct cloud_provider *p, int level, const char *fmt, ...) {
-    if (!p->log && level > st_log_level_max)
+    if ((!p || !p->log) && level > st_log_level_max)
         return;
     char msg[1024];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
-    if (p->log)
+    if (p && p->log)
         p->log(p->log_userdata, level, msg);
     else
         st_log_internal(level, "cloud", __FILE__, __LINE__, "%s", msg);
