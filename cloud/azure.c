@@ -548,8 +548,7 @@ static int az_instances(struct cloud_provider *p, void *state, struct cloud_inst
 
 static double az_next_deadline(struct cloud_provider *p, void *state, double now) {
     (void)p;
-    (void)now;
-    return cloud__fleet_next_deadline(&((struct az_state *)state)->fleet);
+    return cloud__fleet_next_deadline(&((struct az_state *)state)->fleet, now);
 }
 
 const struct cloud_provider_ops cloud__azure_ops = {

@@ -576,8 +576,7 @@ static int gcp_instances(struct cloud_provider *p, void *state, struct cloud_ins
 
 static double gcp_next_deadline(struct cloud_provider *p, void *state, double now) {
     (void)p;
-    (void)now;
-    return cloud__fleet_next_deadline(&((struct gcp_state *)state)->fleet);
+    return cloud__fleet_next_deadline(&((struct gcp_state *)state)->fleet, now);
 }
 
 const struct cloud_provider_ops cloud__gcp_ops = {

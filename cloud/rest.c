@@ -413,22 +413,11 @@ struct seen_ctx {
     struct cloud__fleet *f;
     double now;
     bool *seen;
-    bool sweep;
-    int n;
 };
 
 static int on_listed(void *userdata, const char *name, const char *zone, bool alive) {
     struct seen_ctx *sc = userdata;
     struct cloud__fleet *f = sc->f;
-    if (sc->sweep) {
-        if (!alive)
-            return 0;
-        int r = f->ops->destroy(f->backend, name, zone);
-        if (r < 0 && r != -ENOENT)
-            return r;
-        sc->n += r == 0;
-        return 0;
-    }
     struct cloud__fleet_inst *in = inst_find(f, name);
     if (in) {
         sc->seen[in - f->insts] = true;
@@ -447,7 +436,7 @@ static int fleet_reconcile(struct cloud__fleet *f, double now) {
     if (!seen)
         return -ENOMEM;
     size_t known = f->ninsts;
-    struct seen_ctx sc = {f, now, seen, false, 0};
+    struct seen_ctx sc = {f, now, seen};
     int r = f->ops->list(f->backend, on_listed, &sc);
     if (r == 0 && !f->dry_run) {
         for (size_t i = 0; i < known && r == 0; i++) {
@@ -460,10 +449,38 @@ static int fleet_reconcile(struct cloud__fleet *f, double now) {
     return r;
 }
 
+struct sweep_ctx {
+    struct cloud_instance *found; /* CLOUD_MAX_INSTANCES */
+    int n;
+};
+
+static int on_sweep_listed(void *userdata, const char *name, const char *zone, bool alive) {
+    struct sweep_ctx *sc = userdata;
+    if (!alive)
+        return 0;
+    if (sc->n == CLOUD_MAX_INSTANCES)
+        return -ENOBUFS;
+    struct cloud_instance *in = &sc->found[sc->n++];
+    snprintf(in->name, sizeof(in->name), "%s", name);
+    snprintf(in->zone, sizeof(in->zone), "%s", zone);
+    return 0;
+}
+
+/* Lists every page first, then deletes: deleting while paging can shift the pages the server
+ * has still to hand out, and an instance would be missed. */
 int cloud__fleet_sweep(struct cloud__fleet *f) {
-    struct seen_ctx sc = {f, 0, NULL, true, 0};
-    int r = f->ops->list(f->backend, on_listed, &sc);
-    return r < 0 ? r : sc.n;
+    struct sweep_ctx sc = {st_calloc(CLOUD_MAX_INSTANCES, sizeof(*sc.found)), 0};
+    if (!sc.found)
+        return -ENOMEM;
+    int r = f->ops->list(f->backend, on_sweep_listed, &sc), n = 0;
+    for (int i = 0; i < sc.n && r >= 0; i++) {
+        int d = f->ops->destroy(f->backend, sc.found[i].name, sc.found[i].zone);
+        if (d < 0 && d != -ENOENT)
+            r = d;
+        n += d == 0;
+    }
+    st_free(sc.found);
+    return r < 0 ? r : n;
 }
 
 void cloud__fleet_done(struct cloud__fleet *f) {
@@ -491,33 +508,37 @@ void cloud__fleet_done(struct cloud__fleet *f) {
     f->insts = NULL;
 }
 
+/* The listing and refill are paced by the wall clock, not by the `now` the coordinator passes:
+ * that is trace time, which the loop holds still until the first epoch runs (loop.c, hold),
+ * and an instance preempted before training starts must still be seen and replaced. */
 int cloud__fleet_start(struct cloud__fleet *f, double now) {
     TRY(fleet_reconcile(f, now)); /* adopt what an earlier run of this job left */
     f->started = true;
     int r = fleet_fill(f, now);
     if (r < 0)
         return r;
-    f->next_reconcile = now + f->interval;
-    f->next_fill = now + f->interval;
+    f->next_reconcile = st_now() + f->interval;
+    f->next_fill = st_now() + f->interval;
     return 0;
 }
 
 int cloud__fleet_poll(struct cloud__fleet *f, double now) {
-    if (now >= f->next_reconcile) {
+    double wall = st_now();
+    if (wall >= f->next_reconcile) {
         int r = fleet_reconcile(f, now);
         if (r == -ENOMEM || r == -ENOBUFS)
             return r;
         if (r < 0)
             cloud__log(f->p, ST_LOG_WARN, "%s: reconcile failed (%s), ignoring until the next "
                        "one", f->name, st_strerror(r));
-        f->next_reconcile = now + f->interval;
+        f->next_reconcile = wall + f->interval;
     }
-    if (now >= f->next_fill && alive_count(f) < f->target) {
+    if (wall >= f->next_fill && alive_count(f) < f->target) {
         int r = fleet_fill(f, now);
         if (r < 0)
             cloud__log(f->p, ST_LOG_WARN, "%s: asking for instances failed (%s), ignoring "
                        "until %.0f s from now", f->name, st_strerror(r), f->interval);
-        f->next_fill = now + f->interval;
+        f->next_fill = wall + f->interval;
     }
     return 0;
 }
@@ -552,6 +573,8 @@ int cloud__fleet_instances(struct cloud__fleet *f, struct cloud_instance *out, s
     return 0;
 }
 
-double cloud__fleet_next_deadline(const struct cloud__fleet *f) {
-    return ST_MIN(f->next_reconcile, f->next_fill); /* always something: a cloud keeps going */
+double cloud__fleet_next_deadline(const struct cloud__fleet *f, double now) {
+    /* Paced by the wall clock (see cloud__fleet_start), told in the caller's time. Always
+     * something: a cloud keeps going. */
+    return now + ST_MAX(0.0, ST_MIN(f->next_reconcile, f->next_fill) - st_now());
 }

@@ -143,7 +143,11 @@ class GceFake:
         self.tokens = set()
         self.inserts = 0
         self.metadata_token_calls = 0
-        self.fail_next = 0     # the next N Compute calls answer 503
+        self.fail_next = 0     # the next N Compute calls answer fail_status
+        self.fail_status = 503
+        self.forbid = None     # "METHOD" whose calls answer 403 PERMISSION_DENIED
+        self.page_size = 0     # instances.list items per page (nextPageToken); 0 = all
+        self.pages = 0         # list answers that carried a nextPageToken
         self.routes = []
         for res, meth in [("instances", "insert"), ("instances", "list"),
                           ("instances", "delete"), ("zoneOperations", "wait")]:
@@ -227,9 +231,21 @@ class GceFake:
             rel = path[len(prefix):]
             if self.fail_next > 0:
                 self.fail_next -= 1
+                if self.fail_status == 429:
+                    return 429, {"error": {"code": 429, "message": "Quota exceeded for quota "
+                                           "metric 'Queries' and limit 'Queries per minute'.",
+                                           "status": "RESOURCE_EXHAUSTED", "errors": [
+                                               {"reason": "rateLimitExceeded"}]}}
                 return 503, {"error": {"code": 503, "message": "The service is currently "
                                        "unavailable.", "status": "UNAVAILABLE",
                                        "errors": [{"reason": "backendError"}]}}
+            if self.forbid == method:
+                return 403, {"error": {"code": 403, "message": "Required 'compute.instances."
+                                       "create' permission for 'projects/test-proj'",
+                                       "status": "PERMISSION_DENIED", "errors": [
+                                           {"reason": "forbidden", "domain": "global",
+                                            "message": "Required 'compute.instances.create' "
+                                            "permission for 'projects/test-proj'"}]}}
             for http, rx, name, m in self.routes:
                 mt = rx.match(rel)
                 if not mt or http != method:
@@ -272,10 +288,16 @@ class GceFake:
         zone_url = "/zones/%s" % a["zone"]
         items = [i for i in self.instances.values() if i["zone"].endswith(zone_url) and
                  all(i.get("labels", {}).get(k) == v for k, v in want.items())]
+        items.sort(key=lambda i: i["name"])
+        start = int(query.get("pageToken") or 0)
+        page = self.page_size or len(items) or 1
         out = {"kind": "compute#instanceList", "id": "projects/%s/zones/%s/instances" %
-               (a["project"], a["zone"]), "items": items,
+               (a["project"], a["zone"]), "items": items[start:start + page],
                "selfLink": "%s/%sprojects/%s/zones/%s/instances" % (
                    self.d.root, self.d.service, a["project"], a["zone"])}
+        if start + page < len(items):
+            out["nextPageToken"] = str(start + page)
+            self.pages += 1
         self.check(out, m["response"]["$ref"], "our InstanceList")
         return 200, out
 
@@ -317,6 +339,10 @@ class AzureFake:
         self.port = 0
         self.imds_calls = 0
         self.custom_data = {}  # VM name -> base64 customData as created
+        self.fail_next = 0     # the next N ARM calls answer 429 TooManyRequests
+        self.forbid = None     # "METHOD" whose calls answer 403 AuthorizationFailed
+        self.page_size = 0     # VMs per list page (nextLink); 0 = all
+        self.pages = 0         # list answers that carried a nextLink
 
     def check_model(self, inst, raw, path):
         fields = type(inst)._attr_to_rest_field
@@ -392,6 +418,18 @@ class AzureFake:
             if query.get("api-version") is None:
                 return 400, {"error": {"code": "MissingApiVersionParameter",
                                        "message": "The api-version query parameter is required"}}
+            if self.fail_next > 0 and not path.startswith("/operations/"):
+                self.fail_next -= 1
+                return 429, {"error": {"code": "TooManyRequests", "message": "The request is "
+                                       "being throttled as the limit has been reached for "
+                                       "operation type - Read_ObservationWindow_00:03:00."}}, \
+                    {"Retry-After": "0"}
+            if self.forbid == method:
+                return 403, {"error": {"code": "AuthorizationFailed", "message": "The client "
+                                       "'client-1' with object id 'client-1' does not have "
+                                       "authorization to perform action 'Microsoft.Compute/"
+                                       "virtualMachines/write' over scope '%s' or the scope is "
+                                       "invalid." % path}}
             mt = re.match(r"^/operations/(\w+)$", path)
             if mt and method == "GET":
                 op = self.ops.get(mt.group(1))
@@ -408,7 +446,15 @@ class AzureFake:
                 return 404, {"error": {"code": "InvalidResourceType", "message": path}}
             sub, rg, name = mt.groups()
             if name is None and method == "GET":
-                return 200, {"value": list(self.vms.values())}
+                vms = sorted(self.vms.values(), key=lambda v: v["name"])
+                start = int(query.get("$skiptoken") or 0)
+                page = self.page_size or len(vms) or 1
+                out = {"value": vms[start:start + page]}
+                if start + page < len(vms):
+                    out["nextLink"] = "http://127.0.0.1:%d%s?api-version=%s&$skiptoken=%d" % (
+                        self.port, path, query["api-version"], start + page)
+                    self.pages += 1
+                return 200, out
             if method == "PUT":
                 vm = json.loads(body)
                 self.check_vm(vm)
@@ -1178,6 +1224,125 @@ def train(tmp, cloud):
           "run" % (cloud, steps))
 
 
+# ---- down, throttling, refusals -----------------------------------------------------------
+
+def fake_for(tmp, cloud):
+    """A fake with one zone, its spec and the environment with good credentials."""
+    if cloud == "gcp":
+        fake = GceFake(Discovery(), None)
+        srv = serve(fake)
+        port = srv.server_address[1]
+        sa, pub = make_key(tmp, port)
+        fake.pub = pub
+        spec = write_spec(tmp, "demo-gcp", gcp_fleet(port, ["us-central1-a"]))
+        return fake, spec, clean_env(GOOGLE_APPLICATION_CREDENTIALS=sa), "us-central1-a"
+    fake = AzureFake("right-secret")
+    srv = serve(fake)
+    port = srv.server_address[1]
+    fake.port = port
+    spec = write_spec(tmp, "demo-az", azure_fleet(port, ["1"]))
+    return fake, spec, clean_env(AZURE_TENANT_ID="tenant-1", AZURE_CLIENT_ID="client-1",
+                                 AZURE_CLIENT_SECRET="right-secret",
+                                 AZURE_AUTHORITY_HOST="http://127.0.0.1:%d" % port), "1"
+
+
+def add_foreign(fake):
+    """An instance of another job in the same zone: down must leave it."""
+    if isinstance(fake, GceFake):
+        base = "%s/%sprojects/test-proj/zones/us-central1-a" % (fake.d.root, fake.d.service)
+        fake.instances["other-1"] = {"kind": "compute#instance", "name": "other-1",
+                                     "status": "RUNNING", "zone": base, "id": "1",
+                                     "labels": {"spottrain-job": "other",
+                                                "spottrain-job-id": str(uuid.uuid4())}}
+    else:
+        fake.vms["other-1"] = {"name": "other-1", "id": "/x/other-1", "location": "westeurope",
+                               "zones": ["1"], "tags": {"spottrain-job": "other",
+                                                        "spottrain-job-id": str(uuid.uuid4())},
+                               "properties": {"provisioningState": "Succeeded"}}
+
+
+def down(spec, tmp, env):
+    p = subprocess.run([SPOTTRAIN, "down", spec], cwd=tmp, env=env, capture_output=True,
+                       text=True, timeout=DEADLINE)
+    return p.returncode, p.stdout, p.stderr
+
+
+def keep_down(tmp, cloud):
+    fake, spec, env, _ = fake_for(tmp, cloud)
+    fake.page_size = 2  # 3 instances of the job: every listing takes two pages
+    add_foreign(fake)
+    job = "demo-gcp" if cloud == "gcp" else "demo-az"
+    proc = launch(spec, tmp, env, "--keep-fleet")
+
+    def ours():
+        with fake.lock:
+            return sorted(k for k, _ in fake_instances(fake) if k != "other-1")
+    def three():
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            fail("launch exited %d early\n%s\n%s" % (proc.returncode, out, err))
+        return len(ours()) == 3
+    wait_for(three, "3 instances of the job")
+    kept = ours()
+    proc.send_signal(signal.SIGTERM)
+    code, out, err = finish(proc)
+    if code != 0 or ours() != kept:
+        fail("launch --keep-fleet: exit %d, instances %s, want %s\n%s%s" % (code, ours(), kept,
+                                                                           out, err))
+    code, out, err = down(spec, tmp, env)
+    if code != 0 or out != "down: job '%s': 3 instance(s) terminated\n" % job:
+        fail("down: exit %d\nstdout:\n%s\nstderr:\n%s" % (code, out, err))
+    with fake.lock:
+        left = sorted(k for k, _ in fake_instances(fake))
+    if left != ["other-1"]:
+        fail("after down: %s, want only the other job's instance" % left)
+    code, out, err = down(spec, tmp, env)
+    if code != 0 or out != "down: job '%s': 0 instance(s) terminated\n" % job:
+        fail("a second down: exit %d\nstdout:\n%s\nstderr:\n%s" % (code, out, err))
+    if fake.pages == 0:
+        fail("no listing was paged")
+    if fake.errors:
+        fail("requests did not validate: %s" % fake.errors)
+    print("ok: %s --keep-fleet then down (twice), %d paged listings" % (cloud, fake.pages))
+
+
+def throttled(tmp, cloud):
+    fake, spec, env, zone = fake_for(tmp, cloud)
+    fake.fail_next = 2
+    fake.fail_status = 429
+    launch_and_stop(fake, spec, tmp, env, 3, gce_labels if cloud == "gcp" else az_tags,
+                    gce_zone if cloud == "gcp" else az_zone, zone)
+    if fake.fail_next != 0:
+        fail("the 429 answers were not all consumed")
+    print("ok: %s: two 429 answers backed off and retried, the fleet is made" % cloud)
+
+
+def forbidden(tmp, cloud):
+    fake, spec, env, _ = fake_for(tmp, cloud)
+    fake.forbid = "POST" if cloud == "gcp" else "PUT"
+    t0 = time.monotonic()
+    code, out, err = finish(launch(spec, tmp, env))
+    want = ("refused (HTTP 403): forbidden: Required 'compute.instances.create' permission"
+            if cloud == "gcp" else "refused (HTTP 403): AuthorizationFailed: The client "
+            "'client-1'")
+    lines = [l for l in err.splitlines() if "HTTP 403" in l]
+    if code != 2 or len(lines) != 1 or want not in lines[0]:
+        fail("%s: exit %d, want 2 and one line with '%s'\nstdout:\n%s\nstderr:\n%s" % (
+            cloud, code, want, out, err))
+    with fake.lock:
+        if list(fake_instances(fake)):
+            fail("instances exist after a refusal")
+    print("ok: %s: 403 on create -> exit 2 in %.1f s: %s" % (cloud, time.monotonic() - t0,
+                                                            lines[0].strip()))
+    fake.forbid = "GET"
+    code, out, err = down(spec, tmp, env)
+    lines = [l for l in err.splitlines() if "HTTP 403" in l]
+    if code != 2 or len(lines) != 1:
+        fail("%s down refused: exit %d\nstdout:\n%s\nstderr:\n%s" % (cloud, code, out, err))
+    print("ok: %s: down refused -> exit 2" % cloud)
+
+
+
 def main():
     scenario = sys.argv[1]
     with tempfile.TemporaryDirectory(prefix="spottrain-gcpaz-") as tmp:
@@ -1192,7 +1357,13 @@ def main():
          "insecure-authority": lambda: insecure_authority(tmp),
          "gcp-retry": lambda: gcp_retry(tmp),
          "gcp-train": lambda: train(tmp, "gcp"),
-         "azure-train": lambda: train(tmp, "azure")}[scenario]()
+         "azure-train": lambda: train(tmp, "azure"),
+         "gcp-keep-down": lambda: keep_down(tmp, "gcp"),
+         "azure-keep-down": lambda: keep_down(tmp, "azure"),
+         "gcp-throttled": lambda: throttled(tmp, "gcp"),
+         "azure-throttled": lambda: throttled(tmp, "azure"),
+         "gcp-forbidden": lambda: forbidden(tmp, "gcp"),
+         "azure-forbidden": lambda: forbidden(tmp, "azure")}[scenario]()
 
 
 if __name__ == "__main__":
