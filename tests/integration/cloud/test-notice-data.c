@@ -9,12 +9,13 @@
  *
  *   # comment
  *   client aws|gcp|azure
- *   call poll|identity          (default poll)
+ *   call poll|identity|ack      (default poll)
+ *   event_id ID                 (ack: the event acknowledged)
  *   calls N                     (default 1; the last call's result is checked)
  *   timeout_ms N                (default 2000)
  *   token_ttl N                 (AWS; default 21600)
  *   vm_name NAME                (Azure)
- *   expect none | notice KIND EPOCH [EVENT_ID] | error ENAME | identity ID TYPE ZONE
+ *   expect none | notice KIND EPOCH [EVENT_ID] | error ENAME | identity ID TYPE ZONE | ok
  *   %%request
  *   GET /path?query HTTP/1.1
  *   Header: value
@@ -56,6 +57,7 @@ struct script {
     int calls;
     long timeout_ms, token_ttl;
     char vm_name[64];
+    char event_id[64];
     char expect[256];
     struct exchange ex[MAX_EXCHANGES];
     int nex;
@@ -126,6 +128,8 @@ static int script_load(const char *path, struct script *sc) {
                     sc->token_ttl = atol(val);
                 else if (!strcmp(key, "vm_name"))
                     snprintf(sc->vm_name, sizeof(sc->vm_name), "%s", val);
+                else if (!strcmp(key, "event_id"))
+                    snprintf(sc->event_id, sizeof(sc->event_id), "%s", val);
                 else if (!strcmp(key, "expect"))
                     snprintf(sc->expect, sizeof(sc->expect), "%s", val);
                 else if (!strcmp(key, "name"))
@@ -339,7 +343,8 @@ static const struct {
                 {"EAGAIN", -EAGAIN},       {"EACCES", -EACCES},
                 {"EBADMSG", -EBADMSG},     {"EPROTO", -EPROTO},
                 {"EINVAL", -EINVAL},       {"ENOENT", -ENOENT},
-                {"EIO", -EIO},             {"EFBIG", -EFBIG}};
+                {"EIO", -EIO},             {"EFBIG", -EFBIG},
+                {"EOPNOTSUPP", -EOPNOTSUPP}};
 
 /* Runs one script; returns 0 on pass, writes why not into why. */
 static int run_script(struct script *sc, char *why, size_t size) {
@@ -367,6 +372,8 @@ static int run_script(struct script *sc, char *why, size_t size) {
         struct cloud_identity id;
         if (strcmp(sc->call, "identity") == 0)
             r = cloud_notice_client_identity(c, &id);
+        else if (strcmp(sc->call, "ack") == 0)
+            r = cloud_notice_client_ack(c, sc->event_id);
         else
             r = cloud_notice_client_poll(c, &n);
         if (r < 0) {
@@ -374,6 +381,8 @@ static int run_script(struct script *sc, char *why, size_t size) {
             for (size_t k = 0; k < ST_ARRAY_SIZE(errnames); k++)
                 if (errnames[k].value == r)
                     snprintf(got, sizeof(got), "error %s", errnames[k].name);
+        } else if (strcmp(sc->call, "ack") == 0) {
+            snprintf(got, sizeof(got), "ok");
         } else if (strcmp(sc->call, "identity") == 0) {
             snprintf(got, sizeof(got), "identity %s %s %s", id.instance_id, id.instance_type,
                      id.zone);
