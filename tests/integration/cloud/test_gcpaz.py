@@ -33,6 +33,17 @@ Scenarios (argv[1]):
                    credentials (each probe gives up within 1 s)
   insecure-authority  AZURE_AUTHORITY_HOST / token_uri over http:// off loopback: exit 2
   gcp-retry        the first insert and the first list answer 503: retried, the fleet is made
+  gcp-train, azure-train  the boot shim runs each instance's startup-script / customData as a
+                   local worker with its own metadata server; one gets a notice (GCE preempted
+                   TRUE, an Azure Preempt event) and is deleted once its worker has left (GCE)
+                   or acknowledged the event (Azure: StartRequests with the EventId, after its
+                   state moved); the job ends bitwise equal to train --local --dp 1 --pp 1
+  azure-train-ack-refused  the same with IMDS refusing the acknowledgement: logged, trained on
+  gcp-keep-down, azure-keep-down  --keep-fleet + SIGTERM leaves the 3 instances; down deletes
+                   them and not another job's, twice (the second deletes 0); listings paged
+  gcp-throttled, azure-throttled  two 429 answers: backed off, retried, the fleet is made
+  gcp-forbidden, azure-forbidden  403 on create: exit 2 with one line carrying the cloud's
+                   error, nothing created; down refused (403): exit 2
 """
 import base64
 import json
