@@ -548,7 +548,8 @@ static int az_instances(struct cloud_provider *p, void *state, struct cloud_inst
 
 static double az_next_deadline(struct cloud_provider *p, void *state, double now) {
     (void)p;
-    return cloud__fleet_next_deadline(&((struct az_state *)state)->fleet, now);
+    (void)now;
+    return cloud__fleet_next_deadline(&((struct az_state *)state)->fleet);
 }
 
 const struct cloud_provider_ops cloud__azure_ops = {

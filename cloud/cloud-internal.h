@@ -135,7 +135,7 @@ int cloud__fleet_acquire(struct cloud__fleet *f, int n, double now);
 int cloud__fleet_release(struct cloud__fleet *f, const char *instance, double now);
 int cloud__fleet_instances(struct cloud__fleet *f, struct cloud_instance *out, size_t max,
                            size_t *ret_n);
-double cloud__fleet_next_deadline(const struct cloud__fleet *f, double now);
+double cloud__fleet_next_deadline(const struct cloud__fleet *f);
 /* Deletes every alive instance the listing shows. Returns how many, or negative errno. */
 int cloud__fleet_sweep(struct cloud__fleet *f);
 /* The kubernetes backend (k8s.c). */

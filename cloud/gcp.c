@@ -576,7 +576,8 @@ static int gcp_instances(struct cloud_provider *p, void *state, struct cloud_ins
 
 static double gcp_next_deadline(struct cloud_provider *p, void *state, double now) {
     (void)p;
-    return cloud__fleet_next_deadline(&((struct gcp_state *)state)->fleet, now);
+    (void)now;
+    return cloud__fleet_next_deadline(&((struct gcp_state *)state)->fleet);
 }
 
 const struct cloud_provider_ops cloud__gcp_ops = {

@@ -508,37 +508,33 @@ void cloud__fleet_done(struct cloud__fleet *f) {
     f->insts = NULL;
 }
 
-/* The listing and refill are paced by the wall clock, not by the `now` the coordinator passes:
- * that is trace time, which the loop holds still until the first epoch runs (loop.c, hold),
- * and an instance preempted before training starts must still be seen and replaced. */
 int cloud__fleet_start(struct cloud__fleet *f, double now) {
     TRY(fleet_reconcile(f, now)); /* adopt what an earlier run of this job left */
     f->started = true;
     int r = fleet_fill(f, now);
     if (r < 0)
         return r;
-    f->next_reconcile = st_now() + f->interval;
-    f->next_fill = st_now() + f->interval;
+    f->next_reconcile = now + f->interval;
+    f->next_fill = now + f->interval;
     return 0;
 }
 
 int cloud__fleet_poll(struct cloud__fleet *f, double now) {
-    double wall = st_now();
-    if (wall >= f->next_reconcile) {
+    if (now >= f->next_reconcile) {
         int r = fleet_reconcile(f, now);
         if (r == -ENOMEM || r == -ENOBUFS)
             return r;
         if (r < 0)
             cloud__log(f->p, ST_LOG_WARN, "%s: reconcile failed (%s), ignoring until the next "
                        "one", f->name, st_strerror(r));
-        f->next_reconcile = wall + f->interval;
+        f->next_reconcile = now + f->interval;
     }
-    if (wall >= f->next_fill && alive_count(f) < f->target) {
+    if (now >= f->next_fill && alive_count(f) < f->target) {
         int r = fleet_fill(f, now);
         if (r < 0)
             cloud__log(f->p, ST_LOG_WARN, "%s: asking for instances failed (%s), ignoring "
                        "until %.0f s from now", f->name, st_strerror(r), f->interval);
-        f->next_fill = wall + f->interval;
+        f->next_fill = now + f->interval;
     }
     return 0;
 }
@@ -573,8 +569,6 @@ int cloud__fleet_instances(struct cloud__fleet *f, struct cloud_instance *out, s
     return 0;
 }
 
-double cloud__fleet_next_deadline(const struct cloud__fleet *f, double now) {
-    /* Paced by the wall clock (see cloud__fleet_start), told in the caller's time. Always
-     * something: a cloud keeps going. */
-    return now + ST_MAX(0.0, ST_MIN(f->next_reconcile, f->next_fill) - st_now());
+double cloud__fleet_next_deadline(const struct cloud__fleet *f) {
+    return ST_MIN(f->next_reconcile, f->next_fill); /* always something: a cloud keeps going */
 }
