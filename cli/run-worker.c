@@ -77,6 +77,7 @@ int cli_worker_job_main(int argc, char **argv) {
         {"job-id", required_argument, NULL, 'J'},
         {"state-dir", required_argument, NULL, 'd'},
         {"data-addr", required_argument, NULL, 'a'},
+        {"advertise-data-addr", required_argument, NULL, 'D'},
         {"zone", required_argument, NULL, 'z'},
         {"instance-id", required_argument, NULL, 'I'},
         {"instance-type", required_argument, NULL, 'T'},
@@ -138,6 +139,20 @@ int cli_worker_job_main(int argc, char **argv) {
             }
             snprintf(cfg->bind_host, sizeof(cfg->bind_host), "%.*s", (int)(colon - v), v);
             cfg->port = (int)port;
+            break;
+        }
+        case 'D': {
+            /* The address peers should dial, when it is not the one we listen on: behind a
+             * NAT, a port forward or a proxy (the man-in-the-middle test puts one there). */
+            const char *colon = strrchr(v, ':');
+            char *e;
+            long port = colon ? strtol(colon + 1, &e, 10) : -1;
+            if (!colon || colon == v || strlen(v) >= sizeof(cfg->advertise_addr) ||
+                !colon[1] || *e || port < 1 || port > 65535) {
+                cli_usage_error("worker", "bad --advertise-data-addr '%s' (want HOST:PORT)", v);
+                goto out;
+            }
+            snprintf(cfg->advertise_addr, sizeof(cfg->advertise_addr), "%s", v);
             break;
         }
         case 'J':
