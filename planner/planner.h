@@ -125,6 +125,10 @@ struct plan_cost {
     double *maxpart_params;      /* [pp]: parameters of the largest stage at depth pp */
     int last_start[PLAN_MAX_LAYERS + 1]; /* [pp]: first layer of the last stage */
     int *index;                  /* shape index by (dp, pp): index[pp * (max_n + 1) + dp] */
+    /* set by plan_cost_use_measured: live-migration costs replace Parcae's */
+    bool measured;
+    double meas_fixed_ms[4];     /* per enum plan_meas_kind, ms */
+    double meas_bytes_per_ms[4]; /* per enum plan_meas_kind, bytes/ms over the target link */
 };
 
 /* Reads Parcae's profile JSON as is (anchors/parcae-cost-profiles.json). `model` picks one
@@ -190,6 +194,44 @@ double plan_cost_transition_expected_ms(const struct plan_cost *c, int N, int D,
 double plan_cost_transition_estimate_ms(const struct plan_cost *c, int N, int D, int P,
                                         int n_in, int n_out, int dp, int pp,
                                         enum plan_mig_kind *ret_kind);
+
+/* ---- measured migration costs (scripts/bench migration, docs/planner.md) ----------------- */
+
+/* The kinds a cost file gives figures for, in the names the run summary uses. */
+enum plan_meas_kind {
+    PLAN_MEAS_INTRA = 0,   /* "intra-stage" */
+    PLAN_MEAS_INTER,       /* "inter-stage" */
+    PLAN_MEAS_PIPELINE,    /* "pipeline" (repartition) */
+    PLAN_MEAS_DP_RESHARD,  /* "dp-resharding" (ZeRO-1 shards move when dp changes) */
+    PLAN_MEAS_NKINDS
+};
+const char *plan_meas_kind_name(enum plan_meas_kind k);
+
+/* A migration cost file: per kind the stall not explained by bytes and the data plane's
+ * throughput, measured on `machine` whose raw link (loopback TCP) carried link_gbps. */
+struct plan_measured_costs {
+    char machine[128];
+    double link_gbps;                      /* raw link of the measurement, Gb/s */
+    double fixed_s[PLAN_MEAS_NKINDS];      /* seconds per migration of this kind */
+    double bytes_per_s[PLAN_MEAS_NKINDS];  /* data-plane throughput, bytes/s */
+};
+
+/* Parses a cost file: {"machine": "...", "link_gbps": G, "kinds": {"intra-stage": {"fixed_s":
+ * F, "bytes_per_s": B}, "inter-stage": {...}, "pipeline": {...}, "dp-resharding": {...}}};
+ * other fields are ignored. Every kind is required, fixed_s >= 0 and finite, bytes_per_s and
+ * link_gbps > 0. Returns 0 and fills *ret, or -EINVAL with err naming the field. */
+int plan_measured_costs_parse(const char *name, const char *text, size_t len,
+                              struct plan_measured_costs *ret, struct st_error *err);
+
+/* Makes c charge migrations with measured costs instead of Parcae's restart-based ones:
+ * bytes from c's layer sizes (state_bytes_per_param per parameter) over a link of link_gbps
+ * at the efficiency the data plane reached against raw TCP when measured (link_gbps <= 0:
+ * the measured throughput as is), plus the kind's fixed part. Intra-stage moves cost their
+ * fixed part; a dp change adds the dp-resharding one and the ZeRO-1 shard bytes. Restarts
+ * (checkpoint-restart policy) keep Parcae's formulas. Returns 0, or -EINVAL. Called by
+ * `spottrain simulate --migration-costs`. */
+int plan_cost_use_measured(struct plan_cost *c, const struct plan_measured_costs *m,
+                           double link_gbps);
 
 /* ---- forecast ------------------------------------------------------------------------- */
 
