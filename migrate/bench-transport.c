@@ -311,5 +311,7 @@ int main(int argc, char **argv) {
     printf("  mig_batch %d concurrent pairs           %8.2f GB/s   ratio %.2f\n", pairs,
            migp / G, migp / rawp);
     printf("data_plane_ratio %.3f %.3f\n", mig1 / raw1, migp / rawp);
+    /* For scripts/bench.d/migration's cost file: raw and ours, one pair and all pairs. */
+    printf("data_plane_bytes_per_s %.0f %.0f %.0f %.0f\n", raw1, mig1, rawp, migp);
     return 0;
 }

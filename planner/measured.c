@@ -89,6 +89,12 @@ int plan_measured_costs_parse(const char *name, const char *text, size_t len,
             r = st_error_set(err, name, 0, 0, field, "missing or not a positive number");
             goto out;
         }
+        json_t *raw = json_object_get(o, "raw_bytes_per_s");
+        if (raw && !positive(raw, &m.raw_bytes_per_s[k])) {
+            snprintf(field, sizeof(field), "kinds.%s.raw_bytes_per_s", kn);
+            r = st_error_set(err, name, 0, 0, field, "not a positive number");
+            goto out;
+        }
     }
     *ret = m;
 out:
@@ -105,8 +111,10 @@ int plan_cost_use_measured(struct plan_cost *c, const struct plan_measured_costs
         if (!(m->bytes_per_s[k] > 0) || !(m->fixed_s[k] >= 0) || !isfinite(m->fixed_s[k]))
             return -EINVAL;
         double bps = m->bytes_per_s[k];
-        if (link_gbps > 0) /* the data plane's efficiency, at most 1, on the target link */
-            bps = link_gbps * 1e9 / 8 * ST_MIN(1.0, bps / raw);
+        /* the data plane's efficiency against raw TCP, at most 1, on the target link */
+        double base = m->raw_bytes_per_s[k] > 0 ? m->raw_bytes_per_s[k] : raw;
+        if (link_gbps > 0)
+            bps = link_gbps * 1e9 / 8 * ST_MIN(1.0, bps / base);
         c->meas_fixed_ms[k] = m->fixed_s[k] * 1000;
         c->meas_bytes_per_ms[k] = bps / 1000;
     }

@@ -214,6 +214,8 @@ struct plan_measured_costs {
     double link_gbps;                      /* raw link of the measurement, Gb/s */
     double fixed_s[PLAN_MEAS_NKINDS];      /* seconds per migration of this kind */
     double bytes_per_s[PLAN_MEAS_NKINDS];  /* data-plane throughput, bytes/s */
+    double raw_bytes_per_s[PLAN_MEAS_NKINDS]; /* raw TCP in the same setting (optional "raw_
+                                              * bytes_per_s"; 0 = link_gbps), bytes/s */
 };
 
 /* Parses a cost file: {"machine": "...", "link_gbps": G, "kinds": {"intra-stage": {"fixed_s":
@@ -225,7 +227,8 @@ int plan_measured_costs_parse(const char *name, const char *text, size_t len,
 
 /* Makes c charge migrations with measured costs instead of Parcae's restart-based ones:
  * bytes from c's layer sizes (state_bytes_per_param per parameter) over a link of link_gbps
- * at the efficiency the data plane reached against raw TCP when measured (link_gbps <= 0:
+ * at the efficiency the data plane reached against raw TCP when measured (bytes_per_s over
+ * raw_bytes_per_s, or over link_gbps; at most 1) (link_gbps <= 0:
  * the measured throughput as is), plus the kind's fixed part. Intra-stage moves cost their
  * fixed part; a dp change adds the dp-resharding one and the ZeRO-1 shard bytes. Restarts
  * (checkpoint-restart policy) keep Parcae's formulas. Returns 0, or -EINVAL. Called by
