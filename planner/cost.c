@@ -36,6 +36,41 @@ struct plan_cost *plan_cost_free(struct plan_cost *c) {
     return NULL;
 }
 
+int plan_cost_dup(const struct plan_cost *c, struct plan_cost **ret) {
+    struct plan_cost *d;
+    if (!c || !ret)
+        return -EINVAL;
+    size_t ni = (size_t)(c->nlayers + 1) * (size_t)(c->max_n + 1);
+    d = st_malloc(sizeof(*d));
+    if (!d)
+        return -ENOMEM;
+    *d = *c;
+    d->shapes = NULL;
+    d->samples_per_s = d->layer_params = d->prefix = d->maxpart_params = NULL;
+    d->index = NULL;
+    d->shapes = st_malloc((size_t)c->nshapes * sizeof(*d->shapes));
+    d->samples_per_s = st_malloc((size_t)c->nshapes * sizeof(double));
+    d->layer_params = st_malloc((size_t)c->nlayers * sizeof(double));
+    d->prefix = st_malloc((size_t)(c->nlayers + 1) * sizeof(double));
+    d->maxpart_params = st_malloc((size_t)(c->nlayers + 1) * sizeof(double));
+    if (c->index)
+        d->index = st_malloc(ni * sizeof(int));
+    if (!d->shapes || !d->samples_per_s || !d->layer_params || !d->prefix ||
+        !d->maxpart_params || (c->index && !d->index)) {
+        plan_cost_free(d);
+        return -ENOMEM;
+    }
+    memcpy(d->shapes, c->shapes, (size_t)c->nshapes * sizeof(*d->shapes));
+    memcpy(d->samples_per_s, c->samples_per_s, (size_t)c->nshapes * sizeof(double));
+    memcpy(d->layer_params, c->layer_params, (size_t)c->nlayers * sizeof(double));
+    memcpy(d->prefix, c->prefix, (size_t)(c->nlayers + 1) * sizeof(double));
+    memcpy(d->maxpart_params, c->maxpart_params, (size_t)(c->nlayers + 1) * sizeof(double));
+    if (c->index)
+        memcpy(d->index, c->index, ni * sizeof(int));
+    *ret = d;
+    return 0;
+}
+
 int plan_cost_partition(const struct plan_cost *c, int pp, int *bounds) {
     int L = c->nlayers;
     if (pp < 1 || pp > L)

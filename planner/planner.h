@@ -157,6 +157,9 @@ int plan_cost_analytic(const struct plan_model_desc *d, struct plan_cost **ret);
  * for a profiled model (simulation only), -EINVAL, -ENOMEM. */
 int plan_cost_from_spec(const struct st_spec *spec, struct plan_cost **ret);
 struct plan_cost *plan_cost_free(struct plan_cost *c);
+/* A deep copy of c (callers that adjust a model, e.g. plan_fit). Returns 0 and *ret
+ * (plan_cost_free), -EINVAL, -ENOMEM. */
+int plan_cost_dup(const struct plan_cost *c, struct plan_cost **ret);
 
 /* Samples per second of a shape; 0 when the shape is not in the model. */
 double plan_cost_throughput(const struct plan_cost *c, int dp, int pp);
@@ -235,6 +238,34 @@ int plan_measured_costs_parse(const char *name, const char *text, size_t len,
  * `spottrain simulate --migration-costs`. */
 int plan_cost_use_measured(struct plan_cost *c, const struct plan_measured_costs *m,
                            double link_gbps);
+
+/* ---- the cost model fitted online (planner/fitted.c) --------------------------------------- */
+
+/* A cost model that starts from a prior (plan_cost_from_spec, or a profile) and is fitted from
+ * the job's own measurements: step seconds per shape, and each migration's bytes and stall.
+ * Used by the coordinator's loop; pure like the rest of planner/. */
+struct plan_fit;
+/* Returns 0 and *ret (plan_fit_free; the prior is copied, not kept), -EINVAL, -ENOMEM. */
+int plan_fit_new(const struct plan_cost *prior, struct plan_fit **ret);
+struct plan_fit *plan_fit_free(struct plan_fit *f);
+/* Predicted seconds per step of a shape: its own measurements (a moving average) when it ran,
+ * else the prior scaled by the mean measured/prior ratio of the shapes that ran; 0 when the
+ * shape is not in the model. */
+double plan_fit_step_seconds(const struct plan_fit *f, int dp, int pp);
+/* One step of `seconds` measured on shape (dp, pp). Returns 0, or -EINVAL (unknown shape,
+ * seconds not > 0). */
+int plan_fit_observe_step(struct plan_fit *f, int dp, int pp, double seconds);
+/* Predicted stall of a live migration of kind k moving `bytes`: the kind's fitted fixed part
+ * (the largest fitted one for a kind not seen; the prior's intra-stage estimate before any)
+ * plus the bytes over the prior's link. -1 on bad arguments. */
+double plan_fit_stall_seconds(const struct plan_fit *f, enum plan_meas_kind k, double bytes);
+/* One migration measured. Returns 0 or -EINVAL. */
+int plan_fit_observe_migration(struct plan_fit *f, enum plan_meas_kind k, double bytes,
+                               double stall_s);
+/* The fitted model for plan_decide: throughput from the predicted step times and, once a
+ * migration was measured, migrations charged with the fitted costs (plan_cost_use_measured).
+ * Borrowed; valid until the next call or plan_fit_free. */
+const struct plan_cost *plan_fit_cost(struct plan_fit *f);
 
 /* ---- forecast ------------------------------------------------------------------------- */
 

@@ -223,5 +223,58 @@ static int test_trace_fraction(void) {
     return 0;
 }
 
+/* The online fit: step times per shape, the prior scaled for shapes not run, migrations'
+ * fixed parts, and the model plan_decide gets from it. */
+static int test_fit(void) {
+    struct plan_cost *c = small_cost();
+    struct plan_fit *f = NULL;
+    ASSERT_TRUE(c != NULL);
+    ASSERT_ERR(plan_fit_new(NULL, &f), -EINVAL);
+    ASSERT_OK(plan_fit_new(c, &f));
+    /* the prior: global batch 8 over the profiled samples/s */
+    ASSERT_NEAR(plan_fit_step_seconds(f, 1, 2), 1.6, 1e-12, 0);
+    ASSERT_NEAR(plan_fit_step_seconds(f, 3, 3), 0, 0, 0);
+    ASSERT_ERR(plan_fit_observe_step(f, 3, 3, 1.0), -EINVAL);
+    ASSERT_ERR(plan_fit_observe_step(f, 1, 2, 0), -EINVAL);
+    ASSERT_ERR(plan_fit_observe_step(f, 1, 2, NAN), -EINVAL);
+    ASSERT_OK(plan_fit_observe_step(f, 1, 2, 3.2));
+    ASSERT_NEAR(plan_fit_step_seconds(f, 1, 2), 3.2, 1e-12, 0);
+    ASSERT_NEAR(plan_fit_step_seconds(f, 2, 4), 8.0 / 11 * 2, 1e-12, 0); /* prior x 2 */
+    ASSERT_OK(plan_fit_observe_step(f, 1, 2, 1.6));
+    ASSERT_NEAR(plan_fit_step_seconds(f, 1, 2), 0.7 * 3.2 + 0.3 * 1.6, 1e-12, 0);
+    ASSERT_NEAR(plan_fit_step_seconds(f, 2, 2), 8.0 / 9 * sqrt(2), 1e-12, 0);
+    const struct plan_cost *fc = plan_fit_cost(f);
+    ASSERT_NEAR(plan_cost_throughput(fc, 1, 2), 8 / 2.72, 1e-9, 0);
+    ASSERT_NEAR(plan_cost_throughput(fc, 2, 2), 9 / sqrt(2), 1e-9, 0);
+    ASSERT_FALSE(fc->measured); /* no migration measured yet: the prior's costs */
+    ASSERT_NEAR(plan_cost_throughput(c, 1, 2), 5, 0, 0); /* the prior is not touched */
+    /* migrations: the prior's link is its p2p table, 1 MiB in 1.4 ms */
+    double link = 1048576 / 1.4e-3;
+    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_MEAS_INTRA, 0), 1.065, 1e-12, 0);
+    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_MEAS_NKINDS, 0), -1, 0, 0);
+    ASSERT_ERR(plan_fit_observe_migration(f, PLAN_MEAS_PIPELINE, -1, 0.5), -EINVAL);
+    ASSERT_ERR(plan_fit_observe_migration(f, PLAN_MEAS_PIPELINE, 0, INFINITY), -EINVAL);
+    ASSERT_OK(plan_fit_observe_migration(f, PLAN_MEAS_PIPELINE, link * 0.5, 0.75));
+    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_MEAS_PIPELINE, link), 1.25, 1e-9, 0);
+    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_MEAS_INTRA, 0), 0.25, 1e-9, 0); /* largest */
+    ASSERT_OK(plan_fit_observe_migration(f, PLAN_MEAS_INTRA, 0, 0.05));
+    ASSERT_OK(plan_fit_observe_migration(f, PLAN_MEAS_INTRA, 0, 0.15));
+    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_MEAS_INTRA, 0), 0.1, 1e-12, 0);
+    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_MEAS_INTER, 0), 0.25, 1e-9, 0);
+    /* now plan_decide's model charges live migrations with those figures */
+    fc = plan_fit_cost(f);
+    ASSERT_TRUE(fc->measured);
+    enum plan_mig_kind k;
+    ASSERT_NEAR(plan_cost_transition_ms(fc, 8, 2, 4, 0, NULL, 0, 2, 4, &k), 0, 0, 0);
+    int v3 = 3; /* 1x4 loses stage 3: 250 ms fixed (inter: largest) + 6000 bytes */
+    ASSERT_NEAR(plan_cost_transition_ms(fc, 4, 1, 4, 1, &v3, 1, 1, 4, &k),
+                250 + 6000 / link * 1000, 1e-6, 0);
+    ASSERT_EQ(k, PLAN_KIND_INTER);
+    ASSERT_TRUE(plan_fit_free(f) == NULL);
+    ASSERT_TRUE(plan_fit_free(NULL) == NULL);
+    plan_cost_free(c);
+    return 0;
+}
+
 TEST_MAIN(TEST(test_parse), TEST(test_parse_errors), TEST(test_charging),
-          TEST(test_trace_fraction))
+          TEST(test_trace_fraction), TEST(test_fit))

@@ -1,0 +1,152 @@
+/* fitted.c: the planner's cost model fitted online from what the job measures.
+ *
+ * The spec's hardware figures (fleet.gpu_tflops, fleet.net_gbps) give a prior that can be off
+ * by orders of magnitude (a CPU quickstart priced as a GPU). The one idea: keep the prior's
+ * *shape* of the costs and fit its *scale* from measurements. A shape that ran is predicted
+ * from its own step times (a moving average); a shape that did not is the prior scaled by the
+ * mean log ratio measured/prior of the shapes that did, since a model of the right form but
+ * wrong hardware is off by about the same factor everywhere. Migrations: once one was
+ * measured, the cost model charges live migrations (plan_cost_use_measured) with each kind's
+ * fixed part fitted as the average of stall minus its bytes over the prior's link, and a kind
+ * not yet seen at the largest fixed part seen so far. Pure: the loop feeds it numbers. */
+#include <errno.h>
+#include <math.h>
+#include <string.h>
+
+#include "common.h"
+#include "planner-internal.h"
+#include "planner.h"
+
+#define FIT_ALPHA 0.3 /* weight of a new step-time sample in its shape's moving average */
+
+struct plan_fit {
+    struct plan_cost *cost;      /* the fitted model plan_decide reads */
+    double *prior_sps;           /* [nshapes] prior samples/s */
+    double *step_avg;            /* [nshapes] measured step seconds (moving average), 0 = none */
+    double log_ratio_sum;        /* sum over samples of log(measured / prior step time) */
+    double nratio;
+    double fixed_sum[PLAN_MEAS_NKINDS];
+    int nfixed[PLAN_MEAS_NKINDS];
+    double link_bytes_per_s;     /* the prior's point-to-point rate at large messages */
+    bool dirty;
+};
+
+static double prior_step(const struct plan_fit *f, int i) {
+    return f->prior_sps[i] > 0 ? f->cost->global_batch / f->prior_sps[i] : 0;
+}
+
+int plan_fit_new(const struct plan_cost *prior, struct plan_fit **ret) {
+    struct plan_fit *f = NULL;
+    int r = 0;
+    if (!prior || !ret || prior->nshapes < 1 || prior->global_batch < 1)
+        return -EINVAL;
+    f = st_calloc(1, sizeof(*f));
+    if (!f)
+        return -ENOMEM;
+    if ((r = plan_cost_dup(prior, &f->cost)) < 0)
+        goto out;
+    f->prior_sps = st_calloc((size_t)prior->nshapes, sizeof(double));
+    f->step_avg = st_calloc((size_t)prior->nshapes, sizeof(double));
+    if (!f->prior_sps || !f->step_avg) {
+        r = -ENOMEM;
+        goto out;
+    }
+    memcpy(f->prior_sps, prior->samples_per_s, (size_t)prior->nshapes * sizeof(double));
+    /* 1 GiB over the prior's p2p table: its link rate, whatever the latency term. */
+    double gib = 1024.0 * 1024 * 1024, ms = plan_cost_p2p_ms(prior, gib);
+    f->link_bytes_per_s = ms > 0 ? gib / ms * 1000 : 1.25e9;
+    *ret = f;
+    f = NULL;
+out:
+    plan_fit_free(f);
+    return r;
+}
+
+struct plan_fit *plan_fit_free(struct plan_fit *f) {
+    if (!f)
+        return NULL;
+    plan_cost_free(f->cost);
+    st_free(f->prior_sps);
+    st_free(f->step_avg);
+    st_free(f);
+    return NULL;
+}
+
+double plan_fit_step_seconds(const struct plan_fit *f, int dp, int pp) {
+    int i = f ? plan_cost_shape_index(f->cost, dp, pp) : -1;
+    if (i < 0)
+        return 0;
+    if (f->step_avg[i] > 0)
+        return f->step_avg[i];
+    double p = prior_step(f, i);
+    return f->nratio > 0 ? p * exp(f->log_ratio_sum / f->nratio) : p;
+}
+
+int plan_fit_observe_step(struct plan_fit *f, int dp, int pp, double seconds) {
+    int i = f ? plan_cost_shape_index(f->cost, dp, pp) : -1;
+    if (i < 0 || !(seconds > 0) || !isfinite(seconds))
+        return -EINVAL;
+    f->step_avg[i] = f->step_avg[i] > 0 ? (1 - FIT_ALPHA) * f->step_avg[i] + FIT_ALPHA * seconds
+                                        : seconds;
+    double p = prior_step(f, i);
+    if (p > 0) {
+        f->log_ratio_sum += log(seconds / p);
+        f->nratio++;
+    }
+    f->dirty = true;
+    return 0;
+}
+
+static double fixed_s(const struct plan_fit *f, enum plan_meas_kind k) {
+    if (f->nfixed[k] > 0)
+        return f->fixed_sum[k] / f->nfixed[k];
+    double worst = -1;
+    for (int j = 0; j < PLAN_MEAS_NKINDS; j++)
+        if (f->nfixed[j] > 0)
+            worst = ST_MAX(worst, f->fixed_sum[j] / f->nfixed[j]);
+    return worst;
+}
+
+double plan_fit_stall_seconds(const struct plan_fit *f, enum plan_meas_kind k, double bytes) {
+    if (!f || (unsigned)k >= PLAN_MEAS_NKINDS || bytes < 0)
+        return -1;
+    double fx = fixed_s(f, k);
+    if (fx < 0) /* nothing measured yet: the prior's own estimate of a live move */
+        fx = plan__intra_ms(f->cost, 1, 1) / 1000;
+    return fx + bytes / f->link_bytes_per_s;
+}
+
+int plan_fit_observe_migration(struct plan_fit *f, enum plan_meas_kind k, double bytes,
+                               double stall_s) {
+    if (!f || (unsigned)k >= PLAN_MEAS_NKINDS || !(bytes >= 0) || !(stall_s >= 0) ||
+        !isfinite(stall_s) || !isfinite(bytes))
+        return -EINVAL;
+    f->fixed_sum[k] += ST_MAX(0.0, stall_s - bytes / f->link_bytes_per_s);
+    f->nfixed[k]++;
+    f->dirty = true;
+    return 0;
+}
+
+const struct plan_cost *plan_fit_cost(struct plan_fit *f) {
+    if (!f)
+        return NULL;
+    if (!f->dirty)
+        return f->cost;
+    struct plan_cost *c = f->cost;
+    for (int i = 0; i < c->nshapes; i++) {
+        double s = plan_fit_step_seconds(f, c->shapes[i].dp, c->shapes[i].pp);
+        c->samples_per_s[i] = s > 0 ? c->global_batch / s : 0;
+    }
+    if (fixed_s(f, PLAN_MEAS_INTRA) >= 0) { /* some kind was measured */
+        struct plan_measured_costs m;
+        memset(&m, 0, sizeof(m));
+        m.link_gbps = f->link_bytes_per_s * 8 / 1e9;
+        for (int k = 0; k < PLAN_MEAS_NKINDS; k++) {
+            m.fixed_s[k] = fixed_s(f, (enum plan_meas_kind)k);
+            m.bytes_per_s[k] = f->link_bytes_per_s;
+        }
+        (void)plan_cost_use_measured(c, &m, 0); /* figures checked above: cannot fail */
+    }
+    f->dirty = false;
+    return c;
+}
