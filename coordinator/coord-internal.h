@@ -91,6 +91,7 @@ struct coord {
     uint64_t planner_decisions;
     double planner_decide_seconds;
     struct coord_planner_decision planner_last;
+    char waiting_reason[200];    /* coord_set_waiting; "" while not waiting */
 
     /* gRPC */
     grpc_server *server;

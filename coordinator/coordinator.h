@@ -274,6 +274,9 @@ void coord_metrics_add_spend(struct coord *c, double dollars);
  * it is the one polling the provider). Shown with coord_metrics_set_instances()'s counts in
  * /metrics, /v1/history and the status page. Negative values are ignored. */
 void coord_metrics_set_noticed(struct coord *c, int noticed);
+/* Why the planning loop waits for workers (GET /v1/job "waiting_reason", the
+ * spottrain_waiting gauge of /metrics); "" when it does not wait. Copied. */
+void coord_set_waiting(struct coord *c, const char *reason);
 
 /* ---- helpers shared by the CLI commands --------------------------------------------- */
 

@@ -127,8 +127,10 @@ static json_t *job_json(struct coord *c) {
                           "samples_per_second", c->samples_per_second, "created",
                           c->job.created, "workers", ws, "target_steps",
                           (json_int_t)c->spec.training.steps);
-    if (j)
+    if (j) {
         json_object_set_new(j, "planner", planner_json(c));
+        json_object_set_new(j, "waiting_reason", json_string(c->waiting_reason));
+    }
     return j;
 }
 
@@ -277,6 +279,9 @@ char *coord__metrics_text(struct coord *c) {
     M("# HELP spottrain_on_demand_dollars_total What the same instance-hours would have cost "
       "on demand.\n# TYPE spottrain_on_demand_dollars_total counter\n"
       "spottrain_on_demand_dollars_total %.6f\n", coord__on_demand_dollars(c));
+    M("# HELP spottrain_waiting 1 while the planning loop waits for workers that can host a "
+      "shape the spec allows (GET /v1/job waiting_reason says why).\n"
+      "# TYPE spottrain_waiting gauge\nspottrain_waiting %d\n", c->waiting_reason[0] != '\0');
     M("# HELP spottrain_planner_decisions_total Consultations of the liveput planner.\n"
       "# TYPE spottrain_planner_decisions_total counter\nspottrain_planner_decisions_total "
       "%llu\n", (unsigned long long)c->planner_decisions);

@@ -1228,6 +1228,14 @@ void coord_planner_record(struct coord *c, const char *predictor,
                       d->at_step, d->reason);
 }
 
+void coord_set_waiting(struct coord *c, const char *reason) {
+    if (!c || c->magic != COORD_MAGIC || !reason)
+        return;
+    pthread_mutex_lock(&c->lock);
+    snprintf(c->waiting_reason, sizeof(c->waiting_reason), "%s", reason);
+    pthread_mutex_unlock(&c->lock);
+}
+
 void coord_metrics_add_spend(struct coord *c, double dollars) {
     if (!c || c->magic != COORD_MAGIC || !isfinite(dollars) || dollars < 0)
         return;

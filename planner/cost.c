@@ -72,7 +72,11 @@ int plan_cost_dup(const struct plan_cost *c, struct plan_cost **ret) {
 }
 
 int plan_cost_partition(const struct plan_cost *c, int pp, int *bounds) {
-    int L = c->nlayers;
+    return plan__partition(c->nlayers, pp, bounds);
+}
+
+/* See planner-internal.h. */
+int plan__partition(int L, int pp, int *bounds) {
     if (pp < 1 || pp > L)
         return -EINVAL;
     /* Parcae: chunk = (L-1)//P; sizes = [chunk+1] + [chunk]*(P-1); the (L-1)%P extra layers
