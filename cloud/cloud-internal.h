@@ -34,6 +34,46 @@ int cloud__emit(struct cloud_provider *p, const struct cloud_signal *sig);
 
 /* The sim backend (sim.c). */
 extern const struct cloud_provider_ops cloud__sim_ops;
+/* The kubernetes backend (k8s.c). */
+extern const struct cloud_provider_ops cloud__k8s_ops;
+
+/* ---- Kubernetes (k8s-manifest.c, k8s.c) ------------------------------------------------- */
+
+#include <jansson.h> /* json_t: the objects are jansson trees until they are serialised */
+
+#define CLOUD_K8S_LABEL_JOB "spottrain.dev/job"       /* metadata.name of the job */
+#define CLOUD_K8S_LABEL_JOB_ID "spottrain.dev/job-id" /* the journal's job id */
+#define CLOUD_K8S_LABEL_ROLE "spottrain.dev/role"     /* coordinator | worker */
+
+/* The names of a job's objects, all derived from metadata.name, so the render and the
+ * provider agree without passing them around. */
+struct cloud_k8s_names {
+    char account[160];     /* ServiceAccount, Role and RoleBinding: spottrain-JOB */
+    char config[160];      /* ConfigMap holding job.yaml; owner of the worker pods */
+    char secret[160];      /* Secret holding the join token */
+    char claim[160];       /* PersistentVolumeClaim of the journal */
+    char coordinator[160]; /* Deployment and Service */
+};
+void cloud__k8s_names(const char *job, struct cloud_k8s_names *ret);
+/* The gRPC and REST ports of the coordinator: the spec's listen ports, else 7070 and 8080. */
+int cloud__k8s_ports(const struct st_spec *spec, int *ret_grpc, int *ret_rest);
+
+struct cloud_k8s_pod_opts {
+    const struct st_spec *spec;
+    const char *name;         /* pod name (explicit: no generateName) */
+    const char *ns;           /* "" or NULL = none in the object (the URL names it) */
+    const char *job_id;
+    const char *image;
+    const char *coordinator;  /* HOST:PORT the worker dials */
+    const char *token_secret; /* NULL = spottrain-JOB-token */
+    const char *owner_uid;    /* the job ConfigMap's uid; NULL or "" = no owner reference */
+    int grace_seconds;        /* terminationGracePeriodSeconds; <= 0 = 30 */
+};
+/* Builds a worker pod. Returns 0 and *ret_pod (caller json_decref()s), -EINVAL, -ENOMEM. */
+int cloud__k8s_worker_pod(const struct cloud_k8s_pod_opts *o, json_t **ret_pod);
+/* Serialises objects as a multi-document YAML stream ("---" before each). Returns 0 and
+ * *ret_yaml (caller st_free()s) or -ENOMEM. */
+int cloud__k8s_yaml(json_t *const *docs, size_t n, char **ret_yaml);
 
 /* Notice backends (notice-aws.c, notice-gcp.c, notice-azure.c). */
 extern const struct cloud_notice_ops cloud__aws_notice_ops;

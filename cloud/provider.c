@@ -10,8 +10,8 @@
 #include "check.h"          /* TRY */
 #include "cloud-internal.h" /* struct cloud_provider, cloud__sim_ops */
 
-static const struct cloud_provider_ops *const providers[] = {&cloud__sim_ops};
-static const char *const provider_names[] = {"sim", NULL};
+static const struct cloud_provider_ops *const providers[] = {&cloud__sim_ops, &cloud__k8s_ops};
+static const char *const provider_names[] = {"sim", "kubernetes", NULL};
 
 const char *const *cloud_provider_names(void) {
     return provider_names;

@@ -300,6 +300,12 @@ static int tick_until_done(struct job *J) {
             }
             coord_loop_cancel(J->L);
         }
+        /* A Stop over REST (POST /v1/job:stop) ends the job like a cancel: the loop winds
+         * down and the fleet is released, whatever phase it was in. */
+        enum coord_job_state js = COORD_JOB_PENDING;
+        coord_job_get(J->c, NULL, NULL, NULL, NULL, &js, NULL);
+        if (js == COORD_JOB_STOPPING || js == COORD_JOB_STOPPED)
+            coord_loop_cancel(J->L);
         int r = coord_loop_tick(J->L, now);
         report_events(J);
         if (r < 0)

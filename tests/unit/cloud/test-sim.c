@@ -226,7 +226,8 @@ static int test_config_errors(void) {
     ASSERT_TRUE(cloud_provider_free(p) == NULL);
     ASSERT_TRUE(cloud_provider_free(NULL) == NULL);
     ASSERT_STREQ(cloud_provider_names()[0], "sim");
-    ASSERT_TRUE(cloud_provider_names()[1] == NULL);
+    ASSERT_STREQ(cloud_provider_names()[1], "kubernetes");
+    ASSERT_TRUE(cloud_provider_names()[2] == NULL);
     return 0;
 }
 

@@ -218,6 +218,44 @@ static const struct bad_case bad_cases[] = {
      "spec.coordinator.tls", "unknown key 'clientca' (did you mean 'client_ca'?)"},
     {BASE "  coordinator: {tls: yes}\n", 1, 10, 22, "spec.coordinator.tls",
      "expected a mapping, found 'yes'"},
+    /* fleet.kubernetes: what the API server would refuse when a pod is created */
+#define KFLEET HEAD MODEL DATA TRAIN "  fleet: {max: 4, provider: kubernetes, kubernetes: "
+    {KFLEET "{node_selector: {'bad key!': x}}}\n", 1, 9, 70, "spec.fleet.kubernetes.node_selector",
+     "invalid name 'bad key!' (an optional DNS-subdomain prefix and '/', then at most 63 "
+     "letters, digits, '-', '_' or '.')"},
+    {KFLEET "{node_selector: {cloud.google.com/gke-spot: 'yes please'}}}\n", 1, 9, 97,
+     "spec.fleet.kubernetes.node_selector",
+     "invalid label value 'yes please' for 'cloud.google.com/gke-spot' (at most 63 letters, "
+     "digits, '-', '_' or '.')"},
+    {KFLEET "{resources: {nvidia.com/gpu: one}}}\n", 1, 9, 82, "spec.fleet.kubernetes.resources",
+     "invalid quantity 'one' for 'nvidia.com/gpu' (expected a number with an optional suffix "
+     "like m, Ki, Mi or Gi)"},
+    {KFLEET "{resources: {memory: 16GB}}}\n", 1, 9, 74, "spec.fleet.kubernetes.resources",
+     "invalid quantity '16GB' for 'memory' (expected a number with an optional suffix like m, "
+     "Ki, Mi or Gi)"},
+    {KFLEET "{resources: [1]}}\n", 1, 9, 65, "spec.fleet.kubernetes.resources",
+     "expected a mapping, found a list"},
+    {KFLEET "{tolerations: {key: a}}}\n", 1, 9, 67, "spec.fleet.kubernetes.tolerations",
+     "expected a list of tolerations, found a mapping"},
+    {KFLEET "{tolerations: [{key: a, operator: Exist}]}}\n", 1, 9, 87,
+     "spec.fleet.kubernetes.tolerations[0].operator",
+     "invalid value 'Exist' (expected one of: Equal, Exists)"},
+    {KFLEET "{tolerations: [{key: a, operator: Exists, value: b}]}}\n", 1, 9, 68,
+     "spec.fleet.kubernetes.tolerations[0]", "operator Exists takes no value (found 'b')"},
+    {KFLEET "{tolerations: [{effect: NoSchedule}]}}\n", 1, 9, 68,
+     "spec.fleet.kubernetes.tolerations[0]", "a toleration without a key needs operator: Exists"},
+    {KFLEET "{tolerations: [{key: a, toleration_seconds: 30}]}}\n", 1, 9, 68,
+     "spec.fleet.kubernetes.tolerations[0]", "toleration_seconds needs effect: NoExecute"},
+    {KFLEET "{tolerations: [{key: a, efect: NoSchedule}]}}\n", 1, 9, 77,
+     "spec.fleet.kubernetes.tolerations[0]",
+     "unknown key 'efect' (expected key, operator, value, effect, toleration_seconds)"},
+    {KFLEET "{priority_class: Spot_Low}}\n", 1, 9, 70, "spec.fleet.kubernetes.priority_class",
+     "invalid PriorityClass name 'Spot_Low' (lower-case letters, digits, '-' and '.', at most "
+     "253)"},
+    {KFLEET "{node_selectors: {}}}\n", 1, 9, 54, "spec.fleet.kubernetes",
+     "unknown key 'node_selectors' (did you mean 'node_selector'?)"},
+    {BASE "  coordinator: {advertise: spottrain}\n", 1, 10, 28, "spec.coordinator.advertise",
+     "expected HOST:PORT with a port from 0 to 65535, found 'spottrain'"},
     {BASE "  coordinator: {events_keep: 10}\n", 1, 10, 30, "spec.coordinator.events_keep",
      "must be between 100 and 100000000, found 10"},
 };
