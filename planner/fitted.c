@@ -2,10 +2,11 @@
  *
  * The spec's hardware figures (fleet.gpu_tflops, fleet.net_gbps) give a prior that can be off
  * by orders of magnitude (a CPU quickstart priced as a GPU). The one idea: keep the prior's
- * *shape* of the costs and fit its *scale* from measurements. A shape that ran is predicted
- * from its own step times (a moving average); a shape that did not is the prior scaled by the
- * mean log ratio measured/prior of the shapes that did, since a model of the right form but
- * wrong hardware is off by about the same factor everywhere. Migrations: once one was
+ * *shape* of the costs and fit its *scale* from measurements: log(measured / prior) step time
+ * is a level g common to all shapes (a moving average over every measurement, so it follows
+ * the machine getting busier or quieter) plus, for a shape that ran, its own deviation from g
+ * (a moving average too), since a model of the right form but wrong hardware is off by about
+ * the same factor everywhere, and the shapes it gets relatively wrong show it once they ran. Migrations: once one was
  * measured, the cost model charges live migrations (plan_cost_use_measured) with each kind's
  * fixed part fitted as the average of stall minus its bytes over the prior's link, and a kind
  * not yet seen at the largest fixed part seen so far. Pure: the loop feeds it numbers. */
@@ -17,14 +18,15 @@
 #include "planner-internal.h"
 #include "planner.h"
 
-#define FIT_ALPHA 0.3 /* weight of a new step-time sample in its shape's moving average */
+#define FIT_ALPHA 0.5 /* weight of a new step-time sample in the moving averages */
 
 struct plan_fit {
     struct plan_cost *cost;      /* the fitted model plan_decide reads */
     double *prior_sps;           /* [nshapes] prior samples/s */
-    double *step_avg;            /* [nshapes] measured step seconds (moving average), 0 = none */
-    double log_ratio_sum;        /* sum over samples of log(measured / prior step time) */
-    double nratio;
+    double *dev;                 /* [nshapes] a shape's log deviation from the level */
+    bool *seen;                  /* [nshapes] the shape ran */
+    double level;                /* g: moving average of log(measured / prior step time) */
+    bool have_level;
     double fixed_sum[PLAN_MEAS_NKINDS];
     int nfixed[PLAN_MEAS_NKINDS];
     double link_bytes_per_s;     /* the prior's point-to-point rate at large messages */
@@ -46,8 +48,9 @@ int plan_fit_new(const struct plan_cost *prior, struct plan_fit **ret) {
     if ((r = plan_cost_dup(prior, &f->cost)) < 0)
         goto out;
     f->prior_sps = st_calloc((size_t)prior->nshapes, sizeof(double));
-    f->step_avg = st_calloc((size_t)prior->nshapes, sizeof(double));
-    if (!f->prior_sps || !f->step_avg) {
+    f->dev = st_calloc((size_t)prior->nshapes, sizeof(double));
+    f->seen = st_calloc((size_t)prior->nshapes, sizeof(bool));
+    if (!f->prior_sps || !f->dev || !f->seen) {
         r = -ENOMEM;
         goto out;
     }
@@ -67,7 +70,8 @@ struct plan_fit *plan_fit_free(struct plan_fit *f) {
         return NULL;
     plan_cost_free(f->cost);
     st_free(f->prior_sps);
-    st_free(f->step_avg);
+    st_free(f->dev);
+    st_free(f->seen);
     st_free(f);
     return NULL;
 }
@@ -76,23 +80,25 @@ double plan_fit_step_seconds(const struct plan_fit *f, int dp, int pp) {
     int i = f ? plan_cost_shape_index(f->cost, dp, pp) : -1;
     if (i < 0)
         return 0;
-    if (f->step_avg[i] > 0)
-        return f->step_avg[i];
     double p = prior_step(f, i);
-    return f->nratio > 0 ? p * exp(f->log_ratio_sum / f->nratio) : p;
+    if (!f->have_level)
+        return p;
+    return p * exp(f->level + (f->seen[i] ? f->dev[i] : 0));
 }
 
 int plan_fit_observe_step(struct plan_fit *f, int dp, int pp, double seconds) {
     int i = f ? plan_cost_shape_index(f->cost, dp, pp) : -1;
     if (i < 0 || !(seconds > 0) || !isfinite(seconds))
         return -EINVAL;
-    f->step_avg[i] = f->step_avg[i] > 0 ? (1 - FIT_ALPHA) * f->step_avg[i] + FIT_ALPHA * seconds
-                                        : seconds;
     double p = prior_step(f, i);
-    if (p > 0) {
-        f->log_ratio_sum += log(seconds / p);
-        f->nratio++;
-    }
+    if (!(p > 0))
+        return -EINVAL; /* a shape the prior says cannot run */
+    double l = log(seconds / p);
+    f->level = f->have_level ? (1 - FIT_ALPHA) * f->level + FIT_ALPHA * l : l;
+    f->have_level = true;
+    double d = l - f->level;
+    f->dev[i] = f->seen[i] ? (1 - FIT_ALPHA) * f->dev[i] + FIT_ALPHA * d : d;
+    f->seen[i] = true;
     f->dirty = true;
     return 0;
 }

@@ -248,9 +248,10 @@ struct plan_fit;
 /* Returns 0 and *ret (plan_fit_free; the prior is copied, not kept), -EINVAL, -ENOMEM. */
 int plan_fit_new(const struct plan_cost *prior, struct plan_fit **ret);
 struct plan_fit *plan_fit_free(struct plan_fit *f);
-/* Predicted seconds per step of a shape: its own measurements (a moving average) when it ran,
- * else the prior scaled by the mean measured/prior ratio of the shapes that ran; 0 when the
- * shape is not in the model. */
+/* Predicted seconds per step of a shape: the prior x exp(level + the shape's deviation), the
+ * level being a moving average of log(measured / prior) over all shapes and the deviation one
+ * of the shape's own measurements from it (0 for a shape that did not run); the prior before
+ * any measurement; 0 when the shape is not in the model. */
 double plan_fit_step_seconds(const struct plan_fit *f, int dp, int pp);
 /* One step of `seconds` measured on shape (dp, pp). Returns 0, or -EINVAL (unknown shape,
  * seconds not > 0). */

@@ -240,11 +240,12 @@ static int test_fit(void) {
     ASSERT_OK(plan_fit_observe_step(f, 1, 2, 3.2));
     ASSERT_NEAR(plan_fit_step_seconds(f, 1, 2), 3.2, 1e-12, 0);
     ASSERT_NEAR(plan_fit_step_seconds(f, 2, 4), 8.0 / 11 * 2, 1e-12, 0); /* prior x 2 */
+    /* level (log 2 + log 1) / 2; (1,2)'s deviation half of its last (-0.5 log 2) */
     ASSERT_OK(plan_fit_observe_step(f, 1, 2, 1.6));
-    ASSERT_NEAR(plan_fit_step_seconds(f, 1, 2), 0.7 * 3.2 + 0.3 * 1.6, 1e-12, 0);
+    ASSERT_NEAR(plan_fit_step_seconds(f, 1, 2), 1.6 * pow(2, 0.25), 1e-12, 0);
     ASSERT_NEAR(plan_fit_step_seconds(f, 2, 2), 8.0 / 9 * sqrt(2), 1e-12, 0);
     const struct plan_cost *fc = plan_fit_cost(f);
-    ASSERT_NEAR(plan_cost_throughput(fc, 1, 2), 8 / 2.72, 1e-9, 0);
+    ASSERT_NEAR(plan_cost_throughput(fc, 1, 2), 5 / pow(2, 0.25), 1e-9, 0);
     ASSERT_NEAR(plan_cost_throughput(fc, 2, 2), 9 / sqrt(2), 1e-9, 0);
     ASSERT_FALSE(fc->measured); /* no migration measured yet: the prior's costs */
     ASSERT_NEAR(plan_cost_throughput(c, 1, 2), 5, 0, 0); /* the prior is not touched */
