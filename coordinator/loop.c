@@ -51,6 +51,8 @@ struct lworker {
     double stall;
     uint64_t fail_epoch;       /* epoch in which a step or checkpoint failed; 0 = none */
     double step_seconds;       /* wall seconds of its last step */
+    uint64_t meas_epoch;       /* epoch whose step times it reports are measured (the first
+                                * report of an epoch is not: warm-up counts in the stall) */
     uint64_t step;             /* steps done, as last reported (not the table's maximum:
                                 * a restore moves it back) */
     double loss;
@@ -239,8 +241,11 @@ static void hook_report(struct coord *c, const struct coord_report *r, void *use
     pthread_mutex_lock(&L->lock);
     struct lworker *w = lw_get(L, r->worker_id);
     if (w && r->step_seconds > 0 && r->step != w->step && r->epoch == L->ep_epoch) {
-        L->ep_step_sum += r->step_seconds; /* a new step of the measured epoch */
-        L->ep_steps++;
+        if (w->meas_epoch == r->epoch) {
+            L->ep_step_sum += r->step_seconds; /* a new step of the measured epoch */
+            L->ep_steps++;
+        }
+        w->meas_epoch = r->epoch;
     }
     if (w && r->step_seconds > 0)
         w->step_seconds = r->step_seconds;
@@ -475,6 +480,10 @@ static void cm_account(const struct coord_loop *L, struct coord_loop_summary *S)
 /* The running epoch ends (a reconfiguration is ordered): account and feed its steps. */
 static void cm_epoch_end(struct coord_loop *L) {
     cm_feed(L);
+    if (L->ep_epoch && L->ep_steps > 0)
+        set_event(L, "epoch %" PRIu64 " (%dx%d): step time %.4f s predicted when decided, "
+                  "%.4f s measured over %" PRIu64 " worker-steps", L->ep_epoch, L->dp, L->pp,
+                  L->ep_pred, L->ep_step_sum / (double)L->ep_steps, L->ep_steps);
     pthread_mutex_lock(&L->lock);
     cm_account(L, &L->sum);
     L->ep_epoch = 0;

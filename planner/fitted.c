@@ -2,11 +2,12 @@
  *
  * The spec's hardware figures (fleet.gpu_tflops, fleet.net_gbps) give a prior that can be off
  * by orders of magnitude (a CPU quickstart priced as a GPU). The one idea: keep the prior's
- * *shape* of the costs and fit its *scale* from measurements: log(measured / prior) step time
- * is a level g common to all shapes (a moving average over every measurement, so it follows
- * the machine getting busier or quieter) plus, for a shape that ran, its own deviation from g
- * (a moving average too), since a model of the right form but wrong hardware is off by about
- * the same factor everywhere, and the shapes it gets relatively wrong show it once they ran. Migrations: once one was
+ * *shape* of the costs and fit the error: log(measured / prior) step time is modelled as
+ * a + b log dp + c log pp (least squares over the measurements, older ones decaying, so it
+ * follows the machine getting busier or quieter; b and c pulled towards 0, so one shape's
+ * measurements scale every shape alike) plus, for a shape that ran, its own deviation (a moving
+ * average). a is the wrong hardware; b and c catch a prior that scales wrongly with the shape,
+ * e.g. workers that share CPU cores gain nothing from more replicas. Migrations: once one was
  * measured, the cost model charges live migrations (plan_cost_use_measured) with each kind's
  * fixed part fitted as the average of stall minus its bytes over the prior's link, and a kind
  * not yet seen at the largest fixed part seen so far. Pure: the loop feeds it numbers. */
@@ -18,14 +19,16 @@
 #include "planner-internal.h"
 #include "planner.h"
 
-#define FIT_ALPHA 0.5 /* weight of a new step-time sample in the moving averages */
+#define FIT_ALPHA 0.5  /* weight of a new sample in a shape's deviation */
+#define FIT_DECAY 0.7  /* weight left to older samples in the regression at each new one */
+#define FIT_RIDGE 0.1  /* pull of b and c towards 0 */
 
 struct plan_fit {
     struct plan_cost *cost;      /* the fitted model plan_decide reads */
     double *prior_sps;           /* [nshapes] prior samples/s */
     double *dev;                 /* [nshapes] a shape's log deviation from the level */
     bool *seen;                  /* [nshapes] the shape ran */
-    double level;                /* g: moving average of log(measured / prior step time) */
+    double A[3][3], B[3];        /* decayed normal equations of the regression */
     bool have_level;
     double fixed_sum[PLAN_MEAS_NKINDS];
     int nfixed[PLAN_MEAS_NKINDS];
@@ -76,6 +79,31 @@ struct plan_fit *plan_fit_free(struct plan_fit *f) {
     return NULL;
 }
 
+/* theta . x for a shape: the regression's log(measured / prior) step time. */
+static double regress(const struct plan_fit *f, int dp, int pp) {
+    double M[3][4];
+    for (int r = 0; r < 3; r++) {
+        for (int k = 0; k < 3; k++)
+            M[r][k] = f->A[r][k] + (r == k ? (r ? FIT_RIDGE : 1e-12) : 0);
+        M[r][3] = f->B[r];
+    }
+    for (int k = 0; k < 3; k++) { /* Gaussian elimination; M is positive definite */
+        for (int r = k + 1; r < 3; r++) {
+            double q = M[r][k] / M[k][k];
+            for (int j = k; j < 4; j++)
+                M[r][j] -= q * M[k][j];
+        }
+    }
+    double th[3];
+    for (int k = 2; k >= 0; k--) {
+        double v = M[k][3];
+        for (int j = k + 1; j < 3; j++)
+            v -= M[k][j] * th[j];
+        th[k] = v / M[k][k];
+    }
+    return th[0] + th[1] * log(dp) + th[2] * log(pp);
+}
+
 double plan_fit_step_seconds(const struct plan_fit *f, int dp, int pp) {
     int i = f ? plan_cost_shape_index(f->cost, dp, pp) : -1;
     if (i < 0)
@@ -83,7 +111,7 @@ double plan_fit_step_seconds(const struct plan_fit *f, int dp, int pp) {
     double p = prior_step(f, i);
     if (!f->have_level)
         return p;
-    return p * exp(f->level + (f->seen[i] ? f->dev[i] : 0));
+    return p * exp(regress(f, dp, pp) + (f->seen[i] ? f->dev[i] : 0));
 }
 
 int plan_fit_observe_step(struct plan_fit *f, int dp, int pp, double seconds) {
@@ -93,10 +121,14 @@ int plan_fit_observe_step(struct plan_fit *f, int dp, int pp, double seconds) {
     double p = prior_step(f, i);
     if (!(p > 0))
         return -EINVAL; /* a shape the prior says cannot run */
-    double l = log(seconds / p);
-    f->level = f->have_level ? (1 - FIT_ALPHA) * f->level + FIT_ALPHA * l : l;
+    double l = log(seconds / p), x[3] = {1, log(dp), log(pp)};
+    for (int r = 0; r < 3; r++) {
+        for (int k = 0; k < 3; k++)
+            f->A[r][k] = FIT_DECAY * f->A[r][k] + x[r] * x[k];
+        f->B[r] = FIT_DECAY * f->B[r] + x[r] * l;
+    }
     f->have_level = true;
-    double d = l - f->level;
+    double d = l - regress(f, dp, pp);
     f->dev[i] = f->seen[i] ? (1 - FIT_ALPHA) * f->dev[i] + FIT_ALPHA * d : d;
     f->seen[i] = true;
     f->dirty = true;

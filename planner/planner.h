@@ -248,10 +248,10 @@ struct plan_fit;
 /* Returns 0 and *ret (plan_fit_free; the prior is copied, not kept), -EINVAL, -ENOMEM. */
 int plan_fit_new(const struct plan_cost *prior, struct plan_fit **ret);
 struct plan_fit *plan_fit_free(struct plan_fit *f);
-/* Predicted seconds per step of a shape: the prior x exp(level + the shape's deviation), the
- * level being a moving average of log(measured / prior) over all shapes and the deviation one
- * of the shape's own measurements from it (0 for a shape that did not run); the prior before
- * any measurement; 0 when the shape is not in the model. */
+/* Predicted seconds per step of a shape: the prior x exp(a + b log dp + c log pp + the shape's
+ * deviation), a, b, c fitted to log(measured / prior) by decaying least squares (b, c pulled to
+ * 0) and the deviation a moving average of the shape's own residuals (0 for a shape that did
+ * not run); the prior before any measurement; 0 when the shape is not in the model. */
 double plan_fit_step_seconds(const struct plan_fit *f, int dp, int pp);
 /* One step of `seconds` measured on shape (dp, pp). Returns 0, or -EINVAL (unknown shape,
  * seconds not > 0). */
