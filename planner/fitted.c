@@ -21,7 +21,7 @@
 
 #define FIT_ALPHA 0.5  /* weight of a new sample in a shape's deviation */
 #define FIT_DECAY 0.7  /* weight left to older samples in the regression at each new one */
-#define FIT_RIDGE 0.1  /* pull of b and c towards 0 */
+#define FIT_RIDGE 1.0  /* pull of b and c towards 0 */
 
 struct plan_fit {
     struct plan_cost *cost;      /* the fitted model plan_decide reads */
