@@ -74,6 +74,7 @@ int cli_worker_job_main(int argc, char **argv) {
         {"coordinator", required_argument, NULL, 'c'},
         {"token-file", required_argument, NULL, 't'},
         {"id", required_argument, NULL, 'i'},
+        {"job-id", required_argument, NULL, 'J'},
         {"state-dir", required_argument, NULL, 'd'},
         {"data-addr", required_argument, NULL, 'a'},
         {"zone", required_argument, NULL, 'z'},
@@ -139,6 +140,13 @@ int cli_worker_job_main(int argc, char **argv) {
             cfg->port = (int)port;
             break;
         }
+        case 'J':
+            if (!st_uuid_valid(v)) {
+                cli_usage_error("worker", "--job-id '%s' is not a UUID", v);
+                goto out;
+            }
+            snprintf(cfg->agent.job_id, sizeof(cfg->agent.job_id), "%s", v);
+            break;
         case 'z':
             snprintf(cfg->agent.zone, sizeof(cfg->agent.zone), "%s", v);
             break;

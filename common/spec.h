@@ -111,10 +111,20 @@ struct st_spec_fleet {
     char zones[ST_SPEC_MAX_ZONES][32];
     bool spot;
     bool on_demand_fallback;
+    /* gcp */
+    char project[64];     /* GCP project id */
+    char gcp_endpoint[128]; /* Compute Engine root URL ("" = https://compute.googleapis.com) */
+    /* azure */
+    char subscription[64];  /* Azure subscription id */
+    char resource_group[96];
+    char location[48];      /* Azure region, e.g. "westeurope" */
+    char azure_subnet[384]; /* subnet resource id the VMs' NICs are created on */
+    char azure_endpoint[128]; /* ARM root URL ("" = https://management.azure.com) */
     /* sim provider */
     char trace[ST_SPEC_PATH_MAX]; /* trace file (events CSV, counts CSV, replay JSONL, seconds,N) */
     double time_scale;    /* wall seconds per trace second; 2/60 = one trace minute in 2 s */
-    double notice_seconds;    /* interruption notice lead time, trace seconds (AWS: 120) */
+    double notice_seconds;    /* interruption notice lead time, seconds (default by provider:
+                                 sim and aws 120, gcp and azure 30) */
     double unannounced;       /* fraction of removals without notice, [0, 1] */
     /* prices, dollars per instance-hour */
     double spot_price;
@@ -122,7 +132,9 @@ struct st_spec_fleet {
     uint64_t gpu_memory;      /* bytes of memory per GPU, for the cost model's fit check */
     double gpu_tflops;        /* sustained TFLOP/s per instance, for the cost model */
     double net_gbps;          /* network Gb/s per instance, for the cost model */
-    /* container image the workers run (kubernetes pods; "" = none) */
+    /* the image workers run: kubernetes the container image; cloud providers the machine
+     * image (AWS AMI id, GCE image URL, Azure image resource id or
+     * PUBLISHER:OFFER:SKU:VERSION) with spottrain on PATH; "" = none */
     char image[256];
     struct st_spec_kubernetes kubernetes;
 };
@@ -143,6 +155,12 @@ struct st_spec_checkpoint {
     char dir[ST_SPEC_PATH_MAX];
     double interval;      /* seconds between durable checkpoints; 0 = off */
     int keep;             /* how many to keep */
+};
+
+/* fault_tolerance: in-memory peer copies of state (docs/live-migration.md, "Peer copies"). */
+struct st_spec_fault_tolerance {
+    int peer_copy_every;       /* steps between peer copies; 0 = off */
+    uint64_t peer_copy_memory; /* bytes a worker may spend on copies (its own and a peer's) */
 };
 
 struct st_spec_coordinator {
@@ -182,6 +200,7 @@ struct st_spec {
     struct st_spec_fleet fleet;
     struct st_spec_planner planner;
     struct st_spec_checkpoint checkpoint;
+    struct st_spec_fault_tolerance fault_tolerance;
     struct st_spec_coordinator coordinator;
     struct st_spec_status status;
     int nwhere;            /* positions of the fields given in the file (st_spec_where) */

@@ -233,9 +233,9 @@ static int fleet_start(struct job *J, const char *state_dir) {
     }
     if (r < 0)
         return st_log_errno(r, "Cannot create the '%s' fleet", name);
-    coord_loop_set_provider(J->L, J->prov);
     if ((r = cloud_provider_start(J->prov, st_now())) < 0)
         return st_log_errno(r, "Cannot start the '%s' fleet", name);
+    coord_loop_set_provider(J->L, J->prov); /* after start: the trace's time 0 is now */
     return 0;
 }
 
@@ -271,6 +271,7 @@ static int loop_config(struct job *J, const char *state_dir) {
         }
         lc->nforced = n;
     }
+    lc->hold_trace = cfg->fleet == COORD_JOB_FLEET_SIM;
     if (cfg->fleet == COORD_JOB_FLEET_SIM) {
         int initial = J->trace->nintervals > 0 ? plan_trace_n_after(J->trace, 0) : 0;
         lc->expect_workers = ST_MAX(1, ST_MIN(initial, J->spec.fleet.max > 0 ? J->spec.fleet.max
