@@ -302,7 +302,28 @@ int cli_job_write_json(const char *path, const struct coord_loop_summary *s) {
                 r->planned_bytes, r->moved_bytes, r->stall_seconds, r->steps_replayed, r->seconds,
                 r->ok ? "true" : "false");
     }
-    fprintf(f, "\n  ],\n  \"instance_hours\": %.6f,\n  \"spot_dollars\": %.6f,\n"
+    /* The planner's cost model, predicted against measured (means; null when nothing to
+     * compare). */
+    const __typeof__(s->cost_model) *cm = &s->cost_model;
+    fprintf(f, "\n  ],\n  \"cost_model\": {\"steps\": %" PRIu64, cm->steps);
+    if (cm->steps > 0)
+        fprintf(f, ", \"step_seconds_predicted\": %.6f, \"step_seconds_measured\": %.6f",
+                cm->step_predicted / (double)cm->steps, cm->step_measured / (double)cm->steps);
+    else
+        fprintf(f, ", \"step_seconds_predicted\": null, \"step_seconds_measured\": null");
+    fprintf(f, ", \"kinds\": {");
+    for (int k = 0; k < COORD_LOOP_RESTORE; k++) {
+        fprintf(f, "%s\n    \"%s\": {\"count\": %" PRIu64, k ? "," : "",
+                coord_loop_kind_name((enum coord_loop_kind)k), cm->n[k]);
+        if (cm->n[k] > 0)
+            fprintf(f, ", \"stall_seconds_predicted\": %.6f, \"stall_seconds_measured\": %.6f}",
+                    cm->stall_predicted[k] / (double)cm->n[k],
+                    cm->stall_measured[k] / (double)cm->n[k]);
+        else
+            fprintf(f, ", \"stall_seconds_predicted\": null, \"stall_seconds_measured\": null}");
+    }
+    fprintf(f, "}},");
+    fprintf(f, "\n  \"instance_hours\": %.6f,\n  \"spot_dollars\": %.6f,\n"
                "  \"on_demand_dollars\": %.6f\n}\n", s->instance_hours, s->spot_dollars,
             s->on_demand_dollars);
     int r = ferror(f) ? -EIO : 0;

@@ -54,6 +54,8 @@ struct lworker {
     double stall;
     uint64_t fail_epoch;       /* epoch in which a step or checkpoint failed; 0 = none */
     double step_seconds;       /* wall seconds of its last step */
+    uint64_t meas_epoch;       /* epoch whose step times it reports are measured (the first
+                                * report of an epoch is not: warm-up counts in the stall) */
     uint64_t step;             /* steps done, as last reported (not the table's maximum:
                                 * a restore moves it back) */
     double loss;
@@ -94,6 +96,8 @@ struct reconf {
     struct coord_loop_record rec;
     int dp, pp;
     int split[PLAN_MIG_MAX_STAGES + 1];
+    double pred_step, pred_stall, pred_stall_dp; /* the fitted model's, when ordered */
+    bool calibrated;           /* pred_step had measured steps behind it */
 };
 
 struct coord_loop {
@@ -176,6 +180,17 @@ struct coord_loop {
     double wait_since;              /* loop time the current wait began; 0 = not waiting */
     bool wait_told;                 /* its event was recorded */
     char waiting[200];              /* status line while waiting; "" otherwise */
+
+    /* The cost model fitted online (planner/fitted.c); NULL without cfg.cost. */
+    struct plan_fit *fit;
+    uint64_t ep_epoch;        /* epoch whose steps are being measured (L->lock) */
+    double ep_step_sum;       /* step seconds reported in it, one per worker and step (L->lock) */
+    uint64_t ep_steps;
+    double ep_fed_sum;        /* the part of those already fed to the fit */
+    uint64_t ep_fed;
+    double ep_pred;           /* its step time as predicted when decided */
+    bool ep_calibrated;
+    bool fit_has_steps;
 };
 
 /* The provider's clock at wall time now (see hold). */
@@ -260,6 +275,13 @@ static void hook_report(struct coord *c, const struct coord_report *r, void *use
     (void)c;
     pthread_mutex_lock(&L->lock);
     struct lworker *w = lw_get(L, r->worker_id);
+    if (w && r->step_seconds > 0 && r->step != w->step && r->epoch == L->ep_epoch) {
+        if (w->meas_epoch == r->epoch) {
+            L->ep_step_sum += r->step_seconds; /* a new step of the measured epoch */
+            L->ep_steps++;
+        }
+        w->meas_epoch = r->epoch;
+    }
     if (w && r->step_seconds > 0)
         w->step_seconds = r->step_seconds;
     if (w) {
@@ -488,6 +510,90 @@ static uint64_t forced_next(const struct coord_loop *L, uint64_t step) {
     return 0;
 }
 
+/* ---- the fitted cost model: measured steps and migrations in, predictions out ---------- */
+
+static enum plan_meas_kind meas_kind(enum coord_loop_kind k) {
+    return k == COORD_LOOP_INTER      ? PLAN_MEAS_INTER
+           : k == COORD_LOOP_PIPELINE ? PLAN_MEAS_PIPELINE
+           : k == COORD_LOOP_DP_RESHARD ? PLAN_MEAS_DP_RESHARD
+                                        : PLAN_MEAS_INTRA;
+}
+
+/* Feeds the steps measured since the last call (their mean) to the fit. */
+static void cm_feed(struct coord_loop *L) {
+    pthread_mutex_lock(&L->lock);
+    double sum = L->ep_step_sum - L->ep_fed_sum;
+    uint64_t n = L->ep_steps - L->ep_fed;
+    L->ep_fed_sum = L->ep_step_sum;
+    L->ep_fed = L->ep_steps;
+    pthread_mutex_unlock(&L->lock);
+    if (L->fit && n > 0 && L->dp > 0 && plan_fit_observe_step(L->fit, L->dp, L->pp, sum / n) == 0)
+        L->fit_has_steps = true;
+}
+
+/* Adds the measured epoch's steps to the summary's predicted-against-measured figures. */
+static void cm_account(const struct coord_loop *L, struct coord_loop_summary *S) {
+    if (L->ep_calibrated && L->ep_steps > 0) {
+        S->cost_model.steps += L->ep_steps;
+        S->cost_model.step_predicted += L->ep_pred * (double)L->ep_steps;
+        S->cost_model.step_measured += L->ep_step_sum;
+    }
+}
+
+/* The running epoch ends (a reconfiguration is ordered): account and feed its steps. */
+static void cm_epoch_end(struct coord_loop *L) {
+    cm_feed(L);
+    if (L->ep_epoch && L->ep_steps > 0)
+        set_event(L, "epoch %" PRIu64 " (%dx%d): step time %.4f s predicted when decided, "
+                  "%.4f s measured over %" PRIu64 " worker-steps", L->ep_epoch, L->dp, L->pp,
+                  L->ep_pred, L->ep_step_sum / (double)L->ep_steps, L->ep_steps);
+    pthread_mutex_lock(&L->lock);
+    cm_account(L, &L->sum);
+    L->ep_epoch = 0;
+    L->ep_step_sum = L->ep_fed_sum = 0;
+    L->ep_steps = L->ep_fed = 0;
+    pthread_mutex_unlock(&L->lock);
+}
+
+/* Predictions for the reconfiguration being ordered (L->rc), before anything of it ran. */
+static void cm_predict(struct coord_loop *L, int dp, int pp, uint64_t bytes) {
+    L->rc.pred_step = L->fit ? plan_fit_step_seconds(L->fit, dp, pp) : 0;
+    L->rc.calibrated = L->fit_has_steps;
+    L->rc.pred_stall = L->fit ? plan_fit_stall_seconds(L->fit, meas_kind(L->rc.rec.kind),
+                                                       (double)bytes) : 0;
+    L->rc.pred_stall_dp = L->fit ? plan_fit_stall_seconds(L->fit, PLAN_MEAS_DP_RESHARD,
+                                                          (double)bytes) : 0;
+}
+
+/* Epoch L->epoch runs from now: measure its steps against the prediction made for it. */
+static void cm_epoch_begin(struct coord_loop *L, double pred, bool calibrated) {
+    pthread_mutex_lock(&L->lock);
+    L->ep_epoch = L->epoch;
+    L->ep_step_sum = L->ep_fed_sum = 0;
+    L->ep_steps = L->ep_fed = 0;
+    L->ep_pred = pred;
+    L->ep_calibrated = calibrated && pred > 0;
+    pthread_mutex_unlock(&L->lock);
+}
+
+/* A live migration finished: compare and learn. */
+static void cm_migration(struct coord_loop *L, const struct coord_loop_record *rec,
+                         uint64_t moved, double stall) {
+    struct coord_loop_summary *S = &L->sum;
+    if (!L->fit || rec->kind >= COORD_LOOP_RESTORE) /* live migrations only */
+        return;
+    S->cost_model.n[rec->kind]++;
+    S->cost_model.stall_predicted[rec->kind] += L->rc.pred_stall;
+    S->cost_model.stall_measured[rec->kind] += stall;
+    (void)plan_fit_observe_migration(L->fit, meas_kind(rec->kind), (double)moved, stall);
+    if (rec->dp_reshard) {
+        S->cost_model.n[COORD_LOOP_DP_RESHARD]++;
+        S->cost_model.stall_predicted[COORD_LOOP_DP_RESHARD] += L->rc.pred_stall_dp;
+        S->cost_model.stall_measured[COORD_LOOP_DP_RESHARD] += stall;
+        (void)plan_fit_observe_migration(L->fit, PLAN_MEAS_DP_RESHARD, (double)moved, stall);
+    }
+}
+
 /* The shape for n available workers at boundary `at`: forced, else the liveput planner, else
  * the simple policy; always engine-feasible. */
 static void choose_shape(struct coord_loop *L, int n, uint64_t at, const struct wv *v,
@@ -554,8 +660,9 @@ static void choose_shape(struct coord_loop *L, int n, uint64_t at, const struct 
         o.dp_min = s->planner.dp_min;
         o.dp_max = s->planner.dp_max;
         struct plan_decision d;
+        cm_feed(L);
         double t0 = st_now();
-        int r = plan_decide(L->cfg.cost, &sit, &o, &d);
+        int r = plan_decide(L->fit ? plan_fit_cost(L->fit) : L->cfg.cost, &sit, &o, &d);
         decided = st_now() - t0;
         consulted = true;
         if (r == 0 && d.shape.dp > 0) {
@@ -584,7 +691,9 @@ static void choose_shape(struct coord_loop *L, int n, uint64_t at, const struct 
         }
         struct coord_planner_decision pd = {
             .dp = dp, .pp = pp, .at_step = at, .decide_seconds = decided,
-            .expected_samples_per_s = dp > 0 ? plan_cost_throughput(L->cfg.cost, dp, pp) : 0,
+            .expected_samples_per_s =
+                dp > 0 ? plan_cost_throughput(L->fit ? plan_fit_cost(L->fit) : L->cfg.cost, dp,
+                                              pp) : 0,
         };
         snprintf(pd.reason, sizeof(pd.reason), "%s", why);
         L->decisions++;
@@ -739,6 +848,7 @@ static int start_restore(struct coord_loop *L, const struct wv *v, size_t nv, do
     st_free(es);
     if (r < 0)
         goto out;
+    cm_epoch_end(L);
     shape_time(L, now);
     memset(&L->rc.rec, 0, sizeof(L->rc.rec));
     L->rc.rec.epoch = epoch;
@@ -747,6 +857,7 @@ static int start_restore(struct coord_loop *L, const struct wv *v, size_t nv, do
      * first epoch is neither (not counted). */
     L->rc.rec.kind = dir[0] ? COORD_LOOP_RESTORE : COORD_LOOP_FRESH_START;
     L->rc.rec.steps_replayed = restore && L->max_step > step ? L->max_step - step : 0;
+    cm_predict(L, dp, pp, 0);
     L->rc.rec.from_dp = L->epoch ? L->dp : 0;
     L->rc.rec.from_pp = L->epoch ? L->pp : 0;
     L->rc.rec.to_dp = dp;
@@ -954,6 +1065,7 @@ static int start_migrate(struct coord_loop *L, const struct wv *v, size_t nv, in
             goto out;
         }
     }
+    cm_epoch_end(L);
     shape_time(L, now);
     enum coord_loop_kind kind = plan->cls == PLAN_MIGCLASS_PIPELINE  ? COORD_LOOP_PIPELINE
                                 : plan->cls == PLAN_MIGCLASS_INTER_STAGE ? COORD_LOOP_INTER
@@ -969,6 +1081,7 @@ static int start_migrate(struct coord_loop *L, const struct wv *v, size_t nv, in
     L->rc.rec.to_dp = dp;
     L->rc.rec.to_pp = pp;
     L->rc.rec.planned_bytes = plan->bytes_moved;
+    cm_predict(L, dp, pp, plan->bytes_moved);
     snprintf(L->rc.rec.reason, sizeof(L->rc.rec.reason), "%s", reason);
     L->rc.epoch = epoch;
     L->rc.at = at;
@@ -1180,6 +1293,7 @@ static void stall_done(struct coord_loop *L, const struct wv *v, size_t nv) {
     if (rec->dp_reshard)
         S->stall[COORD_LOOP_DP_RESHARD] += stall;
     coord_metrics_add_migration(L->c, metrics_kind(rec->kind), rec->moved_bytes, stall);
+    cm_migration(L, rec, rec->moved_bytes, stall);
     set_event(L, "epoch %" PRIu64 " made its first step: stall %.3f s (%s)", L->epoch, stall,
               coord_loop_kind_name(rec->kind));
     L->chain = L->stall_rec = -1;
@@ -1261,6 +1375,7 @@ static void phase_reconf(struct coord_loop *L, const struct wv *v, size_t nv, do
     L->last_grant = 0;
     L->shape_since = now;
     L->phase = PH_RUNNING;
+    cm_epoch_begin(L, L->rc.pred_step, L->rc.calibrated);
     set_event(L, "epoch %" PRIu64 " running %dx%d from step %" PRIu64 " (%s, %" PRIu64
               " bytes moved on the wire, %" PRIu64 " planned)", L->epoch, L->dp, L->pp,
               L->lease,
@@ -1469,6 +1584,8 @@ static void phase_resync(struct coord_loop *L, const struct wv *v, size_t nv, do
     L->rate_t = now;
     L->shape_since = now;
     L->phase = PH_RUNNING;
+    cm_epoch_begin(L, L->fit ? plan_fit_step_seconds(L->fit, L->dp, L->pp) : 0,
+                   L->fit_has_steps);
     set_event(L, "resumed epoch %" PRIu64 " (%dx%d) at step %" PRIu64 " after a restart",
               L->epoch, L->dp, L->pp, lo);
 }
@@ -1737,6 +1854,11 @@ int coord_loop_new(const struct coord_loop_config *cfg, struct coord_loop **ret)
         st_free(L);
         return -EINVAL;
     }
+    int fr = L->cfg.cost ? plan_fit_new(L->cfg.cost, &L->fit) : 0;
+    if (fr < 0) {
+        st_free(L);
+        return fr;
+    }
     L->sum.final_loss = NAN;
     L->sum.first_loss = NAN;
     L->st.loss = NAN;
@@ -1825,6 +1947,9 @@ int coord_loop_event_next(struct coord_loop *L, uint64_t *cursor, char *buf, siz
 /* See coord-loop.h. */
 void coord_loop_summary(struct coord_loop *L, struct coord_loop_summary *ret) {
     *ret = L->sum;
+    pthread_mutex_lock(&L->lock);
+    cm_account(L, ret); /* the epoch still running */
+    pthread_mutex_unlock(&L->lock);
 }
 
 /* See coord-loop.h. */
@@ -1837,6 +1962,7 @@ struct coord_loop *coord_loop_free(struct coord_loop *L) {
     if (!L)
         return NULL;
     pthread_mutex_destroy(&L->lock);
+    plan_fit_free(L->fit);
     st_free(L->lw);
     st_free(L->inst);
     st_free(L->rc.part);
