@@ -157,7 +157,15 @@ void cli_job_ui_draw(struct cli_job_ui *u, const struct coord_loop_status *st) {
             printf("\033[2K%s\n", line[i]);
         u->drawn = 4;
     } else {
-        printf("%sprogress: %s | %s | %s\n", u->prefix, line[0], line[1], line[2]);
+        /* Without the epoch: each event line ("epoch 2: ...") is printed once, and a log
+         * searched for an epoch finds its event, not every progress line after it. */
+        char shape[64];
+        if (st->dp > 0)
+            snprintf(shape, sizeof(shape), "shape %dx%d (dp x pp) %s", st->dp, st->pp,
+                     st->phase);
+        else
+            snprintf(shape, sizeof(shape), "shape - %s", st->phase);
+        printf("%sprogress: %s | %s | %s\n", u->prefix, line[0], shape, line[2]);
     }
     fflush(stdout);
 }
