@@ -171,6 +171,20 @@ void cli_job_ui_draw(struct cli_job_ui *u, const struct coord_loop_status *st) {
 }
 
 /* See cli.h. */
+void cli_job_ui_finish(struct cli_job_ui *u) {
+    if (u->tty) {
+        /* The summary that follows says it all: a stale block above it would only repeat
+         * the last epoch's line. */
+        if (u->drawn)
+            printf("\033[%dA\033[J", u->drawn);
+        u->drawn = 0;
+        fflush(stdout);
+    } else if (u->have_status) {
+        cli_job_ui_draw(u, &u->last);
+    }
+}
+
+/* See cli.h. */
 void cli_job_ui_init(struct cli_job_ui *u, const char *cmd, const char *prefix,
                      struct coord_job_ui *ret) {
     memset(u, 0, sizeof(*u));
