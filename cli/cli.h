@@ -47,6 +47,12 @@ int cli_ensure_data(const char *name, const struct st_spec *spec, bool required)
  * spec) or CLI_EXIT_FAILURE (out of memory). The one spec loader of the commands. */
 int cli_spec_load(const char *name, const char *path, struct st_spec *ret_spec);
 
+/* Refuses a spec no (dp, pp) shape can run (plan_feasible): prints one line
+ * "path:line:column: field: message" on stderr, naming the field to change and the nearest
+ * workable shapes. Returns CLI_EXIT_OK, CLI_EXIT_INPUT (infeasible) or CLI_EXIT_FAILURE.
+ * Called by cli_spec_load() and `validate`. */
+int cli_spec_feasible(const char *path, const struct st_spec *spec);
+
 /* ---- running a job through the driver (job-ui.c) ------------------------------------------ */
 
 #include <stdint.h>

@@ -2,9 +2,10 @@
  * for one situation (docs/plan-format.md).
  *
  * The situation names the model's layers, the current shape and which worker holds which
- * (stage, replica), who survived, who is new and who has a notice. The target shape is taken
- * from the file or, when absent, decided by the liveput planner (plan_decide) with the cost
- * model the file names. Then plan_migration_new turns it into transfers. Exit 0 with a plan
+ * (stage, replica), who survived, who is new and who has a notice; planner/situation.c parses
+ * it (plan_situation_parse) and this file only reads it, loads the cost profile it names and
+ * prints. The target shape is taken from the file or, when absent, decided by the liveput
+ * planner (plan_decide) with the cost model the file names. Then plan_migration_new turns it into transfers. Exit 0 with a plan
  * or with a checkpoint fallback (some state has no live copy), 2 on bad input naming the
  * field, 1 on a runtime failure. */
 #include <errno.h>
@@ -22,35 +23,6 @@
 #include "planner.h"
 
 #define SIT_MAX_BYTES (16u << 20)
-#define SIT_MAX_HIST 100000
-
-/* Everything read from the situation file. */
-struct sit {
-    uint32_t nlayers;
-    uint64_t *np;                         /* [nlayers] */
-    bool gpt;
-    uint32_t gpt_layers, gpt_hidden, gpt_vocab, gpt_seq;
-    struct plan_mig_tied tied[PLAN_MIG_MAX_TIED];
-    uint32_t ntied;
-    struct plan_mig_layout old_layout, new_layout;
-    bool have_target;
-    struct plan_mig_worker *w;            /* [nw] */
-    uint32_t nw, nold;                    /* all workers; those listed under "workers" */
-    double *notice_s;                     /* [nw]: seconds until lost, <0 = none */
-    int *forecast, nforecast;
-    int *hist, nhist;
-    json_t *cost;                         /* borrowed from root */
-    int lookahead;
-    enum plan_predictor predictor;
-};
-
-static void sit_done(struct sit *s) {
-    st_free(s->np);
-    st_free(s->w);
-    st_free(s->notice_s);
-    st_free(s->forecast);
-    st_free(s->hist);
-}
 
 /* Prints "spottrain plan: FIELD: message" and returns CLI_EXIT_INPUT. */
 static int bad(const char *field, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -64,352 +36,13 @@ static int bad(const char *field, const char *fmt, ...) {
     return CLI_EXIT_INPUT;
 }
 
-/* A non-negative integer <= max from obj[key]; absent = *ret untouched and 0 unless required. */
-static int get_uint(json_t *obj, const char *key, const char *path, bool required, uint64_t max,
-                    uint64_t *ret) {
-    json_t *v = json_object_get(obj, key);
-    if (!v) {
-        if (required)
-            return bad(path, "missing (an integer is required)");
-        return 0;
-    }
-    if (!json_is_integer(v) || json_integer_value(v) < 0 ||
-        (uint64_t)json_integer_value(v) > max)
-        return bad(path, "expected an integer in 0..%llu", (unsigned long long)max);
-    *ret = (uint64_t)json_integer_value(v);
-    return 0;
-}
-
-/* A required integer in 1..max from obj[key]. */
-static int get_pos(json_t *obj, const char *key, const char *path, uint64_t max,
-                   uint32_t *ret) {
-    json_t *v = json_object_get(obj, key);
-    if (!v)
-        return bad(path, "missing (an integer in 1..%llu is required)",
-                   (unsigned long long)max);
-    if (!json_is_integer(v) || json_integer_value(v) < 1 || (uint64_t)json_integer_value(v) > max)
-        return bad(path, "expected an integer in 1..%llu", (unsigned long long)max);
-    *ret = (uint32_t)json_integer_value(v);
-    return 0;
-}
-
-/* {"dp", "pp", "stage_lo"?} into a layout with the model's tied extras. */
-static int parse_shape(struct sit *s, json_t *obj, const char *name,
-                       struct plan_mig_layout *ret) {
-    char path[64];
-    if (!json_is_object(obj))
-        return bad(name, "expected an object {\"dp\": D, \"pp\": P}");
-    uint32_t dp = 0, pp = 0;
-    int rc;
-    snprintf(path, sizeof(path), "%s.dp", name);
-    if ((rc = get_pos(obj, "dp", path, PLAN_MIG_MAX_POSITIONS, &dp)))
-        return rc;
-    snprintf(path, sizeof(path), "%s.pp", name);
-    if ((rc = get_pos(obj, "pp", path, PLAN_MIG_MAX_STAGES, &pp)))
-        return rc;
-    if (pp > s->nlayers)
-        return bad(path, "%u stages for %u layers", pp, s->nlayers);
-    if ((uint64_t)dp * pp > PLAN_MIG_MAX_POSITIONS)
-        return bad(name, "dp * pp = %llu is more than %d positions",
-                   (unsigned long long)dp * pp, PLAN_MIG_MAX_POSITIONS);
-    uint32_t lo[PLAN_MIG_MAX_STAGES + 1];
-    json_t *jl = json_object_get(obj, "stage_lo");
-    snprintf(path, sizeof(path), "%s.stage_lo", name);
-    if (jl) {
-        if (!json_is_array(jl) || json_array_size(jl) != pp + 1)
-            return bad(path, "expected %u boundaries (pp + 1)", pp + 1);
-        for (uint32_t i = 0; i <= pp; i++) {
-            json_t *e = json_array_get(jl, i);
-            if (!json_is_integer(e) || json_integer_value(e) < 0 ||
-                json_integer_value(e) > s->nlayers)
-                return bad(path, "entry %u: expected a layer index in 0..%u", i, s->nlayers);
-            lo[i] = (uint32_t)json_integer_value(e);
-        }
-    }
-    char err[200];
-    struct plan_mig_layout l;
-    if (plan_mig_layout_init(s->nlayers, s->np, dp, pp, jl ? lo : NULL, &l) < 0) {
-        memset(&l, 0, sizeof(l));
-        l.dp = dp;
-        l.pp = pp;
-        memcpy(l.stage_lo, lo, (pp + 1) * sizeof(uint32_t));
-        plan_mig_layout_check(&l, s->nlayers, err, sizeof(err));
-        return bad(path, "%s", err);
-    }
-    for (uint32_t i = 0; i < s->ntied; i++) {
-        if (s->tied[i].stage >= (int32_t)pp)
-            return bad("model.tied", "entry %u: stage %d does not exist in '%s' (pp %u)", i,
-                       s->tied[i].stage, name, pp);
-        plan_mig_layout_add_tied(&l, s->tied[i].stage, s->tied[i].layer);
-    }
-    *ret = l;
-    return 0;
-}
-
-static int parse_model(struct sit *s, json_t *root) {
-    json_t *m = json_object_get(root, "model");
-    if (!json_is_object(m))
-        return bad("model", "missing or not an object (give \"layer_params\" or \"gpt\")");
-    json_t *lp = json_object_get(m, "layer_params"), *g = json_object_get(m, "gpt");
-    if ((lp != NULL) == (g != NULL))
-        return bad("model", "give exactly one of \"layer_params\" and \"gpt\"");
-    int rc;
-    if (lp) {
-        if (!json_is_array(lp) || json_array_size(lp) == 0 ||
-            json_array_size(lp) > PLAN_MIG_MAX_LAYERS)
-            return bad("model.layer_params", "expected 1..%u integers", PLAN_MIG_MAX_LAYERS);
-        s->nlayers = (uint32_t)json_array_size(lp);
-        s->np = st_calloc(s->nlayers, sizeof(uint64_t));
-        if (!s->np)
-            return CLI_EXIT_FAILURE;
-        for (uint32_t l = 0; l < s->nlayers; l++) {
-            json_t *e = json_array_get(lp, l);
-            if (!json_is_integer(e) || json_integer_value(e) < 0 ||
-                json_integer_value(e) > (json_int_t)(1ll << 50))
-                return bad("model.layer_params", "entry %u: expected an element count", l);
-            s->np[l] = (uint64_t)json_integer_value(e);
-        }
-    } else {
-        if (!json_is_object(g))
-            return bad("model.gpt", "expected {layers, hidden, heads, vocab, seq_len}");
-        uint32_t heads = 1;
-        if ((rc = get_pos(g, "layers", "model.gpt.layers", PLAN_MIG_MAX_LAYERS - 2,
-                          &s->gpt_layers)) ||
-            (rc = get_pos(g, "hidden", "model.gpt.hidden", 1u << 20, &s->gpt_hidden)) ||
-            (rc = get_pos(g, "heads", "model.gpt.heads", 1u << 16, &heads)) ||
-            (rc = get_pos(g, "vocab", "model.gpt.vocab", 1u << 24, &s->gpt_vocab)) ||
-            (rc = get_pos(g, "seq_len", "model.gpt.seq_len", 1u << 24, &s->gpt_seq)))
-            return rc;
-        if (s->gpt_hidden % heads)
-            return bad("model.gpt.heads", "hidden %u is not a multiple of %u heads",
-                       s->gpt_hidden, heads);
-        s->gpt = true;
-        s->nlayers = s->gpt_layers + 2;
-        s->np = st_calloc(s->nlayers, sizeof(uint64_t));
-        if (!s->np)
-            return CLI_EXIT_FAILURE;
-        plan_mig_gpt_layer_params(s->gpt_layers, s->gpt_hidden, s->gpt_vocab, s->gpt_seq, s->np);
-        s->tied[0] = (struct plan_mig_tied){PLAN_MIG_STAGE_LAST, 0}; /* tied LM head */
-        s->ntied = 1;
-    }
-    json_t *t = json_object_get(m, "tied");
-    if (t) {
-        if (!json_is_array(t) || json_array_size(t) > PLAN_MIG_MAX_TIED)
-            return bad("model.tied", "expected a list of at most %d {stage, layer}",
-                       PLAN_MIG_MAX_TIED);
-        s->ntied = 0;
-        for (size_t i = 0; i < json_array_size(t); i++) {
-            json_t *e = json_array_get(t, i), *st = json_object_get(e, "stage");
-            int32_t stage;
-            if (json_is_string(st) && strcmp(json_string_value(st), "last") == 0)
-                stage = PLAN_MIG_STAGE_LAST;
-            else if (json_is_string(st) && strcmp(json_string_value(st), "first") == 0)
-                stage = PLAN_MIG_STAGE_FIRST;
-            else if (json_is_integer(st) && json_integer_value(st) >= 0 &&
-                     json_integer_value(st) < PLAN_MIG_MAX_STAGES)
-                stage = (int32_t)json_integer_value(st);
-            else
-                return bad("model.tied", "entry %zu: stage must be \"first\", \"last\" or a "
-                           "stage index", i);
-            uint64_t layer = 0;
-            if ((rc = get_uint(e, "layer", "model.tied.layer", true, s->nlayers - 1, &layer)))
-                return rc;
-            s->tied[s->ntied++] = (struct plan_mig_tied){stage, (uint32_t)layer};
-        }
-    }
-    return 0;
-}
-
-static int find_worker(const struct sit *s, const char *id) {
-    for (uint32_t i = 0; i < s->nw; i++)
-        if (strcmp(s->w[i].id, id) == 0)
-            return (int)i;
-    return -1;
-}
-
-static int parse_int_list(json_t *root, const char *key, int **ret, int *ret_n) {
-    json_t *a = json_object_get(root, key);
-    if (!a)
-        return 0;
-    if (!json_is_array(a) || json_array_size(a) == 0 || json_array_size(a) > SIT_MAX_HIST)
-        return bad(key, "expected a non-empty list of instance counts");
-    int n = (int)json_array_size(a);
-    int *v = st_calloc((size_t)n, sizeof(int));
-    if (!v)
-        return CLI_EXIT_FAILURE;
-    for (int i = 0; i < n; i++) {
-        json_t *e = json_array_get(a, (size_t)i);
-        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > 65536) {
-            st_free(v);
-            return bad(key, "entry %d: expected an instance count in 0..65536", i);
-        }
-        v[i] = (int)json_integer_value(e);
-    }
-    *ret = v;
-    *ret_n = n;
-    return 0;
-}
-
-/* Adds workers from a list of ids ("survivors" marks, "new_workers" appends). */
-static int parse_workers(struct sit *s, json_t *root) {
-    json_t *ws = json_object_get(root, "workers"), *sv = json_object_get(root, "survivors");
-    json_t *nw = json_object_get(root, "new_workers"), *no = json_object_get(root, "notices");
-    if (!json_is_array(ws))
-        return bad("workers", "missing or not a list of {id, stage, replica}");
-    if (nw && !json_is_array(nw))
-        return bad("new_workers", "expected a list of worker ids");
-    if (sv && !json_is_array(sv))
-        return bad("survivors", "expected a list of worker ids");
-    if (no && !json_is_array(no))
-        return bad("notices", "expected a list of {id, seconds}");
-    size_t total = json_array_size(ws) + (nw ? json_array_size(nw) : 0);
-    if (total > PLAN_MIG_MAX_WORKERS)
-        return bad("workers", "%zu workers is more than %d", total, PLAN_MIG_MAX_WORKERS);
-    s->w = st_calloc(total ? total : 1, sizeof(*s->w));
-    s->notice_s = st_malloc((total ? total : 1) * sizeof(double));
-    if (!s->w || !s->notice_s)
-        return CLI_EXIT_FAILURE;
-    int rc;
-    for (size_t i = 0; i < json_array_size(ws); i++) {
-        json_t *e = json_array_get(ws, i), *id = json_object_get(e, "id");
-        char path[64];
-        snprintf(path, sizeof(path), "workers[%zu]", i);
-        if (!json_is_object(e))
-            return bad(path, "expected an object {id, stage, replica}");
-        if (!json_is_string(id) || !*json_string_value(id) ||
-            strlen(json_string_value(id)) >= PLAN_MIG_ID_MAX)
-            return bad(path, "id: expected a string of 1..%d characters", PLAN_MIG_ID_MAX - 1);
-        if (find_worker(s, json_string_value(id)) >= 0)
-            return bad(path, "id '%s' is listed twice", json_string_value(id));
-        struct plan_mig_worker *w = &s->w[s->nw];
-        snprintf(w->id, sizeof(w->id), "%s", json_string_value(id));
-        w->alive = true;
-        w->stage = w->replica = -1;
-        json_t *st = json_object_get(e, "stage");
-        if (st && !json_is_null(st)) { /* no stage: a spare holding nothing */
-            uint64_t stage = 0, rep = 0;
-            snprintf(path, sizeof(path), "workers[%zu].stage", i);
-            if ((rc = get_uint(e, "stage", path, true, s->old_layout.pp - 1, &stage)))
-                return rc;
-            snprintf(path, sizeof(path), "workers[%zu].replica", i);
-            if ((rc = get_uint(e, "replica", path, true, s->old_layout.dp - 1, &rep)))
-                return rc;
-            for (uint32_t k = 0; k < s->nw; k++)
-                if (s->w[k].stage == (int32_t)stage && s->w[k].replica == (int32_t)rep)
-                    return bad(path, "'%s' and '%s' both at stage %llu replica %llu",
-                               s->w[k].id, w->id, (unsigned long long)stage,
-                               (unsigned long long)rep);
-            w->stage = (int32_t)stage;
-            w->replica = (int32_t)rep;
-        }
-        s->notice_s[s->nw] = -1;
-        s->nw++;
-    }
-    s->nold = s->nw;
-    if (sv) {
-        for (uint32_t i = 0; i < s->nw; i++)
-            s->w[i].alive = false;
-        for (size_t i = 0; i < json_array_size(sv); i++) {
-            json_t *e = json_array_get(sv, i);
-            int k = json_is_string(e) ? find_worker(s, json_string_value(e)) : -1;
-            if (k < 0)
-                return bad("survivors", "entry %zu: not the id of a listed worker", i);
-            s->w[k].alive = true;
-        }
-    }
-    for (size_t i = 0; nw && i < json_array_size(nw); i++) {
-        json_t *e = json_array_get(nw, i);
-        if (!json_is_string(e) || !*json_string_value(e) ||
-            strlen(json_string_value(e)) >= PLAN_MIG_ID_MAX)
-            return bad("new_workers", "entry %zu: expected an id of 1..%d characters", i,
-                       PLAN_MIG_ID_MAX - 1);
-        if (find_worker(s, json_string_value(e)) >= 0)
-            return bad("new_workers", "entry %zu: id '%s' is already listed", i,
-                       json_string_value(e));
-        struct plan_mig_worker *w = &s->w[s->nw];
-        snprintf(w->id, sizeof(w->id), "%s", json_string_value(e));
-        w->stage = w->replica = -1;
-        w->alive = true;
-        s->notice_s[s->nw] = -1;
-        s->nw++;
-    }
-    for (size_t i = 0; no && i < json_array_size(no); i++) {
-        json_t *e = json_array_get(no, i), *id = json_object_get(e, "id");
-        json_t *sec = json_object_get(e, "seconds");
-        int k = json_is_string(id) ? find_worker(s, json_string_value(id)) : -1;
-        if (k < 0)
-            return bad("notices", "entry %zu: id is not a listed worker", i);
-        if (!s->w[k].alive)
-            return bad("notices", "entry %zu: '%s' is not alive (not among the survivors)", i,
-                       s->w[k].id);
-        if (sec && (!json_is_number(sec) || json_number_value(sec) < 0))
-            return bad("notices", "entry %zu: seconds must be a number >= 0", i);
-        s->w[k].leaving = true;
-        s->notice_s[k] = sec ? json_number_value(sec) : 0;
-    }
-    return 0;
-}
-
-static int parse_situation(struct sit *s, json_t *root) {
-    int rc;
-    if (!json_is_object(root))
-        return bad("(top level)", "expected a JSON object");
-    if ((rc = parse_model(s, root)))
-        return rc;
-    if ((rc = parse_shape(s, json_object_get(root, "shape"), "shape", &s->old_layout)))
-        return rc;
-    if ((rc = parse_workers(s, root)))
-        return rc;
-    json_t *t = json_object_get(root, "target");
-    if (t && !json_is_null(t)) {
-        if ((rc = parse_shape(s, t, "target", &s->new_layout)))
-            return rc;
-        s->have_target = true;
-    }
-    if ((rc = parse_int_list(root, "forecast", &s->forecast, &s->nforecast)) ||
-        (rc = parse_int_list(root, "history", &s->hist, &s->nhist)))
-        return rc;
-    s->cost = json_object_get(root, "cost");
-    s->lookahead = 12;
-    s->predictor = PLAN_PRED_DAMPED;
-    json_t *o = json_object_get(root, "options");
-    if (o) {
-        if (!json_is_object(o))
-            return bad("options", "expected an object {lookahead, predictor}");
-        uint64_t la = 12;
-        if ((rc = get_uint(o, "lookahead", "options.lookahead", false, PLAN_MAX_LOOKAHEAD, &la)))
-            return rc;
-        if (la == 0)
-            return bad("options.lookahead", "must be >= 1");
-        s->lookahead = (int)la;
-        json_t *p = json_object_get(o, "predictor");
-        if (p && (!json_is_string(p) ||
-                  plan_predictor_parse(json_string_value(p), &s->predictor) < 0))
-            return bad("options.predictor", "expected last-value, arima or damped");
-    }
-    if (!s->have_target && !s->cost)
-        return bad("target", "absent, and no \"cost\" to decide a shape with (give one of them)");
-    return 0;
-}
-
-/* Builds the cost model named by "cost": {"profile": FILE, "model": NAME} or
- * {"analytic": {micro_batch, global_batch, gpu_tflops, gpu_mem_gib, net_gbps}}. */
-static int load_cost(const struct sit *s, const char *sit_path, struct plan_cost **ret) {
-    json_t *c = s->cost;
-    if (!json_is_object(c))
-        return bad("cost",
-                   "expected {\"profile\": FILE, \"model\": NAME} or {\"analytic\": {...}}");
-    json_t *prof = json_object_get(c, "profile"), *an = json_object_get(c, "analytic");
-    if ((prof != NULL) == (an != NULL))
-        return bad("cost", "give exactly one of \"profile\" and \"analytic\"");
-    if (prof) {
-        if (!json_is_string(prof))
-            return bad("cost.profile", "expected a file name");
-        json_t *m = json_object_get(c, "model");
-        if (m && !json_is_string(m))
-            return bad("cost.model", "expected a model name");
+/* Builds the cost model the situation names (plan_situation_parse() checked its fields); a
+ * profile is read relative to the situation file. */
+static int load_cost(const struct plan_situation_file *s, const char *sit_path,
+                     struct plan_cost **ret) {
+    if (s->cost_kind == PLAN_SIT_COST_PROFILE) {
         char path[4096];
-        const char *p = json_string_value(prof);
+        const char *p = s->cost_profile;
         if (p[0] != '/') { /* relative to the situation file */
             char *dup = st_strdup(sit_path);
             if (!dup)
@@ -426,7 +59,7 @@ static int load_cost(const struct sit *s, const char *sit_path, struct plan_cost
             return bad("cost.profile", "cannot read '%s': %s", path, st_strerror(r));
         struct st_error err;
         memset(&err, 0, sizeof(err));
-        r = plan_cost_from_profile(path, text, len, m ? json_string_value(m) : NULL, ret, &err);
+        r = plan_cost_from_profile(path, text, len, s->cost_model, ret, &err);
         st_free(text);
         if (r < 0) {
             char buf[1024];
@@ -437,36 +70,9 @@ static int load_cost(const struct sit *s, const char *sit_path, struct plan_cost
         }
         return 0;
     }
-    if (!s->gpt)
-        return bad("cost.analytic", "needs the model as \"gpt\" (layers, hidden, seq_len, vocab)");
-    if (!json_is_object(an))
-        return bad("cost.analytic", "expected an object");
-    struct plan_model_desc d;
-    memset(&d, 0, sizeof(d));
-    d.layers = (int)s->gpt_layers;
-    d.hidden = (int)s->gpt_hidden;
-    d.seq = (int)s->gpt_seq;
-    d.vocab = (int)s->gpt_vocab;
-    uint64_t mb = 0, gb = 0;
-    int rc;
-    if ((rc = get_uint(an, "micro_batch", "cost.analytic.micro_batch", true, 1u << 20, &mb)) ||
-        (rc = get_uint(an, "global_batch", "cost.analytic.global_batch", true, 1u << 24, &gb)))
-        return rc;
-    d.micro_batch = (int)mb;
-    d.global_batch = (int)gb;
-    const char *fk[] = {"gpu_tflops", "gpu_mem_gib", "net_gbps"};
-    double *fv[] = {&d.gpu_tflops, &d.gpu_mem_gib, &d.net_gbps};
-    for (int i = 0; i < 3; i++) {
-        json_t *v = json_object_get(an, fk[i]);
-        if (!json_is_number(v) || json_number_value(v) <= 0) {
-            char path[64];
-            snprintf(path, sizeof(path), "cost.analytic.%s", fk[i]);
-            return bad(path, "expected a positive number");
-        }
-        *fv[i] = json_number_value(v);
-    }
-    d.max_n = (int)ST_MAX(s->nw, 1);
-    int r = plan_cost_analytic(&d, ret);
+    if (s->cost_kind != PLAN_SIT_COST_ANALYTIC)
+        return bad("cost", "absent");
+    int r = plan_cost_analytic(&s->cost_analytic, ret);
     if (r == -ENOMEM)
         return CLI_EXIT_FAILURE;
     if (r < 0)
@@ -476,7 +82,7 @@ static int load_cost(const struct sit *s, const char *sit_path, struct plan_cost
 
 /* Asks the liveput planner for the shape. Noticed workers are counted as gone now: they
  * send their state during this migration but take no position in the new shape. */
-static int decide(struct sit *s, const char *sit_path, struct plan_decision *ret) {
+static int decide(struct plan_situation_file *s, const char *sit_path, struct plan_decision *ret) {
     struct plan_cost *cost = NULL;
     int rc = load_cost(s, sit_path, &cost);
     if (rc)
@@ -543,7 +149,7 @@ static json_t *layout_json(const struct plan_mig_layout *l) {
     return json_pack("{s:i, s:i, s:o}", "dp", (int)l->dp, "pp", (int)l->pp, "stage_lo", lo);
 }
 
-static int print_json(const struct sit *s, const struct plan_decision *d,
+static int print_json(const struct plan_situation_file *s, const struct plan_decision *d,
                       const struct plan_migration *p, const uint8_t *lost, int nlost,
                       const char *why) {
     json_t *root = json_object(), *dec = layout_json(&s->new_layout);
@@ -632,7 +238,7 @@ static int print_json(const struct sit *s, const struct plan_decision *d,
     return CLI_EXIT_OK;
 }
 
-static void print_text(const struct sit *s, const struct plan_decision *d,
+static void print_text(const struct plan_situation_file *s, const struct plan_decision *d,
                        const struct plan_migration *p, const uint8_t *lost, const char *why) {
     char b1[32], b2[32], b3[32], b4[32], b5[32];
     uint32_t dead = 0, leaving = 0;
@@ -843,23 +449,29 @@ int cli_cmd_plan(int argc, char **argv) {
         fprintf(stderr, "spottrain plan: cannot read '%s': %s\n", path, st_strerror(r));
         return CLI_EXIT_INPUT;
     }
-    json_error_t jerr;
-    json_t *root = json_loadb(text, len, 0, &jerr);
-    st_free(text);
-    if (!root) {
-        fprintf(stderr, "spottrain plan: %s:%d:%d: %s\n", path, jerr.line, jerr.column,
-                jerr.text);
-        return CLI_EXIT_INPUT;
-    }
-    struct sit s;
+    struct plan_situation_file s;
     memset(&s, 0, sizeof(s));
     struct plan_migration *p = NULL;
     uint8_t *lost = NULL;
     struct plan_decision d;
     bool decided = false;
-    int rc = parse_situation(&s, root);
-    if (rc)
-        goto out;
+    struct st_error perr;
+    memset(&perr, 0, sizeof(perr));
+    r = plan_situation_parse(path, text, len, &s, &perr);
+    st_free(text);
+    if (r == -ENOMEM) {
+        fprintf(stderr, "spottrain plan: out of memory\n");
+        return CLI_EXIT_FAILURE;
+    }
+    if (r < 0) {
+        if (perr.line > 0)
+            fprintf(stderr, "spottrain plan: %s:%d:%d: %s\n", perr.file, perr.line, perr.column,
+                    perr.message);
+        else
+            fprintf(stderr, "spottrain plan: %s: %s\n", perr.field, perr.message);
+        return CLI_EXIT_INPUT;
+    }
+    int rc = CLI_EXIT_OK;
     if (!s.have_target) {
         if ((rc = decide(&s, path, &d)))
             goto out;
@@ -914,7 +526,6 @@ int cli_cmd_plan(int argc, char **argv) {
 out:
     plan_migration_free(p);
     st_free(lost);
-    sit_done(&s);
-    json_decref(root);
+    plan_situation_file_done(&s);
     return rc;
 }

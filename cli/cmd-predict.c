@@ -21,11 +21,12 @@ int cli_cmd_predict(int argc, char **argv) {
         {"trace", required_argument, NULL, 't'}, {"eval", no_argument, NULL, 'e'},
         {"horizon", required_argument, NULL, 'L'}, {"json", no_argument, NULL, 'j'},
         {"notice", required_argument, NULL, 'n'},  {"help", no_argument, NULL, 'h'},
+        {"predictor", required_argument, NULL, 'p'},
         {0},
     };
     const char *trace_path = NULL;
     bool eval = false, json = false;
-    int L = 12, c;
+    int L = 12, c, only = -1; /* --predictor: only this one; -1 = every predictor */
     double notice = 120;
     optind = 1;
     opterr = 0;
@@ -34,6 +35,14 @@ int cli_cmd_predict(int argc, char **argv) {
         case 't': trace_path = optarg; break;
         case 'e': eval = true; break;
         case 'j': json = true; break;
+        case 'p': {
+            enum plan_predictor pr;
+            if (plan_predictor_parse(optarg, &pr) < 0)
+                return cli_usage_error(cmd, "unknown --predictor '%s' (one of: %s)", optarg,
+                                       plan_predictor_names());
+            only = (int)pr;
+            break;
+        }
         case 'L': {
             char *end;
             long v = strtol(optarg, &end, 10);
@@ -113,6 +122,8 @@ int cli_cmd_predict(int argc, char **argv) {
         printf(eval ? " %7s\n" : "\n", "mean");
     }
     for (int p = 0; p < PLAN_PRED_NKINDS; p++) {
+        if (only >= 0 && p != only)
+            continue;
         double mae[PLAN_MAX_LOOKAHEAD];
         int f[PLAN_MAX_LOOKAHEAD];
         json_t *arr = json_array();

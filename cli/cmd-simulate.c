@@ -278,7 +278,7 @@ int cli_cmd_simulate(int argc, char **argv) {
         case 'r':
             if (plan_predictor_parse(optarg, &so.predictor) < 0)
                 return cli_usage_error(
-                    cmd, "unknown --predictor '%s' (last-value, arima, damped, notice)", optarg);
+                    cmd, "unknown --predictor '%s' (one of: %s)", optarg, plan_predictor_names());
             break;
         case 'v':
             if (strcmp(optarg, "named") == 0)

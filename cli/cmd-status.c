@@ -1,5 +1,7 @@
-/* cmd-status.c: `spottrain status [--endpoint URL] [--json] [--watch] [--token-file F]` — show a
- * running job from the coordinator's REST API.
+/* cmd-status.c: `spottrain status [--endpoint URL] [--json] [--watch [--interval S]]
+ * [--token-file F]` — show a running job from the coordinator's REST API; --watch draws the
+ * status page's picture (instances, shape, migrations, loss, samples/s, cost from /v1/history)
+ * in text and redraws it in place.
  *
  * One idea: three GETs (/v1/job, /v1/workers, /v1/events) over a tiny HTTP/1.0 client on a
  * plain socket for http://, or libcurl for https:// (a coordinator with spec.coordinator.tls;
@@ -467,9 +469,10 @@ static void print_table(json_t *job, json_t *workers, json_t *events) {
     printf("job %s (%s)  state %s  epoch %lld  shape dp=%lld pp=%lld\n", jstr(job, "name"),
            jstr(job, "id"), jstr(job, "state"), jint(job, "epoch"), jint(shape, "dp"),
            jint(shape, "pp"));
-    printf("step %lld/%lld  samples %lld  loss %.4f\n", jint(job, "step"),
-           jint(job, "target_steps"), jint(job, "samples"),
-           json_number_value(json_object_get(job, "loss")));
+    printf("step %lld/%lld  samples %lld  loss %.4f (step %lld)  samples/s %.1f\n",
+           jint(job, "step"), jint(job, "target_steps"), jint(job, "samples"),
+           json_number_value(json_object_get(job, "loss")), jint(job, "loss_step"),
+           json_number_value(json_object_get(job, "samples_per_second")));
     json_t *wl = json_object_get(workers, "workers");
     printf("\n%-36s  %-8s %5s %5s %7s %-10s %-21s %8s\n", "WORKER", "STATE", "STAGE", "REPL",
            "LAYERS", "ZONE", "DATA", "SEEN");
@@ -499,6 +502,135 @@ static void print_table(json_t *job, json_t *workers, json_t *events) {
                nlayers - 1);
     print_events(json_object_get(events, "events"));
     fflush(stdout);
+}
+
+/* ---- --watch: the status page's picture in text ---------------------------------------- */
+
+#define WATCH_COLS 60 /* columns of a sparkline: the job's time range, left to right */
+
+static double jnum(json_t *o, const char *k) {
+    return json_number_value(json_object_get(o, k));
+}
+
+/* Prints "label |sparkline| last (max)" (no newline): pts[].key sampled as a step function (the newest
+ * point at or before each column's end), scaled from 0 to the series' max. */
+static void spark(const char *label, json_t *pts, const char *key, double t0, double t1,
+                  int decimals) {
+    static const char *const blocks[] = {"\u2581", "\u2582", "\u2583", "\u2584", "\u2585",
+                                         "\u2586", "\u2587", "\u2588"};
+    size_t n = json_array_size(pts), j = 0;
+    double max = 0, last = 0;
+    for (size_t i = 0; i < n; i++)
+        max = ST_MAX(max, jnum(json_array_get(pts, i), key));
+    printf("  %-12s |", label);
+    for (int col = 0; col < WATCH_COLS; col++) {
+        double end = t0 + (t1 - t0) * (col + 1) / WATCH_COLS;
+        bool have = j > 0;
+        while (j < n && jnum(json_array_get(pts, j), "t") <= end) {
+            last = jnum(json_array_get(pts, j), key);
+            have = true;
+            j++;
+        }
+        if (!have || max <= 0) {
+            fputs(" ", stdout);
+            continue;
+        }
+        int b = (int)(last / max * 7.0 + 0.5);
+        fputs(blocks[ST_MAX(0, ST_MIN(7, b))], stdout);
+    }
+    printf("| %.*f (max %.*f)", decimals, n ? jnum(json_array_get(pts, n - 1), key) : 0.0,
+           decimals, max);
+}
+
+/* The picture of the status page: progress, then instances, shape, loss, samples/s and cost
+ * over the job's time, the migrations with kind and stall, the newest events. Lines end in
+ * "\033[K" on a terminal so a shorter redraw leaves nothing of the last one behind. */
+static void print_watch(json_t *job, json_t *hist, json_t *events, bool tty) {
+    const char *el = tty ? "\033[K" : "";
+    json_t *shape = json_object_get(job, "shape"), *w = json_object_get(job, "workers");
+    printf("job %s  %s  epoch %lld  shape %lldx%lld (dp x pp)%s\n", jstr(job, "name"),
+           jstr(job, "state"), jint(job, "epoch"), jint(shape, "dp"), jint(shape, "pp"), el);
+    printf("step %lld/%lld  loss %.4f  samples/s %.1f  workers %lld active, %lld spare%s\n",
+           jint(job, "step"), jint(job, "target_steps"), jnum(job, "loss"),
+           jnum(job, "samples_per_second"), jint(w, "active"), jint(w, "spare"), el);
+    if (!hist) {
+        printf("(history needs the job's token: --token-file)%s\n", el);
+    } else {
+        json_t *inst = json_object_get(hist, "instances"), *shp = json_object_get(hist, "shapes");
+        json_t *loss = json_object_get(hist, "loss"), *cost = json_object_get(hist, "cost");
+        json_t *migs = json_object_get(hist, "migrations");
+        double t1 = jnum(hist, "now"), t0 = jnum(job, "created");
+        json_t *series[] = {inst, shp, loss, cost};
+        for (size_t i = 0; i < ST_ARRAY_SIZE(series); i++)
+            if (json_array_size(series[i]) > 0)
+                t0 = ST_MIN(t0, jnum(json_array_get(series[i], 0), "t"));
+        if (t1 <= t0)
+            t1 = t0 + 1;
+        size_t nc = json_array_size(cost);
+        json_t *lc = nc ? json_array_get(cost, nc - 1) : NULL;
+        printf("%s\nover %.0f s:%s\n", el, t1 - t0, el);
+        spark("instances", inst, "alive", t0, t1, 0);
+        printf("%s\n", el);
+        spark("noticed", inst, "noticed", t0, t1, 0);
+        printf("%s\n", el);
+        spark("forecast", inst, "forecast", t0, t1, 1);
+        printf("%s\n", el);
+        spark("shape dp", shp, "dp", t0, t1, 0);
+        printf("%s\n", el);
+        spark("shape pp", shp, "pp", t0, t1, 0);
+        printf("%s\n", el);
+        spark("loss", loss, "loss", t0, t1, 4);
+        printf("%s\n", el);
+        spark("samples/s", loss, "samples_per_second", t0, t1, 1);
+        printf("%s\n", el);
+        spark("spent $", cost, "spot_dollars", t0, t1, 2);
+        printf("%s\n", el);
+        printf("  spent $%.2f, on demand $%.2f%s\n", lc ? jnum(lc, "spot_dollars") : 0.0,
+               lc ? jnum(lc, "on_demand_dollars") : 0.0, el);
+        size_t nm = json_array_size(migs);
+        printf("%s\nmigrations: %zu%s\n", el, nm, el);
+        for (size_t i = nm > 6 ? nm - 6 : 0; i < nm; i++) {
+            json_t *m = json_array_get(migs, i);
+            printf("  %6.0fs  %-18s -> %lldx%lld at step %-6lld %8.2f MB  %6.0f ms stall%s\n",
+                   jnum(m, "t") - t0, jstr(m, "kind"), jint(m, "dp"), jint(m, "pp"),
+                   jint(m, "step"), (double)jint(m, "bytes") / 1e6,
+                   jnum(m, "stall_seconds") * 1e3, el);
+        }
+    }
+    json_t *evs = json_object_get(events, "events");
+    size_t n = json_array_size(evs);
+    printf("%s\nlast events:%s\n", el, el);
+    for (size_t i = n > 6 ? n - 6 : 0; i < n; i++) {
+        json_t *e = json_array_get(evs, i);
+        printf("  %-14s %.100s%s\n", jstr(e, "kind"), jstr(e, "message"), el);
+    }
+    if (tty)
+        printf("\033[J");
+    fflush(stdout);
+}
+
+/* One --watch frame; returns 0 or negative errno (message printed). */
+static int show_watch(const struct endpoint *ep, const char *token, bool tty) {
+    json_t *job = NULL, *hist = NULL, *events = NULL;
+    int r = get_json(ep, "/v1/job", token, &job);
+    if (r >= 0)
+        r = get_json(ep, "/v1/events?since=0&limit=1000", token, &events);
+    if (r >= 0 && token && get_json(ep, "/v1/history", token, &hist) < 0)
+        hist = NULL; /* drawn without it, with a line that says why */
+    if (r < 0) {
+        if (tty)
+            printf("\033[H\033[J");
+        fprintf(stderr, "spottrain status: cannot read %s:%s: %s\n", ep->host, ep->port,
+                st_strerror(r));
+    } else {
+        if (tty)
+            printf("\033[H");
+        print_watch(job, hist, events, tty);
+    }
+    json_decref(job);
+    json_decref(hist);
+    json_decref(events);
+    return r;
 }
 
 /* One snapshot; returns 0 or negative errno (message printed). */
@@ -538,6 +670,7 @@ int cli_cmd_status(int argc, char **argv) {
         {"endpoint", required_argument, NULL, 'e'},
         {"json", no_argument, NULL, 'j'},
         {"watch", no_argument, NULL, 'w'},
+        {"interval", required_argument, NULL, 'i'},
         {"token-file", required_argument, NULL, 't'},
         {"tls-ca", required_argument, NULL, 'A'},
         {"tls-cert", required_argument, NULL, 'C'},
@@ -547,6 +680,7 @@ int cli_cmd_status(int argc, char **argv) {
     const char *url = "http://127.0.0.1:8080", *token_file = NULL;
     const char *tls_ca = NULL, *tls_cert = NULL, *tls_key = NULL;
     bool as_json = false, watch = false;
+    double interval = 2.0;
     int opt;
     optind = 1;
     opterr = 0;
@@ -555,6 +689,14 @@ int cli_cmd_status(int argc, char **argv) {
         case 'e': url = optarg; break;
         case 'j': as_json = true; break;
         case 'w': watch = true; break;
+        case 'i': {
+            char *end;
+            interval = strtod(optarg, &end);
+            if (end == optarg || *end || !(interval >= 0.1 && interval <= 3600))
+                return cli_usage_error("status", "invalid --interval '%s' (seconds, 0.1..3600)",
+                                       optarg);
+            break;
+        }
         case 't': token_file = optarg; break;
         case 'A': tls_ca = optarg; break;
         case 'C': tls_cert = optarg; break;
@@ -604,12 +746,21 @@ int cli_cmd_status(int argc, char **argv) {
         sigaddset(&set, SIGINT);
         sigaddset(&set, SIGTERM);
         sigprocmask(SIG_BLOCK, &set, NULL);
+        /* On a terminal each frame overwrites the last in place (cursor home, each line
+         * cleared to its end); into a pipe or file the frames follow each other. */
+        bool tty = isatty(STDOUT_FILENO);
+        if (tty && !as_json)
+            printf("\033[2J");
         for (;;) {
-            if (!as_json)
-                printf("\033[H\033[2J");
-            (void)show(&ep, tok, as_json);
-            struct timespec two = {2, 0};
-            int sig = sigtimedwait(&set, NULL, &two);
+            if (as_json)
+                (void)show(&ep, tok, true);
+            else
+                (void)show_watch(&ep, tok, tty);
+            if (!tty && !as_json)
+                printf("\n");
+            struct timespec wait = {(time_t)interval,
+                                    (long)((interval - (double)(time_t)interval) * 1e9)};
+            int sig = sigtimedwait(&set, NULL, &wait);
             if (sig == SIGINT || sig == SIGTERM)
                 break;
         }

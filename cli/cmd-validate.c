@@ -162,6 +162,9 @@ int cli_cmd_validate(int argc, char **argv) {
         ret = CLI_EXIT_INPUT;
         goto out;
     }
+    /* A spec every field of which is fine may still allow no (dp, pp) shape at all. */
+    if ((ret = cli_spec_feasible(path, spec)) != CLI_EXIT_OK)
+        goto out;
     if (json) {
         char *text = st_spec_to_json(spec);
         if (!text) {

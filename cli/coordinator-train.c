@@ -58,6 +58,7 @@ int cli_coordinator_train(struct coord_config *cfg, const struct st_spec *spec,
     ui->tty = false; /* a server's output is a log: lines, never a redrawn block */
     jc->ui.on_started = on_started;
     jc->ui.on_progress = NULL;
+    jc->ui.on_event = NULL; /* a server's events are its log lines (st_log), once each */
 
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));

@@ -7,8 +7,10 @@
  * lines whichever fleet the job runs on. */
 #include <errno.h>
 #include <inttypes.h>
+#include <jansson.h> /* json_dumps: the error string quoted */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -16,6 +18,7 @@
 #include "cli.h"
 #include "common.h"
 #include "coordinator.h"
+#include "planner.h" /* plan_feasible */
 #include "kernels.h"
 #include "migrate.h"
 #include "planner.h"
@@ -46,7 +49,36 @@ int cli_spec_load(const char *name, const char *path, struct st_spec *ret_spec) 
     st_free(errs);
     if (r == -ENOMEM)
         return CLI_EXIT_FAILURE;
-    return r < 0 ? CLI_EXIT_INPUT : CLI_EXIT_OK; /* a bad or unreadable spec is bad input */
+    if (r < 0)
+        return CLI_EXIT_INPUT; /* a bad or unreadable spec is bad input */
+    /* A spec no shape can run would only wait: refuse it here, before any fleet starts. */
+    return cli_spec_feasible(path, ret_spec);
+}
+
+/* See cli.h. */
+int cli_spec_feasible(const char *path, const struct st_spec *spec) {
+    struct plan_feasibility f;
+    int r = plan_feasible(spec, &f);
+    if (r == -ENOMEM) {
+        fprintf(stderr, "spottrain: %s\n", st_strerror(r));
+        return CLI_EXIT_FAILURE;
+    }
+    if (r < 0) {
+        fprintf(stderr, "%s: cannot check which shapes can run this job: %s\n", path,
+                st_strerror(r));
+        return CLI_EXIT_INPUT;
+    }
+    if (f.nfeasible > 0)
+        return CLI_EXIT_OK;
+    struct st_error e;
+    int line = 0, col = 0;
+    if (st_spec_where(spec, f.field, &line, &col) < 0)
+        line = col = 0;
+    st_error_set(&e, path, line, col, f.field, "%s", f.message);
+    char buf[1024];
+    st_error_format(&e, buf, sizeof(buf));
+    fprintf(stderr, "%s\n", buf);
+    return CLI_EXIT_INPUT;
 }
 
 /* ---- the checkpoint store the driver is handed ------------------------------------------- */
@@ -144,6 +176,9 @@ void cli_job_ui_draw(struct cli_job_ui *u, const struct coord_loop_status *st) {
     if (st->dp > 0)
         snprintf(line[1], sizeof(line[1]), "shape %dx%d (dp x pp)  epoch %" PRIu64 "  %s",
                  st->dp, st->pp, st->epoch, st->phase);
+    else if (st->waiting[0])
+        snprintf(line[1], sizeof(line[1]), "shape -  epoch %" PRIu64 "  waiting: %.200s",
+                 st->epoch, st->waiting);
     else
         snprintf(line[1], sizeof(line[1]), "shape -  epoch %" PRIu64 "  %s", st->epoch,
                  st->phase);
@@ -205,6 +240,8 @@ void cli_job_print_summary(FILE *f, const struct coord_loop_summary *s,
     fprintf(f, "\nsummary\n");
     fprintf(f, "  steps              %" PRIu64 "%s\n", s->steps,
             s->finished ? "" : " (not finished)");
+    if (s->error[0])
+        fprintf(f, "  error              %s\n", s->error);
     fprintf(f, "  samples committed  %" PRIu64 "\n", s->samples);
     if (isfinite(s->final_loss))
         fprintf(f, "  final loss         %.4f (first reported %.4f)\n", s->final_loss,
@@ -245,6 +282,17 @@ int cli_job_write_json(const char *path, const struct coord_loop_summary *s) {
     fprintf(f, "  \"wall_seconds\": %.3f,\n  \"checkpoint_restores\": %" PRIu64 ",\n"
                "  \"worker_notices\": %d,\n",
             s->wall_seconds, s->count[COORD_LOOP_RESTORE], s->worker_notices);
+    if (s->error[0]) {
+        json_t *js = json_string(s->error);
+        char *e = js ? json_dumps(js, JSON_ENCODE_ANY) : NULL;
+        json_decref(js);
+        if (!e) {
+            fclose(f);
+            return -ENOMEM;
+        }
+        fprintf(f, "  \"error\": %s,\n", e);
+        free(e); /* jansson allocates with malloc */
+    }
     fprintf(f, "  \"migrations\": {");
     for (int k = 0; k < COORD_LOOP_NKINDS; k++)
         fprintf(f, "%s\n    \"%s\": {\"count\": %" PRIu64 ", \"bytes\": %" PRIu64

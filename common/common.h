@@ -54,6 +54,14 @@ void st_log_internal(int level, const char *subsys, const char *file, int line, 
 #define st_log_errno(r, ...)                                                       \
     (st_log_internal(ST_LOG_ERR, "main", __FILE__, __LINE__, __VA_ARGS__), (r))
 
+/* ---- the ZeRO-1 shard rule --------------------------------------------------------- */
+
+/* Replica r's shard of n elements split over dp replicas: [*ret_lo, *ret_hi) with
+ * lo = floor(r n / dp), hi = floor((r + 1) n / dp), computed without overflow; r >= dp (or
+ * dp < 1) gives the empty range [n, n). The one rule the engine's optimizer shards and the
+ * migration planner's transfers both use, so a shard is the same bytes everywhere. */
+void st_shard(uint64_t n, int64_t dp, int64_t r, uint64_t *ret_lo, uint64_t *ret_hi);
+
 /* ---- allocation ------------------------------------------------------------------ */
 
 /* All allocation goes through these so tests can make the Nth call fail (curl torture). */

@@ -183,6 +183,7 @@ static const struct field planner_fields[] = {
     {"predictor", F_CHOICE, STR(planner.predictor), 0, 0, predictor_names, NULL, 0, NULL},
     {"dp", F_SHAPE, OFF(planner.dp), 0, 1, 4096, NULL, &dp_range_table, 0, NULL},
     {"pp", F_SHAPE, OFF(planner.pp), 0, 1, 1024, NULL, &pp_range_table, 0, NULL},
+    {"wait_limit", F_DURATION, OFF(planner.wait_limit), 0, 0, 1e7, NULL, NULL, MIN_EXCL, NULL},
 };
 static const struct table planner_table = TABLE(planner_fields);
 
@@ -1047,6 +1048,7 @@ void st_spec_defaults(struct st_spec *spec) {
     spec->planner.interval = 60;
     spec->planner.lookahead = 12;
     snprintf(spec->planner.predictor, sizeof(spec->planner.predictor), "notice");
+    spec->planner.wait_limit = 1800;
     spec->checkpoint.interval = 1800;
     spec->checkpoint.keep = 2;
     snprintf(spec->coordinator.listen, sizeof(spec->coordinator.listen), "127.0.0.1:7070");
@@ -1133,6 +1135,16 @@ report:
     }
     if (ret_nerrs)
         *ret_nerrs = 0;
+    /* Keep the positions: checks made after parsing (the planner's feasibility) name them. */
+    for (size_t i = 0; i < c->nseen && c->spec.nwhere < ST_SPEC_MAX_WHERE; i++) {
+        struct st_spec_where *w = &c->spec.where[c->spec.nwhere];
+        if (!c->seen[i].path[0] || strlen(c->seen[i].path) >= sizeof(w->path))
+            continue;
+        snprintf(w->path, sizeof(w->path), "%s", c->seen[i].path);
+        w->line = c->seen[i].line;
+        w->column = c->seen[i].col;
+        c->spec.nwhere++;
+    }
     if (ret_spec)
         *ret_spec = c->spec;
 out:
@@ -1323,6 +1335,7 @@ char *st_spec_to_json(const struct st_spec *spec) {
                                    &ok), &ok);
     jset(planner, "pp", shape_json(spec->planner.pp, spec->planner.pp_min, spec->planner.pp_max,
                                    &ok), &ok);
+    jset(planner, "wait_limit", json_real(spec->planner.wait_limit), &ok);
     jset(sp, "planner", planner, &ok);
 
     jset(ckpt, "dir", json_string(spec->checkpoint.dir), &ok);
@@ -1352,4 +1365,25 @@ out:
     free(text); /* jansson's allocator */
     json_decref(root);
     return out;
+}
+
+/* See spec.h. */
+int st_spec_where(const struct st_spec *spec, const char *field, int *ret_line,
+                  int *ret_column) {
+    char p[sizeof(spec->where[0].path)];
+    if (!spec || !field || !ret_line || !ret_column)
+        return -EINVAL;
+    snprintf(p, sizeof(p), "%s", field);
+    for (int parent = 0;; parent = 1) {
+        for (int i = 0; i < spec->nwhere && i < ST_SPEC_MAX_WHERE; i++)
+            if (strcmp(spec->where[i].path, p) == 0) {
+                *ret_line = spec->where[i].line;
+                *ret_column = spec->where[i].column;
+                return parent;
+            }
+        char *dot = strrchr(p, '.');
+        if (!dot)
+            return -ENOENT;
+        *dot = '\0';
+    }
 }

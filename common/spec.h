@@ -99,6 +99,9 @@ struct st_spec_planner {
     int dp_min, dp_max;   /* bounds; 0 = unbounded */
     int pp_min, pp_max;
     int dp, pp;           /* pinned shape; 0 = planner chooses */
+    double wait_limit;    /* seconds of cloud time the job may wait for a fleet that can
+                           * host a feasible shape before it stops with an error (default
+                           * 1800) */
 };
 
 struct st_spec_checkpoint {
@@ -123,6 +126,14 @@ struct st_spec_status {
     char token_file[ST_SPEC_PATH_MAX]; /* bearer token for writes and gRPC; "" = none */
 };
 
+#define ST_SPEC_MAX_WHERE 160 /* positions kept; the format has fewer than 100 fields */
+
+/* Where a field given in the file was (its value), for errors found after parsing. */
+struct st_spec_where {
+    char path[64];         /* "spec.planner.dp"; longer paths are not kept */
+    int line, column;      /* 1-based */
+};
+
 struct st_spec {
     char path[ST_SPEC_PATH_MAX]; /* the file it was loaded from */
     char api_version[32];  /* "spottrain/v1" */
@@ -136,6 +147,8 @@ struct st_spec {
     struct st_spec_checkpoint checkpoint;
     struct st_spec_coordinator coordinator;
     struct st_spec_status status;
+    int nwhere;            /* positions of the fields given in the file (st_spec_where) */
+    struct st_spec_where where[ST_SPEC_MAX_WHERE];
 };
 
 /* Fills every field with its default (docs/job-spec.md). */
@@ -156,5 +169,13 @@ int st_spec_parse(const char *name, const char *data, size_t len, struct st_spec
 char *st_spec_to_json(const struct st_spec *spec);
 
 const char *st_provider_name(enum st_provider p);
+
+/* Where `field` (a dotted path such as "spec.planner.dp") was given in the spec's file; for
+ * a field left to its default, where its nearest given parent mapping was. Writes *ret_line
+ * and *ret_column (1-based). Returns 0 for the field itself, 1 for a parent, -ENOENT when
+ * neither was given (a spec not parsed from a file), -EINVAL on bad arguments. Callers with
+ * a verdict about a parsed spec (plan_feasible) use it to name file:line:column. */
+int st_spec_where(const struct st_spec *spec, const char *field, int *ret_line,
+                  int *ret_column);
 
 #endif

@@ -284,3 +284,15 @@ void st_error_format(const struct st_error *e, char *buf, size_t size) {
     else
         snprintf(buf, size, "%s: %s", pos, e->message);
 }
+
+/* See common.h. */
+void st_shard(uint64_t n, int64_t dp, int64_t r, uint64_t *ret_lo, uint64_t *ret_hi) {
+    if (dp < 1 || r < 0 || r >= dp) {
+        *ret_lo = *ret_hi = n;
+        return;
+    }
+    /* floor(r n / dp) = r (n / dp) + floor(r (n % dp) / dp): no overflow of r n */
+    uint64_t q = n / (uint64_t)dp, rem = n % (uint64_t)dp, ur = (uint64_t)r;
+    *ret_lo = ur * q + (ur * rem) / (uint64_t)dp;
+    *ret_hi = (ur + 1) * q + ((ur + 1) * rem) / (uint64_t)dp;
+}

@@ -13,6 +13,7 @@
 
 #include "control.pb-c.h" /* Spottrain__V1__* messages */
 #include "coordinator.h"
+#include "history.h" /* struct coord_history: the series of /v1/history */
 #include "journal.h"
 
 #define COORD_MAGIC 0x434f4f52u /* "COOR" */
@@ -21,6 +22,8 @@
 #define COORD_MAX_NOTICES 64
 #define COORD_MAX_ACKS 1024
 #define COORD_MAX_PEERS 65536
+#define COORD_DP_KEY_BYTES 32    /* master key and per-epoch data-plane secret */
+#define COORD_NOTICE_DP_AUTH "data-auth-failed" /* a worker's data plane refused a connection */
 
 struct coord_watch;
 
@@ -77,11 +80,18 @@ struct coord {
     double stall_total, predicted, actual, spend;
     uint64_t reports, rejected_auth, rejected_invalid, commands_sent;
     char *plan_detail;           /* JSON object text or NULL */
+    int noticed;                 /* instances alive under a notice (coord_metrics_set_noticed) */
+    /* The job's loss is that of the newest step a loss-computing worker (the last pipeline
+     * stage) reported: job.loss holds it; these say which (epoch, step) it belongs to. */
+    uint64_t loss_epoch, loss_step;
+    double samples_per_second;   /* global batch / step seconds of that report; 0 = none yet */
+    struct coord_history history; /* history.c */
     /* the planner (coord_planner_record) */
     char planner_predictor[32];  /* "" until the first decision */
     uint64_t planner_decisions;
     double planner_decide_seconds;
     struct coord_planner_decision planner_last;
+    char waiting_reason[200];    /* coord_set_waiting; "" while not waiting */
 
     /* gRPC */
     grpc_server *server;
@@ -100,6 +110,11 @@ struct coord {
 
     /* TLS (tls.c): PEM texts, NULL when TLS is off; tls_ca_pem NULL = no client certs */
     char *tls_cert_pem, *tls_key_pem, *tls_ca_pem;
+
+    /* data-plane secrets (dp-secret.c): the master key every epoch's secret derives from */
+    unsigned char dp_master[COORD_DP_KEY_BYTES];
+    bool dp_loaded;
+    uint64_t dp_auth_failures;   /* connections the workers' data planes refused */
 };
 
 /* ---- state.c (all called with c->lock held unless said otherwise) ------------------- */
@@ -124,6 +139,9 @@ void coord__worker_copy(const struct coord *c, const struct coord_wk *wk, struct
 int coord__watch_fill(struct coord *c, struct coord_wk *wk, struct coord_watch *w);
 /* Counts workers by state into counts[COORD_WORKER_NSTATES]. */
 void coord__count_states(const struct coord *c, size_t counts[COORD_WORKER_NSTATES]);
+/* What the instance-hours spent so far would have cost on demand: spend scaled by the spec's
+ * on-demand / spot price ratio (0 without a spot price, when nothing is spent either). */
+double coord__on_demand_dollars(const struct coord *c);
 /* Event with the lock held. */
 int64_t coord__event_locked(struct coord *c, const char *kind, const char *worker_id,
                             const char *fmt, ...) ST_PRINTF(4, 5);
@@ -147,6 +165,11 @@ void coord__rest_stop(struct coord *c);
 /* The Prometheus text of /metrics (lock held). Caller frees with st_free(). */
 char *coord__metrics_text(struct coord *c);
 
+/* ---- page.c (generated from status-page.html and status-icon.svg by embed.py) -------- */
+
+extern const unsigned char coord__page_html[], coord__page_icon[];
+extern const size_t coord__page_html_len, coord__page_icon_len;
+
 /* ---- tls.c -------------------------------------------------------------------------- */
 
 /* Resolves cfg.tls_* against spec.coordinator.tls (an empty field takes the spec's), checks
@@ -156,6 +179,30 @@ char *coord__metrics_text(struct coord *c);
 int coord__tls_load(struct coord *c);
 /* Releases the PEM texts (the key wiped first). Idempotent. */
 void coord__tls_free(struct coord *c);
+
+/* ---- dp-secret.c -------------------------------------------------------------------- */
+
+/* Reads state_dir/data-plane.key, or creates it (0600, 32 random bytes) on a new state
+ * directory. Returns 0, -EBADMSG for a key file of the wrong size, or the negative errno of
+ * the file operation; logged with the path, never with the key. */
+int coord__dp_key_load(struct coord *c);
+/* Wipes the master key. Idempotent. */
+void coord__dp_key_free(struct coord *c);
+/* The data-plane secret of epoch into out: HMAC-SHA256(master, label | job id | epoch).
+ * Returns 0, -EINVAL before the key is loaded, -EIO when the crypto library fails. */
+int coord__dp_secret(const struct coord *c, uint64_t epoch,
+                     unsigned char out[COORD_DP_KEY_BYTES]);
+/* Packs cmd; with_secret fills the epoch's secret into a Configure, or into a Migrate that
+ * builds a communicator (the journal's copy is packed without it). The caller's cmd is left
+ * as it was. Caller frees *ret_data with coord__dp_free_packed(). */
+int coord__dp_pack(const struct coord *c, Spottrain__V1__Command *cmd, bool with_secret,
+                   void **ret_data, size_t *ret_len);
+/* A journaled command body as it goes out on a redelivery: unpacked, secret filled, packed.
+ * -EBADMSG for a body that does not decode. Caller frees with coord__dp_free_packed(). */
+int coord__dp_repack(const struct coord *c, const void *body, size_t len, void **ret_data,
+                     size_t *ret_len);
+/* Wipes and frees a packed command that may hold a secret. NULL-safe. */
+void coord__dp_free_packed(void *data, size_t len);
 
 /* ---- validate.c ---------------------------------------------------------------------- */
 

@@ -116,6 +116,9 @@ struct coord_loop_summary {
     bool finished;                 /* every step done (and saved, with save_dir) */
     int worker_notices;            /* interruption notices workers read from their cloud
                                     * metadata endpoint and relayed */
+    char error[320];               /* why the loop stopped the job early ("" when it did not):
+                                    * e.g. planner.wait_limit passed without a fleet that can
+                                    * host a shape the spec allows */
 };
 
 /* A short description of what the loop is doing, for status lines. */
@@ -126,6 +129,7 @@ struct coord_loop_status {
     int alive, forecast;           /* instances alive; predicted for the next interval */
     char phase[24];
     char last_event[320];
+    char waiting[200];             /* why the loop waits for workers ("" when it does not) */
 };
 
 /* Creates a loop. Returns 0 and *ret, -EINVAL for a bad config, -ENOMEM. Caller frees with

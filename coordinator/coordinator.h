@@ -270,6 +270,13 @@ void coord_metrics_add_migration(struct coord *c, enum coord_migration_kind kind
                                  uint64_t bytes, double stall_seconds);
 void coord_metrics_set_instances(struct coord *c, double predicted, double actual);
 void coord_metrics_add_spend(struct coord *c, double dollars);
+/* Instances alive now that are under an interruption notice (only the planning loop knows:
+ * it is the one polling the provider). Shown with coord_metrics_set_instances()'s counts in
+ * /metrics, /v1/history and the status page. Negative values are ignored. */
+void coord_metrics_set_noticed(struct coord *c, int noticed);
+/* Why the planning loop waits for workers (GET /v1/job "waiting_reason", the
+ * spottrain_waiting gauge of /metrics); "" when it does not wait. Copied. */
+void coord_set_waiting(struct coord *c, const char *reason);
 
 /* ---- helpers shared by the CLI commands --------------------------------------------- */
 

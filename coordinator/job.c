@@ -257,10 +257,9 @@ static int loop_config(struct job *J, const char *state_dir) {
     lc->ckpt_commit = cfg->ckpt_commit;
     lc->ckpt_userdata = cfg->ckpt_userdata;
     if (J->spec.checkpoint.interval > 0) {
-        if (J->spec.checkpoint.dir[0] && cfg->fleet != COORD_JOB_FLEET_SIM)
-            snprintf(lc->ckpt_root, sizeof(lc->ckpt_root), "%s", J->spec.checkpoint.dir);
-        else
-            snprintf(lc->ckpt_root, sizeof(lc->ckpt_root), "%s/ckpt", state_dir);
+        /* Under the job's own directory: a checkpoint of another run of the same name can
+         * never be taken for this job's. */
+        snprintf(lc->ckpt_root, sizeof(lc->ckpt_root), "%s/ckpt", state_dir);
         lc->ckpt_interval = J->spec.checkpoint.interval * lc->time_scale;
     }
     snprintf(lc->save_dir, sizeof(lc->save_dir), "%s", cfg->save_dir);

@@ -140,6 +140,15 @@ struct coord_loop {
     uint64_t nevents;         /* events ever recorded; event k sits at k % LOOP_EVENTS */
     enum plan_predictor predictor;
     uint64_t decisions;       /* planner consultations */
+
+    /* Which shapes may run (the planner's rules, shared with validate) and the wait for a
+     * fleet that can host one. */
+    struct plan_rules rules;        /* the spec's rules, pins included */
+    struct plan_rules rules_forced; /* the same without pins: forced shapes override them */
+    struct plan_feasibility feas;
+    double wait_since;              /* loop time the current wait began; 0 = not waiting */
+    bool wait_told;                 /* its event was recorded */
+    char waiting[200];              /* status line while waiting; "" otherwise */
 };
 
 /* See coord-loop.h. */
@@ -410,32 +419,19 @@ static int view_get(struct coord_loop *L, struct wv **ret, size_t *ret_n) {
     return 0;
 }
 
-static bool engine_shape_ok(const struct coord_loop *L, int dp, int pp) {
-    const struct st_spec *s = &L->cfg.spec;
-    if (dp < 1 || pp < 1 || pp > L->nlayers || dp * pp > PLAN_MIG_MAX_POSITIONS)
-        return false;
-    if (s->training.global_batch % (dp * s->training.micro_batch) != 0)
-        return false;
-    if ((s->planner.dp_min > 0 && dp < s->planner.dp_min) ||
-        (s->planner.dp_max > 0 && dp > s->planner.dp_max) ||
-        (s->planner.pp_min > 0 && pp < s->planner.pp_min) ||
-        (s->planner.pp_max > 0 && pp > s->planner.pp_max))
-        return false;
-    return true;
-}
-
 /* The shape to run on n workers: (dp, pp) itself when the engine can run it there, else the
  * feasible shape with the best throughput under the cost model (without one: the most
  * workers), where keeping the current depth counts 20% extra (a repartition moves whole
  * layers) and the wanted pp wins ties. {0,0} when nothing fits. */
-static void clamp_shape(const struct coord_loop *L, int n, int *dp, int *pp) {
-    if (*dp >= 1 && *pp >= 1 && *dp * *pp <= n && engine_shape_ok(L, *dp, *pp))
+static void clamp_shape(const struct coord_loop *L, const struct plan_rules *rules, int n,
+                        int *dp, int *pp) {
+    if (*dp >= 1 && *pp >= 1 && *dp * *pp <= n && plan_shape_check(rules, *dp, *pp) == 0)
         return;
     int want_pp = *pp > 0 ? *pp : 1, bd = 0, bp = 0;
     double best = -1;
     for (int p = 1; p <= L->nlayers; p++)
         for (int d = 1; d * p <= n; d++) {
-            if (!engine_shape_ok(L, d, p))
+            if (plan_shape_check(rules, d, p) != PLAN_RULE_OK)
                 continue;
             double v = L->cfg.cost ? plan_cost_throughput(L->cfg.cost, d, p) : 0;
             if (!(v > 0))
@@ -571,7 +567,7 @@ static void choose_shape(struct coord_loop *L, int n, uint64_t at, const struct 
     if (pp == 0)
         pp = L->epoch ? L->pp : 1;
     int want_dp = dp, want_pp = pp;
-    clamp_shape(L, n, &dp, &pp);
+    clamp_shape(L, f ? &L->rules_forced : &L->rules, n, &dp, &pp);
     if (consulted) {
         /* The shape that will actually start, and why it differs from the planner's choice
          * when it does (engine rules, spec bounds, workers available). */
@@ -1271,6 +1267,54 @@ static void phase_resync(struct coord_loop *L, const struct wv *v, size_t nv, do
               L->epoch, L->dp, L->pp, lo);
 }
 
+/* While the n available workers cannot host any shape the spec allows, says so (an event when
+ * the wait begins, the status line, GET /v1/job "waiting_reason", /metrics) and, after
+ * planner.wait_limit of cloud time, stops the job with an error instead of waiting forever.
+ * Returns true when it stopped the job. */
+static bool wait_check(struct coord_loop *L, int n, double now) {
+    const struct plan_feasibility *f = &L->feas;
+    int need = f->smallest.dp * f->smallest.pp;
+    if (f->nfeasible > 0 && n >= need) {
+        if (L->waiting[0]) {
+            L->waiting[0] = '\0';
+            coord_set_waiting(L->c, "");
+        }
+        L->wait_since = 0;
+        L->wait_told = false;
+        return false;
+    }
+    char why[sizeof(L->waiting)];
+    if (f->nfeasible == 0)
+        snprintf(why, sizeof(why), "no (dp, pp) shape satisfies the spec (%s)", f->field);
+    else
+        snprintf(why, sizeof(why), "the smallest shape the spec allows needs %d worker%s, %d "
+                 "alive", need, need == 1 ? "" : "s", n);
+    if (L->wait_since == 0)
+        L->wait_since = now;
+    if (strcmp(why, L->waiting) != 0) {
+        snprintf(L->waiting, sizeof(L->waiting), "%s", why);
+        coord_set_waiting(L->c, why);
+    }
+    /* Workers joining one by one at the start are no news: the event is for a wait that
+     * outlasts the first-workers grace, or any wait after training began. */
+    bool grace = !L->need_restore && L->epoch == 0 && n < L->cfg.expect_workers &&
+                 now - L->t0 < L->cfg.first_wait;
+    if (!L->wait_told && !grace) {
+        set_event(L, "waiting: %s", why);
+        L->wait_told = true;
+    }
+    double limit = L->cfg.spec.planner.wait_limit * L->cfg.time_scale;
+    if (now - L->wait_since < limit)
+        return false;
+    snprintf(L->sum.error, sizeof(L->sum.error), "no fleet could host a shape the spec allows "
+             "for %gs (planner.wait_limit): %s", L->cfg.spec.planner.wait_limit, why);
+    set_event(L, "%s; stopping", L->sum.error);
+    (void)coord_stop(L->c, "wait limit");
+    L->phase = PH_STOPPING;
+    L->stop_at = now;
+    return true;
+}
+
 static void phase_wait_first(struct coord_loop *L, const struct wv *v, size_t nv, double now) {
     int n = 0;
     for (size_t i = 0; i < nv; i++)
@@ -1289,9 +1333,11 @@ static void phase_wait_first(struct coord_loop *L, const struct wv *v, size_t nv
             (void)coord_stop(L->c, "no instances");
             L->phase = PH_STOPPING;
             L->stop_at = now;
+            return;
         }
-        return;
     }
+    if (wait_check(L, n, now) || n == 0)
+        return;
     if (!L->need_restore && L->epoch == 0 && n < L->cfg.expect_workers &&
         now - L->t0 < L->cfg.first_wait)
         return;
@@ -1406,6 +1452,10 @@ int coord_loop_tick(struct coord_loop *L, double now) {
         L->hist[L->nhist++] = alive >= 0 ? alive : live;
     L->st.alive = alive >= 0 ? alive : live;
     coord_metrics_set_instances(L->c, L->forecast > 0 ? L->forecast : L->st.alive, L->st.alive);
+    int noticed = 0;
+    for (size_t i = 0; i < L->ninst; i++)
+        noticed += L->inst[i].noticed && !L->inst[i].dead;
+    coord_metrics_set_noticed(L->c, noticed);
 
     ckpt_commit_check(L);
     switch (L->phase) {
@@ -1426,6 +1476,8 @@ int coord_loop_tick(struct coord_loop *L, double now) {
     L->st.pp = L->pp;
     L->st.forecast = L->forecast > 0 ? L->forecast : L->st.alive;
     snprintf(L->st.phase, sizeof(L->st.phase), "%s", phase_name(L->phase));
+    snprintf(L->st.waiting, sizeof(L->st.waiting), "%s",
+             L->phase == PH_WAIT_FIRST ? L->waiting : "");
     return L->phase == PH_DONE ? 1 : 0;
 }
 
@@ -1461,6 +1513,13 @@ int coord_loop_new(const struct coord_loop_config *cfg, struct coord_loop **ret)
         return -EINVAL;
     }
     L->nlayers = nl;
+    /* The same rules validate applied: the loop searches only shapes they allow. */
+    if (plan_rules_from_spec(&L->cfg.spec, true, &L->rules) < 0 ||
+        plan_rules_from_spec(&L->cfg.spec, false, &L->rules_forced) < 0 ||
+        plan_feasible(&L->cfg.spec, &L->feas) < 0) {
+        st_free(L);
+        return -EINVAL;
+    }
     /* One vocabulary, the planner's: an unknown name is an error, never a silent default. */
     if (plan_predictor_parse(L->cfg.spec.planner.predictor, &L->predictor) < 0) {
         st_free(L);

@@ -48,6 +48,26 @@ static enum MHD_Result send_text(struct MHD_Connection *conn, unsigned status, c
     return r;
 }
 
+/* A compiled-in asset (page.c): never copied, never freed. The page must not be framed by
+ * another origin nor load anything from one, whatever a browser would otherwise allow. */
+static enum MHD_Result send_static(struct MHD_Connection *conn, const char *ctype,
+                                   const unsigned char *data, size_t len) {
+    struct MHD_Response *resp = MHD_create_response_from_buffer(len, (void *)data,
+                                                                MHD_RESPMEM_PERSISTENT);
+    if (!resp)
+        return MHD_NO;
+    MHD_add_response_header(resp, "Content-Type", ctype);
+    MHD_add_response_header(resp, "Content-Security-Policy",
+                            "default-src 'self'; script-src 'self' 'unsafe-inline'; "
+                            "style-src 'self' 'unsafe-inline'; img-src 'self'; "
+                            "connect-src 'self'; frame-ancestors 'none'");
+    MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff");
+    MHD_add_response_header(resp, "Cache-Control", "no-cache");
+    enum MHD_Result r = MHD_queue_response(conn, MHD_HTTP_OK, resp);
+    MHD_destroy_response(resp);
+    return r;
+}
+
 /* Takes a reference to j. MHD frees the text with free(): jansson allocates with malloc. */
 static enum MHD_Result send_json(struct MHD_Connection *conn, unsigned status, json_t *j,
                                  const char *allow) {
@@ -97,15 +117,20 @@ static json_t *job_json(struct coord *c) {
     for (int s = 0; s < COORD_WORKER_NSTATES; s++)
         json_object_set_new(ws, coord_worker_state_name((enum coord_worker_state)s),
                             json_integer((json_int_t)counts[s]));
-    json_t *j = json_pack("{s:s, s:s, s:s, s:I, s:{s:i, s:i}, s:I, s:I, s:f, s:f, s:o, s:I}",
+    json_t *j = json_pack("{s:s, s:s, s:s, s:I, s:{s:i, s:i}, s:I, s:I, s:f, s:I, s:f, s:f,"
+                          " s:o, s:I}",
                           "id", c->job.id, "name", c->job.name, "state",
                           coord_job_state_name(c->job.state), "epoch", (json_int_t)c->job.epoch,
                           "shape", "dp", c->job.dp, "pp", c->job.pp, "step",
                           (json_int_t)c->job.step, "samples", (json_int_t)c->job.samples, "loss",
-                          c->job.loss, "created", c->job.created, "workers", ws,
-                          "target_steps", (json_int_t)c->spec.training.steps);
-    if (j)
+                          c->job.loss, "loss_step", (json_int_t)c->loss_step,
+                          "samples_per_second", c->samples_per_second, "created",
+                          c->job.created, "workers", ws, "target_steps",
+                          (json_int_t)c->spec.training.steps);
+    if (j) {
         json_object_set_new(j, "planner", planner_json(c));
+        json_object_set_new(j, "waiting_reason", json_string(c->waiting_reason));
+    }
     return j;
 }
 
@@ -207,8 +232,11 @@ char *coord__metrics_text(struct coord *c) {
     M("# HELP spottrain_samples_total Training samples committed.\n"
       "# TYPE spottrain_samples_total counter\nspottrain_samples_total %llu\n",
       (unsigned long long)c->job.samples);
-    M("# HELP spottrain_loss Loss of the last completed step.\n"
+    M("# HELP spottrain_loss Loss of the newest step the last pipeline stage reported.\n"
       "# TYPE spottrain_loss gauge\nspottrain_loss %.9g\n", c->job.loss);
+    M("# HELP spottrain_samples_per_second Global batch over the wall seconds of that step.\n"
+      "# TYPE spottrain_samples_per_second gauge\nspottrain_samples_per_second %.6g\n",
+      c->samples_per_second);
     M("# HELP spottrain_epoch Current job epoch (configurations so far).\n"
       "# TYPE spottrain_epoch gauge\nspottrain_epoch %llu\n", (unsigned long long)c->job.epoch);
     M("# HELP spottrain_shape_dp Data-parallel replicas of the current epoch.\n"
@@ -242,9 +270,18 @@ char *coord__metrics_text(struct coord *c) {
       "%.6g\n", c->predicted);
     M("# HELP spottrain_instances_actual Instances alive now.\n"
       "# TYPE spottrain_instances_actual gauge\nspottrain_instances_actual %.6g\n", c->actual);
+    M("# HELP spottrain_instances_noticed Instances alive under an interruption notice.\n"
+      "# TYPE spottrain_instances_noticed gauge\nspottrain_instances_noticed %d\n",
+      c->noticed);
     M("# HELP spottrain_spend_dollars_total Dollars spent on instances.\n"
       "# TYPE spottrain_spend_dollars_total counter\nspottrain_spend_dollars_total %.6f\n",
       c->spend);
+    M("# HELP spottrain_on_demand_dollars_total What the same instance-hours would have cost "
+      "on demand.\n# TYPE spottrain_on_demand_dollars_total counter\n"
+      "spottrain_on_demand_dollars_total %.6f\n", coord__on_demand_dollars(c));
+    M("# HELP spottrain_waiting 1 while the planning loop waits for workers that can host a "
+      "shape the spec allows (GET /v1/job waiting_reason says why).\n"
+      "# TYPE spottrain_waiting gauge\nspottrain_waiting %d\n", c->waiting_reason[0] != '\0');
     M("# HELP spottrain_planner_decisions_total Consultations of the liveput planner.\n"
       "# TYPE spottrain_planner_decisions_total counter\nspottrain_planner_decisions_total "
       "%llu\n", (unsigned long long)c->planner_decisions);
@@ -263,6 +300,11 @@ char *coord__metrics_text(struct coord *c) {
       "spottrain_rpc_rejected_total{reason=\"unauthenticated\"} %llu\n"
       "spottrain_rpc_rejected_total{reason=\"invalid_argument\"} %llu\n",
       (unsigned long long)c->rejected_auth, (unsigned long long)c->rejected_invalid);
+    M("# HELP spottrain_data_plane_auth_failures_total Data-plane connections the workers "
+      "refused (no or wrong epoch secret).\n"
+      "# TYPE spottrain_data_plane_auth_failures_total counter\n"
+      "spottrain_data_plane_auth_failures_total %llu\n",
+      (unsigned long long)c->dp_auth_failures);
 #undef M
     return b;
 }
@@ -308,7 +350,8 @@ static enum MHD_Result route(struct coord *c, struct MHD_Connection *conn, const
         return send_json(conn, MHD_HTTP_OK, j, NULL);
     }
     static const char *const gets[] = {"/healthz", "/v1/job", "/v1/workers", "/v1/events",
-                                       "/v1/plan", "/metrics"};
+                                       "/v1/plan", "/v1/history", "/metrics", "/",
+                                       "/favicon.svg"};
     bool known = false;
     for (size_t i = 0; i < ST_ARRAY_SIZE(gets); i++)
         known |= strcmp(url, gets[i]) == 0;
@@ -320,6 +363,25 @@ static enum MHD_Result route(struct coord *c, struct MHD_Connection *conn, const
 
     if (strcmp(url, "/healthz") == 0)
         return send_json(conn, MHD_HTTP_OK, json_pack("{s:s}", "status", "ok"), NULL);
+    /* The status page and its icon are open, like /healthz: they hold no job data, and the
+     * page asks for the token itself when /v1/history answers 401. */
+    if (strcmp(url, "/") == 0)
+        return send_static(conn, "text/html; charset=utf-8", coord__page_html,
+                           coord__page_html_len);
+    if (strcmp(url, "/favicon.svg") == 0)
+        return send_static(conn, "image/svg+xml", coord__page_icon, coord__page_icon_len);
+    if (strcmp(url, "/v1/history") == 0) {
+        if (!http_auth_ok(c, conn))
+            return send_error(conn, MHD_HTTP_UNAUTHORIZED, "unauthenticated", NULL,
+                              "missing or wrong bearer token");
+        pthread_mutex_lock(&c->lock);
+        json_t *h = coord__history_json(&c->history, st_wall());
+        pthread_mutex_unlock(&c->lock);
+        if (!h)
+            return send_error(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "internal", NULL,
+                              "out of memory");
+        return send_json(conn, MHD_HTTP_OK, h, NULL);
+    }
     if (strcmp(url, "/metrics") == 0) {
         pthread_mutex_lock(&c->lock);
         char *t = coord__metrics_text(c);

@@ -169,16 +169,19 @@ struct outbox {
 
 static void outbox_done(struct outbox *o) {
     for (size_t i = 0; i < o->n; i++)
-        st_free(o->v[i].data);
+        coord__dp_free_packed(o->v[i].data, o->v[i].len);
     st_free(o->v);
     memset(o, 0, sizeof(*o));
 }
 
 /* Packs cmd (id and epoch set by the caller), journals it and keeps the bytes for delivery
- * after the commit. */
+ * after the commit. The journal gets it without the data-plane secret; the bytes delivered
+ * carry it (dp-secret.c). */
 static int issue(struct coord *c, struct coord_wk *wk, const char *kind,
                  Spottrain__V1__Command *cmd, struct outbox *o) {
-    size_t len = spottrain__v1__command__get_packed_size(cmd);
+    void *body = NULL, *data = NULL;
+    size_t blen = 0, len = 0;
+    int r = 0;
     if (o->n == o->cap) {
         size_t cap = o->cap ? o->cap * 2 : 8;
         struct coord_outgoing *v = st_realloc(o->v, cap * sizeof(*v));
@@ -187,18 +190,16 @@ static int issue(struct coord *c, struct coord_wk *wk, const char *kind,
         o->v = v;
         o->cap = cap;
     }
-    void *data = st_malloc(len ? len : 1);
-    if (!data)
-        return -ENOMEM;
-    spottrain__v1__command__pack(cmd, data);
-    int r = coord__journal_command_add(c->journal, wk->pub.id, cmd->id, cmd->epoch, kind, data,
-                                       len, st_wall());
-    if (r < 0) {
-        st_free(data);
-        return r;
-    }
+    TRY_GOTO(coord__dp_pack(c, cmd, false, &body, &blen), r, out);
+    TRY_GOTO(coord__dp_pack(c, cmd, true, &data, &len), r, out);
+    TRY_GOTO(coord__journal_command_add(c->journal, wk->pub.id, cmd->id, cmd->epoch, kind, body,
+                                        blen, st_wall()), r, out);
     o->v[o->n++] = (struct coord_outgoing){.wk = wk, .data = data, .len = len};
-    return 0;
+    data = NULL;
+out:
+    st_free(body);
+    coord__dp_free_packed(data, len);
+    return r;
 }
 
 /* After a commit: push each command on its worker's stream (if one is open). */
@@ -216,9 +217,15 @@ struct fill_ctx {
     struct coord_watch *w;
 };
 
+/* A redelivery: the journaled body gets its epoch's secret back on the way out. */
 static int fill_one(const struct coord_command_row *row, void *userdata) {
     struct fill_ctx *f = userdata;
-    return coord__watch_push(f->c, f->w, row->body, row->len);
+    void *data = NULL;
+    size_t len = 0;
+    TRY(coord__dp_repack(f->c, row->body, row->len, &data, &len));
+    int r = coord__watch_push(f->c, f->w, data, len);
+    coord__dp_free_packed(data, len);
+    return r;
 }
 
 int coord__watch_fill(struct coord *c, struct coord_wk *wk, struct coord_watch *w) {
@@ -336,6 +343,7 @@ static int configure_locked(struct coord *c, int dp, int pp, const struct coord_
 
     /* Committed: apply to memory, then deliver. */
     c->job = job;
+    coord__history_shape(&c->history, st_wall(), epoch, dp, pp, start_step);
     for (size_t i = 0; i < n; i++) {
         struct coord_worker *p = &wks[i]->pub;
         p->state = COORD_WORKER_ACTIVE;
@@ -633,21 +641,10 @@ int coord__apply_join(struct coord *c, const Spottrain__V1__JoinRequest *req,
         row.layer_begin = row.layer_end = 0;
     }
     bool changed = !wk || returned || memcmp(&row, &wk->pub, sizeof(row)) != 0;
-    if (changed) {
-        TRY(coord__journal_begin(c->journal));
-        r = coord__journal_worker_save(c->journal, &row, wk ? wk->next_command : 1);
-        if (r >= 0 && coord__event_locked(c, !wk ? "worker_joined" : returned ? "worker_returned"
-                                                                              : "worker_rejoined",
-                                          row.id, "instance '%s' zone '%s' data '%s'",
-                                          row.instance_id, row.zone, row.data_addr) < 0)
-            r = -EIO;
-        if (r >= 0)
-            r = coord__journal_commit(c->journal);
-        if (r < 0) {
-            coord__journal_rollback(c->journal);
-            return r;
-        }
-    }
+    /* A new worker's memory is taken before the commit: once the journal holds the worker,
+     * memory must too (an allocation failure after the commit left the two apart; found by
+     * the proto fuzz target). */
+    struct coord_wk *fresh = NULL;
     if (!wk) {
         if (c->nworkers == c->capworkers) {
             size_t cap = c->capworkers ? c->capworkers * 2 : 16;
@@ -657,9 +654,29 @@ int coord__apply_join(struct coord *c, const Spottrain__V1__JoinRequest *req,
             c->workers = v;
             c->capworkers = cap;
         }
-        wk = st_calloc(1, sizeof(*wk));
-        if (!wk)
+        fresh = st_calloc(1, sizeof(*fresh));
+        if (!fresh)
             return -ENOMEM;
+    }
+    if (changed) {
+        r = coord__journal_begin(c->journal);
+        if (r >= 0)
+            r = coord__journal_worker_save(c->journal, &row, wk ? wk->next_command : 1);
+        if (r >= 0 && coord__event_locked(c, !wk ? "worker_joined" : returned ? "worker_returned"
+                                                                              : "worker_rejoined",
+                                          row.id, "instance '%s' zone '%s' data '%s'",
+                                          row.instance_id, row.zone, row.data_addr) < 0)
+            r = -EIO;
+        if (r >= 0)
+            r = coord__journal_commit(c->journal);
+        if (r < 0) {
+            coord__journal_rollback(c->journal);
+            st_free(fresh);
+            return r;
+        }
+    }
+    if (!wk) {
+        wk = fresh;
         wk->next_command = 1;
         c->workers[c->nworkers++] = wk;
         c->next_order++;
@@ -705,12 +722,25 @@ int coord__apply_report(struct coord *c, const Spottrain__V1__ReportRequest *req
     c->reports++;
     if (req->step > wk->pub.step || (req->step == wk->pub.step && req->step > 0)) {
         wk->pub.step = req->step;
-        wk->pub.loss = req->loss;
+        wk->pub.loss = !req->no_loss ? req->loss : 0.0;
     }
     if (req->step > c->job.step) {
         c->job.step = req->step;
+        c->job_dirty = true;
+    }
+    /* Only a worker that computes the loss may set it (the others report none, not 0), and
+     * the newest step wins whichever replica reports first. A newer epoch may restart from an
+     * older step (a checkpoint restore), so its losses replace those of the epoch it ended. */
+    if (!req->no_loss && req->step > 0 &&
+        (req->epoch > c->loss_epoch || (req->epoch == c->loss_epoch && req->step > c->loss_step))) {
+        c->loss_epoch = req->epoch;
+        c->loss_step = req->step;
         c->job.loss = req->loss;
         c->job_dirty = true;
+        if (req->step_seconds > 0) /* 0: not timed (a restored step); keep the last rate */
+            c->samples_per_second = c->spec.training.global_batch / req->step_seconds;
+        coord__history_loss(&c->history, st_wall(), req->step, req->loss,
+                            c->samples_per_second);
     }
     if (req->samples > c->job.samples) {
         c->job.samples = req->samples;
@@ -737,11 +767,15 @@ int coord__apply_report(struct coord *c, const Spottrain__V1__ReportRequest *req
                                         (unsigned long long)a->id, a->error) < 0 ? -EIO : 1;
         }
     }
+    uint64_t dp_refused = 0;
     for (size_t i = 0; i < req->n_notices && r >= 0; i++) {
         const Spottrain__V1__Notice *n = req->notices[i];
         if (coord__event_locked(c, "notice", wk->pub.id, "%s at %.0f %s", n->kind, n->at,
                                 n->detail) < 0)
             r = -EIO;
+        /* The event above names the refused peer's address (the detail says "peer=..."). */
+        if (!strcmp(n->kind, COORD_NOTICE_DP_AUTH))
+            dp_refused++;
     }
     if (r >= 0 && c->job.state == COORD_JOB_STOPPING && !strcmp(req->state, "stopped"))
         stopped = true;
@@ -757,6 +791,7 @@ int coord__apply_report(struct coord *c, const Spottrain__V1__ReportRequest *req
         coord__journal_rollback(c->journal);
         return r;
     }
+    c->dp_auth_failures += dp_refused; /* after the commit: counted once, as journaled */
     wk->pub.acked_command = row.acked_command;
     wk->pub.state = row.state;
     for (size_t i = 0; i < req->n_acks; i++) {
@@ -946,6 +981,7 @@ int coord_new(const struct coord_config *cfg, const struct coord_hooks *hooks,
     if (hooks)
         c->hooks = *hooks;
     pthread_mutex_init(&c->lock, NULL);
+    coord__history_init(&c->history);
     if (!c->cfg.listen[0])
         snprintf(c->cfg.listen, sizeof(c->cfg.listen), "%s", c->spec.coordinator.listen);
     if (!c->cfg.status_listen[0])
@@ -983,6 +1019,7 @@ int coord_new(const struct coord_config *cfg, const struct coord_hooks *hooks,
     if (r == -ENOENT) {
         memset(&c->job, 0, sizeof(c->job));
         st_uuid_new(c->job.id);
+        TRY_GOTO(coord__dp_key_load(c), r, out);
         snprintf(c->job.name, sizeof(c->job.name), "%s", c->spec.name);
         c->job.state = COORD_JOB_PENDING;
         c->job.created = st_wall();
@@ -1008,8 +1045,12 @@ int coord_new(const struct coord_config *cfg, const struct coord_hooks *hooks,
             goto out;
         }
         TRY_GOTO(coord__journal_workers_load(c->journal, load_worker, c), r, out);
+        TRY_GOTO(coord__dp_key_load(c), r, out);
         coord__event_locked(c, "job_resumed", NULL, "epoch %llu, %zu worker(s) known",
                             (unsigned long long)c->job.epoch, c->nworkers);
+        if (c->job.epoch > 0)
+            coord__history_shape(&c->history, st_wall(), c->job.epoch, c->job.dp, c->job.pp,
+                                 c->job.step);
     }
     c->last_tick = c->last_flush = st_now();
     *ret_c = c;
@@ -1062,6 +1103,7 @@ struct coord *coord_free(struct coord *c) {
     st_free(c->notes);
     st_free(c->plan_detail);
     coord__tls_free(c);
+    coord__dp_key_free(c);
     coord__journal_close(c->journal);
     pthread_mutex_destroy(&c->lock);
     c->magic = 0;
@@ -1141,6 +1183,8 @@ void coord_metrics_add_migration(struct coord *c, enum coord_migration_kind kind
     c->mig_count[kind]++;
     c->mig_bytes[kind] += bytes;
     c->mig_stall[kind] += stall_seconds;
+    coord__history_migration(&c->history, st_wall(), c->job.epoch, c->job.step, c->job.dp,
+                             c->job.pp, kind, bytes, stall_seconds);
     pthread_mutex_unlock(&c->lock);
 }
 
@@ -1150,6 +1194,22 @@ void coord_metrics_set_instances(struct coord *c, double predicted, double actua
     pthread_mutex_lock(&c->lock);
     c->predicted = predicted;
     c->actual = actual;
+    coord__history_instances(&c->history, st_wall(), (int)actual, c->noticed, predicted);
+    pthread_mutex_unlock(&c->lock);
+}
+
+double coord__on_demand_dollars(const struct coord *c) {
+    const struct st_spec_fleet *f = &c->spec.fleet;
+    return f->spot_price > 0 ? c->spend * f->on_demand_price / f->spot_price : 0.0;
+}
+
+/* See coordinator.h. */
+void coord_metrics_set_noticed(struct coord *c, int noticed) {
+    if (!c || c->magic != COORD_MAGIC || noticed < 0)
+        return;
+    pthread_mutex_lock(&c->lock);
+    c->noticed = noticed;
+    coord__history_instances(&c->history, st_wall(), (int)c->actual, noticed, c->predicted);
     pthread_mutex_unlock(&c->lock);
 }
 
@@ -1168,10 +1228,19 @@ void coord_planner_record(struct coord *c, const char *predictor,
                       d->at_step, d->reason);
 }
 
+void coord_set_waiting(struct coord *c, const char *reason) {
+    if (!c || c->magic != COORD_MAGIC || !reason)
+        return;
+    pthread_mutex_lock(&c->lock);
+    snprintf(c->waiting_reason, sizeof(c->waiting_reason), "%s", reason);
+    pthread_mutex_unlock(&c->lock);
+}
+
 void coord_metrics_add_spend(struct coord *c, double dollars) {
     if (!c || c->magic != COORD_MAGIC || !isfinite(dollars) || dollars < 0)
         return;
     pthread_mutex_lock(&c->lock);
     c->spend += dollars;
+    coord__history_cost(&c->history, st_wall(), c->spend, coord__on_demand_dollars(c));
     pthread_mutex_unlock(&c->lock);
 }

@@ -43,7 +43,7 @@ size_t mig_dtype_size(enum mig_dtype t) {
 /* See migrate-internal.h. */
 int mig__comm_new_ops(const struct mig_transport_ops *ops, struct mig_endpoint *ep,
                       uint64_t epoch, int rank, int nranks, const char *const *peer_addrs,
-                      double timeout_s, struct mig_comm **ret) {
+                      const struct mig_auth *auth, double timeout_s, struct mig_comm **ret) {
     struct mig_comm *c;
     int r;
 
@@ -60,6 +60,11 @@ int mig__comm_new_ops(const struct mig_transport_ops *ops, struct mig_endpoint *
     c->rank = rank;
     c->nranks = nranks;
     c->timeout_s = timeout_s;
+    if (auth) {
+        c->keyed = true;
+        c->auth = *auth;
+        c->auth.job_id[sizeof(c->auth.job_id) - 1] = '\0';
+    }
     r = ops->init(c, peer_addrs);
     if (r < 0) {
         mig_comm_free(c);
@@ -72,15 +77,29 @@ int mig__comm_new_ops(const struct mig_transport_ops *ops, struct mig_endpoint *
 }
 
 /* See migrate.h. */
-int mig_comm_new(const char *transport, struct mig_endpoint *ep, uint64_t epoch, int rank,
-                 int nranks, const char *const *peer_addrs, double timeout_s,
-                 struct mig_comm **ret) {
+int mig_comm_new_auth(const char *transport, struct mig_endpoint *ep, uint64_t epoch, int rank,
+                      int nranks, const char *const *peer_addrs, const struct mig_auth *auth,
+                      double timeout_s, struct mig_comm **ret) {
     const struct mig_transport_ops *ops = transport_find(transport);
     if (!transport || !ret)
         return -EINVAL;
     if (!ops)
         return strcmp(transport, "nccl") == 0 ? -EOPNOTSUPP : -EINVAL;
-    return mig__comm_new_ops(ops, ep, epoch, rank, nranks, peer_addrs, timeout_s, ret);
+    return mig__comm_new_ops(ops, ep, epoch, rank, nranks, peer_addrs, auth, timeout_s, ret);
+}
+
+/* See migrate.h. */
+void mig_auth_clear(struct mig_auth *a) {
+    if (a)
+        mig__wipe(a, sizeof(*a));
+}
+
+/* See migrate.h. */
+int mig_comm_new(const char *transport, struct mig_endpoint *ep, uint64_t epoch, int rank,
+                 int nranks, const char *const *peer_addrs, double timeout_s,
+                 struct mig_comm **ret) {
+    return mig_comm_new_auth(transport, ep, epoch, rank, nranks, peer_addrs, NULL, timeout_s,
+                             ret);
 }
 
 /* See migrate.h. */
@@ -89,6 +108,7 @@ struct mig_comm *mig_comm_free(struct mig_comm *c) {
         return NULL;
     if (c->ops && c->ops->fini)
         c->ops->fini(c);
+    mig__wipe(&c->auth, sizeof(c->auth));
     c->magic = 0;
     st_free(c);
     return NULL;

@@ -43,6 +43,8 @@ struct mig_comm {
     uint64_t epoch;
     int rank, nranks;
     double timeout_s;  /* seconds without progress before -ETIMEDOUT */
+    bool keyed;        /* built with a secret: messages carry MACs */
+    struct mig_auth auth; /* all-zero key when !keyed; wiped by mig_comm_free */
     uint64_t sent;     /* payload bytes */
     uint64_t recvd;
     void *priv;        /* the transport's state */
@@ -52,7 +54,10 @@ struct mig_comm {
  * transport to bootstrap over tcp). */
 int mig__comm_new_ops(const struct mig_transport_ops *ops, struct mig_endpoint *ep,
                       uint64_t epoch, int rank, int nranks, const char *const *peer_addrs,
-                      double timeout_s, struct mig_comm **ret);
+                      const struct mig_auth *auth, double timeout_s, struct mig_comm **ret);
+
+/* Overwrites n bytes at p in a way the compiler keeps (key material). tcp.c. */
+void mig__wipe(void *p, size_t n);
 
 /* Streaming XXH64 (xxh64.c). */
 struct mig__xxh64 {

@@ -8,10 +8,19 @@
  * carries it in its header, so bytes from a worker still living in an older epoch can never be
  * mistaken for current data.
  *
+ * Authentication (docs/data-plane-security.md): a communicator built with mig_comm_new_auth()
+ * holds the epoch's secret. Both ends of every connection prove they know it (HMAC-SHA256 over
+ * both nonces, the epoch, both ranks, nranks and the job id) before any payload moves, and
+ * every message then carries an HMAC-SHA256 of its header and bytes under a key derived for
+ * that connection. A connection that fails the handshake is closed and recorded on the
+ * endpoint (mig_endpoint_auth_failures()); the genuine peers are adopted all the same.
+ *
  * Errors are negative errno: -EINVAL bad argument, -ENOMEM, -ETIMEDOUT (no progress for
  * timeout_s), -ECONNRESET (a peer died or closed), -EPROTO (message header does not match what
  * the receiver posted: size, sequence or epoch), -ESTALE (our handshake was rejected because
- * the peer is in a newer epoch), -EIO/-EBADMSG (checkpoint files).
+ * the peer is in a newer epoch), -EACCES (the address we connected to failed to prove the
+ * epoch's secret, or refused ours), -EBADMSG (a message's MAC does not match: bytes altered in
+ * transit; also corrupt checkpoint files), -EIO (checkpoint files; the crypto library).
  *
  * Threading: a struct mig_comm and a struct mig_endpoint are used by one thread at a time.
  * Checkpoint functions are independent of each other and may run in any thread. */
@@ -74,8 +83,55 @@ struct mig_comm;
 int mig_comm_new(const char *transport, struct mig_endpoint *ep, uint64_t epoch, int rank,
                  int nranks, const char *const *peer_addrs, double timeout_s,
                  struct mig_comm **ret);
-/* Closes every connection of the epoch. NULL-safe; returns NULL. */
+
+#define MIG_KEY_BYTES 32  /* the data-plane secret of one epoch */
+#define MIG_JOB_ID_MAX 64 /* job id bound into the proofs, NUL included */
+
+/* What authenticates the connections of one epoch. The key comes from the coordinator's
+ * Configure (or Migrate) of that epoch and is never logged; job_id is the job's UUID. */
+struct mig_auth {
+    unsigned char key[MIG_KEY_BYTES];
+    char job_id[MIG_JOB_ID_MAX];
+};
+
+/* Wipes a struct mig_auth the caller filled (the compiler keeps the wipe). NULL-safe. */
+void mig_auth_clear(struct mig_auth *a);
+
+/* mig_comm_new() with the epoch's secret: every connection runs the mutual challenge-response
+ * and every message is MAC'd (see the top of this file). Every rank of the epoch must pass the
+ * same auth. auth is copied (the comm wipes its copy when freed). "nccl" bootstraps over an
+ * authenticated tcp comm; NCCL's own traffic is not covered (docs/data-plane-security.md).
+ * mig_comm_new() is this with an all-zero key and no job id: the same handshake, which then
+ * proves nothing, and no per-message MACs; for tools whose ranks all run on one host. */
+int mig_comm_new_auth(const char *transport, struct mig_endpoint *ep, uint64_t epoch, int rank,
+                      int nranks, const char *const *peer_addrs, const struct mig_auth *auth,
+                      double timeout_s, struct mig_comm **ret);
+
+/* Closes every connection of the epoch and wipes its key. NULL-safe; returns NULL. */
 struct mig_comm *mig_comm_free(struct mig_comm *c);
+
+/* A connection refused by the handshake, as recorded on the endpoint. */
+struct mig_auth_failure {
+    char peer[MIG_ADDR_MAX]; /* "HOST:PORT" it came from (accepted) or we dialled (outgoing) */
+    uint64_t epoch;          /* the epoch its hello named; 0 when it sent none */
+    const char *why;         /* static text, e.g. "bad proof", "truncated hello" */
+};
+#define MIG_AUTH_FAILURES_KEPT 32 /* newest failures kept until taken; older ones only counted */
+
+/* Moves up to max recorded failures (oldest first) into ret and forgets them; returns how
+ * many. The caller reports them (the worker relays them to the coordinator as notices). */
+size_t mig_endpoint_auth_failures(struct mig_endpoint *ep, struct mig_auth_failure *ret,
+                                  size_t max);
+/* Failures since the endpoint was created, including those no longer kept. */
+uint64_t mig_endpoint_auth_failure_total(const struct mig_endpoint *ep);
+
+/* Looks at the listener between epochs, without blocking: accepts waiting connections, reads
+ * their hellos, refuses (and records) those that cannot be genuine now — a hello of another
+ * protocol version, or for an epoch whose communicator is already built — answers stale ones,
+ * and keeps hellos of later epochs for their mig_comm_new. A worker calls it at every step so
+ * that a stranger is refused while training runs, not only at the next reconfiguration.
+ * Returns 0 or -EINVAL. */
+int mig_endpoint_service(struct mig_endpoint *ep);
 
 int mig_comm_rank(const struct mig_comm *c);
 int mig_comm_size(const struct mig_comm *c);

@@ -8,11 +8,24 @@
  * look at the listener and buffered on the endpoint by epoch until our mig_comm_new() of that
  * epoch; connections of an older epoch are answered with a rejection. Every message carries a
  * header (magic, epoch, sequence number, length), so a receiver that posted another size, or
- * bytes of another epoch, get -EPROTO instead of silently mixed data. */
+ * bytes of another epoch, get -EPROTO instead of silently mixed data.
+ *
+ * Authentication (protocol version 2, docs/data-plane-security.md): the hello carries the
+ * dialler's nonce; the acceptor answers with its own nonce and its proof, HMAC(key, "S" | T),
+ * and the dialler, having checked it, sends HMAC(key, "C" | T), where the transcript T binds
+ * the job id, epoch, both ranks, nranks and both nonces. Only then is the connection adopted.
+ * Fresh nonces on both sides make a recorded handshake useless on a new connection, and the
+ * one-letter labels keep either proof from being reflected as the other. Each connection then
+ * MACs every message (both ranks, header, payload) under HMAC(key, "K" | T), so a byte flipped
+ * in transit fails the receiving call before the caller can use the buffer. */
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/core_names.h> /* OSSL_MAC_PARAM_DIGEST */
+#include <openssl/crypto.h>     /* CRYPTO_memcmp, OPENSSL_cleanse */
+#include <openssl/evp.h>        /* EVP_MAC, EVP_Q_mac */
+#include <openssl/rand.h>       /* RAND_bytes */
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,14 +39,20 @@
 
 #define HELLO_MAGIC 0x484d5453u /* "STMH" */
 #define ACK_MAGIC 0x414d5453u   /* "STMA" */
+#define PROOF_MAGIC 0x504d5453u /* "STMP" */
 #define DATA_MAGIC 0x444d5453u  /* "STMD" */
-#define PROTO_VERSION 1u
-#define HELLO_SIZE 32
-#define ACK_SIZE 16
+#define PROTO_VERSION 2u        /* 1: no authentication (refused) */
+#define NONCE_SIZE 32
+#define MAC_SIZE 32
+#define HELLO_SIZE (32 + NONCE_SIZE)           /* v1 fields, flags, dialler nonce */
+#define ACK_SIZE (16 + NONCE_SIZE + MAC_SIZE)  /* magic, status, epoch, nonce, proof */
+#define PROOF_SIZE (8 + MAC_SIZE)
 #define HDR_SIZE 32
+#define HELLO_KEYED 1u          /* flags: the dialler holds a secret (messages carry MACs) */
 #define CHUNK_BYTES (4u << 20)  /* at most this much per send()/recv() call */
 #define MAX_PENDING 256         /* early connections buffered on an endpoint */
 #define CONNECT_RETRY_S 0.05    /* a refused connect is retried after this long */
+#define HELLO_WAIT_S 10.0       /* a hello not complete after this long is refused */
 
 /* ---- wire helpers ------------------------------------------------------------------ */
 
@@ -61,6 +80,8 @@ static uint64_t get64(const unsigned char *p) {
 struct hello {
     uint64_t epoch;
     uint32_t from, to, nranks;
+    uint32_t flags;
+    unsigned char nonce[NONCE_SIZE];
 };
 
 static void hello_encode(unsigned char *b, const struct hello *h) {
@@ -71,23 +92,33 @@ static void hello_encode(unsigned char *b, const struct hello *h) {
     put32(b + 16, h->from);
     put32(b + 20, h->to);
     put32(b + 24, h->nranks);
+    put32(b + 28, h->flags);
+    memcpy(b + 32, h->nonce, NONCE_SIZE);
 }
 
-/* Returns 0 or -EPROTO for a foreign or other-version hello. */
-static int hello_decode(const unsigned char *b, struct hello *ret) {
-    if (get32(b) != HELLO_MAGIC || get32(b + 4) != PROTO_VERSION)
-        return -EPROTO;
+/* Decodes a complete hello (the caller checked magic and version on its first 8 bytes). */
+static void hello_decode(const unsigned char *b, struct hello *ret) {
     ret->epoch = get64(b + 8);
     ret->from = get32(b + 16);
     ret->to = get32(b + 20);
     ret->nranks = get32(b + 24);
-    return 0;
+    ret->flags = get32(b + 28);
+    memcpy(ret->nonce, b + 32, NONCE_SIZE);
 }
 
-static void ack_encode(unsigned char *b, int status, uint64_t epoch) {
+/* The acceptor's answer: status 0 with its nonce and proof, or a negative errno (rejected;
+ * nonce and proof zero). Its first 16 bytes are laid out as protocol 1's ack, so an old or
+ * foreign dialler still reads the refusal. */
+static void ack_encode(unsigned char *b, int status, uint64_t epoch, const unsigned char *nonce,
+                       const unsigned char *proof) {
+    memset(b, 0, ACK_SIZE);
     put32(b, ACK_MAGIC);
     put32(b + 4, (uint32_t)status);
     put64(b + 8, epoch);
+    if (nonce)
+        memcpy(b + 16, nonce, NONCE_SIZE);
+    if (proof)
+        memcpy(b + 16 + NONCE_SIZE, proof, MAC_SIZE);
 }
 
 static int io_errno(int e) {
@@ -142,13 +173,92 @@ static int parse_addr(const char *s, struct sockaddr_in *ret) {
     return 0;
 }
 
+/* ---- proofs and message MACs --------------------------------------------------------------- */
+
+/* See migrate-internal.h. */
+void mig__wipe(void *p, size_t n) {
+    OPENSSL_cleanse(p, n);
+}
+
+/* The handshake transcript T: everything both ends must agree on. */
+#define TRANSCRIPT_SIZE (1 + 16 + MIG_JOB_ID_MAX + 8 + 4 * 4 + 2 * NONCE_SIZE)
+
+/* HMAC-SHA256(key, label | T) into out. Returns 0 or -EIO (the crypto library failed). */
+static int proof_mac(const struct mig_comm *c, char label, const struct hello *h,
+                     const unsigned char *acc_nonce, unsigned char out[MAC_SIZE]) {
+    unsigned char t[TRANSCRIPT_SIZE], *p = t;
+    memset(t, 0, sizeof(t));
+    *p++ = (unsigned char)label;
+    memcpy(p, "spottrain-dp-v2", 15);
+    p += 16;
+    memcpy(p, c->auth.job_id, strnlen(c->auth.job_id, MIG_JOB_ID_MAX - 1));
+    p += MIG_JOB_ID_MAX;
+    put64(p, h->epoch);
+    put32(p + 8, h->from);
+    put32(p + 12, h->to);
+    put32(p + 16, h->nranks);
+    put32(p + 20, h->flags);
+    p += 24;
+    memcpy(p, h->nonce, NONCE_SIZE);
+    memcpy(p + NONCE_SIZE, acc_nonce, NONCE_SIZE);
+    size_t len = 0;
+    unsigned char *m = EVP_Q_mac(NULL, "HMAC", NULL, "SHA256", NULL, c->auth.key, MIG_KEY_BYTES,
+                                 t, sizeof(t), out, MAC_SIZE, &len);
+    return m && len == MAC_SIZE ? 0 : -EIO;
+}
+
+/* A fresh keyed HMAC-SHA256 context for one direction of a connection, or NULL. */
+static EVP_MAC_CTX *mac_new(const unsigned char key[MAC_SIZE]) {
+    EVP_MAC *mac = EVP_MAC_fetch(NULL, "HMAC", NULL);
+    EVP_MAC_CTX *m = mac ? EVP_MAC_CTX_new(mac) : NULL;
+    EVP_MAC_free(mac); /* the context holds its own reference */
+    if (!m)
+        return NULL;
+    OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST,
+                                                            (char *)"SHA256", 0),
+                           OSSL_PARAM_construct_end()};
+    if (EVP_MAC_init(m, key, MAC_SIZE, params) != 1) {
+        EVP_MAC_CTX_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+/* Starts the MAC of one message: re-initialises with the connection's key (HMAC keeps it),
+ * then covers sender rank, receiver rank and the header. */
+static int mac_begin(EVP_MAC_CTX *m, int from, int to, const unsigned char *hdr) {
+    unsigned char ranks[8];
+    put32(ranks, (uint32_t)from);
+    put32(ranks + 4, (uint32_t)to);
+    if (EVP_MAC_init(m, NULL, 0, NULL) != 1 || EVP_MAC_update(m, ranks, 8) != 1 ||
+        EVP_MAC_update(m, hdr, HDR_SIZE) != 1)
+        return -EIO;
+    return 0;
+}
+
+static int mac_update(EVP_MAC_CTX *m, const void *p, size_t n) {
+    return n == 0 || EVP_MAC_update(m, p, n) == 1 ? 0 : -EIO;
+}
+
+static int mac_final(EVP_MAC_CTX *m, unsigned char out[MAC_SIZE]) {
+    size_t len = 0;
+    return EVP_MAC_final(m, out, &len, MAC_SIZE) == 1 && len == MAC_SIZE ? 0 : -EIO;
+}
+
 /* ---- endpoints ----------------------------------------------------------------------- */
 
-/* An accepted connection whose hello is incomplete, or complete for a future epoch. */
+/* An accepted connection: its hello incomplete, or complete for a future epoch (PEND_HELLO);
+ * or challenged by the comm being built and waiting for the dialler's proof (PEND_PROOF). */
+enum pend_state { PEND_HELLO, PEND_PROOF };
 struct pending {
     int fd;
-    size_t got;
+    enum pend_state st;
+    size_t got;          /* bytes of hello (PEND_HELLO) or proof (PEND_PROOF) */
+    double since;        /* st_now() at accept */
     unsigned char hello[HELLO_SIZE];
+    unsigned char proof[PROOF_SIZE];
+    unsigned char nonce[NONCE_SIZE]; /* ours, sent with the challenge */
+    char peer[MIG_ADDR_MAX];
 };
 
 struct mig_endpoint {
@@ -157,9 +267,48 @@ struct mig_endpoint {
     char addr[MIG_ADDR_MAX];
     uint64_t min_epoch; /* epochs below this are stale (highest epoch built so far) */
     bool any_epoch;     /* false until the first comm */
+    uint64_t built_epoch; /* newest epoch whose comm came up; valid when built */
+    bool built;
     struct pending pend[MAX_PENDING];
     size_t npend;
+    struct mig_auth_failure fail[MIG_AUTH_FAILURES_KEPT]; /* ring, oldest at fail_head */
+    size_t fail_head, nfail;
+    uint64_t fail_total;
 };
+
+/* Records and logs a refused connection. The log names the peer, never a key or a proof. */
+static void auth_fail(struct mig_endpoint *ep, const char *peer, uint64_t epoch,
+                      const char *why) {
+    st_log(ST_LOG_WARN, "migrate", "Data plane %s: refused the connection with %s (epoch %llu): "
+           "%s", ep->addr, peer, (unsigned long long)epoch, why);
+    ep->fail_total++;
+    if (ep->nfail == MIG_AUTH_FAILURES_KEPT) {
+        ep->fail_head = (ep->fail_head + 1) % MIG_AUTH_FAILURES_KEPT;
+        ep->nfail--;
+    }
+    struct mig_auth_failure *f = &ep->fail[(ep->fail_head + ep->nfail) % MIG_AUTH_FAILURES_KEPT];
+    snprintf(f->peer, sizeof(f->peer), "%s", peer);
+    f->epoch = epoch;
+    f->why = why;
+    ep->nfail++;
+}
+
+/* See migrate.h. */
+size_t mig_endpoint_auth_failures(struct mig_endpoint *ep, struct mig_auth_failure *ret,
+                                  size_t max) {
+    size_t n = 0;
+    for (; ep && ret && n < max && ep->nfail > 0; n++) {
+        ret[n] = ep->fail[ep->fail_head];
+        ep->fail_head = (ep->fail_head + 1) % MIG_AUTH_FAILURES_KEPT;
+        ep->nfail--;
+    }
+    return n;
+}
+
+/* See migrate.h. */
+uint64_t mig_endpoint_auth_failure_total(const struct mig_endpoint *ep) {
+    return ep ? ep->fail_total : 0;
+}
 
 /* See migrate.h. */
 int mig_endpoint_new(const char *bind_host, int port, struct mig_endpoint **ret) {
@@ -232,6 +381,109 @@ static void pending_drop(struct mig_endpoint *ep, size_t i) {
     ep->pend[i] = ep->pend[--ep->npend];
 }
 
+/* Refuses pending i: the 16-byte refusal when status < 0, a record when why is set, close. */
+static void pending_refuse(struct mig_endpoint *ep, size_t i, int status, const char *why) {
+    struct pending *p = &ep->pend[i];
+    uint64_t epoch = p->got >= 16 || p->st == PEND_PROOF ? get64(p->hello + 8) : 0;
+    if (status < 0) {
+        unsigned char b[ACK_SIZE];
+        ack_encode(b, status, epoch, NULL, NULL);
+        /* Best effort: a fresh socket's send buffer always has room for it. */
+        (void)send(p->fd, b, ACK_SIZE, MSG_NOSIGNAL | MSG_DONTWAIT);
+    }
+    if (why)
+        auth_fail(ep, p->peer, epoch, why);
+    pending_drop(ep, i);
+}
+
+/* Accepts what is waiting on the listener and reads partial hellos and proofs. Refuses at
+ * once what cannot become a valid handshake: another protocol (magic), another version (1
+ * had no authentication), a hello or proof cut short. */
+static void listener_progress(struct mig_endpoint *ep) {
+    for (;;) {
+        struct sockaddr_in a;
+        socklen_t alen = sizeof(a);
+        int fd = accept4(ep->fd, (struct sockaddr *)&a, &alen, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0)
+            break;
+        if (ep->npend == MAX_PENDING) {
+            st_log(ST_LOG_WARN, "migrate", "endpoint %s: too many early connections, "
+                   "dropping one", ep->addr);
+            close(fd);
+            continue;
+        }
+        struct pending *p = &ep->pend[ep->npend++];
+        *p = (struct pending){.fd = fd, .st = PEND_HELLO, .since = st_now()};
+        char ip[INET_ADDRSTRLEN] = "?";
+        if (alen == sizeof(a) && a.sin_family == AF_INET)
+            inet_ntop(AF_INET, &a.sin_addr, ip, sizeof(ip));
+        snprintf(p->peer, sizeof(p->peer), "%s:%d", ip, ntohs(a.sin_port));
+    }
+    double now = st_now();
+    for (size_t i = 0; i < ep->npend;) {
+        struct pending *p = &ep->pend[i];
+        bool hello = p->st == PEND_HELLO;
+        size_t want = hello ? HELLO_SIZE : PROOF_SIZE;
+        if (p->got < want) {
+            unsigned char *dst = hello ? p->hello : p->proof;
+            ssize_t g = recv(p->fd, dst + p->got, want - p->got, 0);
+            if (g == 0 || (g < 0 && errno != EAGAIN && errno != EINTR)) {
+                /* A bare connect-and-close (a port probe) is not an attempt; anything that
+                 * started a handshake and gave up is. */
+                pending_refuse(ep, i, 0, !hello ? "closed before its proof"
+                                         : p->got > 0 ? "truncated hello" : NULL);
+                continue;
+            }
+            if (g > 0)
+                p->got += (size_t)g;
+        }
+        if (hello && p->got >= 8 && get32(p->hello) != HELLO_MAGIC) {
+            pending_refuse(ep, i, 0, "not a spottrain hello");
+            continue;
+        }
+        if (hello && p->got >= 8 && get32(p->hello + 4) != PROTO_VERSION) {
+            pending_refuse(ep, i, -EACCES, "unauthenticated hello (old protocol version)");
+            continue;
+        }
+        if (hello && p->got < HELLO_SIZE && now - p->since > HELLO_WAIT_S) {
+            pending_refuse(ep, i, 0, p->got > 0 ? "truncated hello" : NULL);
+            continue;
+        }
+        i++;
+    }
+}
+
+/* Between epochs: complete hellos for an epoch already built cannot be genuine (every peer of
+ * an epoch connects while its comm is built), stale ones are answered, later ones wait. */
+static void pending_sort_idle(struct mig_endpoint *ep) {
+    for (size_t i = 0; i < ep->npend;) {
+        struct pending *p = &ep->pend[i];
+        if (p->st != PEND_HELLO || p->got < HELLO_SIZE) {
+            i++;
+            continue;
+        }
+        uint64_t epoch = get64(p->hello + 8);
+        if (ep->built && epoch <= ep->built_epoch && epoch >= ep->min_epoch) {
+            pending_refuse(ep, i, -EACCES, "hello for an epoch already built");
+            continue;
+        }
+        if (ep->any_epoch && epoch < ep->min_epoch) {
+            pending_refuse(ep, i, -ESTALE, NULL);
+            continue;
+        }
+        i++;
+    }
+}
+
+/* See migrate.h. */
+int mig_endpoint_service(struct mig_endpoint *ep) {
+    if (!ep)
+        return -EINVAL;
+    listener_progress(ep);
+    pending_sort_idle(ep);
+    return 0;
+}
+
 /* ---- communicator setup ---------------------------------------------------------------- */
 
 struct conn {
@@ -239,6 +491,8 @@ struct conn {
     int err;            /* sticky error: the stream is unusable after it */
     uint64_t send_seq;  /* next sequence number we send */
     uint64_t recv_seq;  /* next sequence number we expect */
+    unsigned char skey[MAC_SIZE]; /* the connection's message key (keyed comms) */
+    EVP_MAC_CTX *tx, *rx;         /* MAC of the message being sent / received */
 };
 
 struct tcp_comm {
@@ -246,14 +500,17 @@ struct tcp_comm {
 };
 
 /* State of an outgoing connection during setup. */
-enum out_state { OUT_IDLE, OUT_CONNECTING, OUT_HELLO, OUT_ACK, OUT_DONE };
+enum out_state { OUT_IDLE, OUT_CONNECTING, OUT_HELLO, OUT_ACK, OUT_PROOF, OUT_DONE };
 struct outgoing {
     enum out_state st;
     int fd;
     double retry_at;
-    size_t done; /* bytes of hello sent / ack received */
-    unsigned char buf[HELLO_SIZE];
+    size_t done; /* bytes of hello or proof sent / ack received */
+    unsigned char buf[ACK_SIZE];
+    struct hello h;  /* ours, with our nonce */
+    unsigned char skey[MAC_SIZE];
     struct sockaddr_in addr;
+    const char *peer; /* the address as given */
 };
 
 static int out_start(struct outgoing *o) {
@@ -277,6 +534,40 @@ static int out_start(struct outgoing *o) {
         return 0;
     }
     return -errno;
+}
+
+/* Sends the rest of len bytes of buf; true once all are out. */
+static int send_rest(int fd, const unsigned char *buf, size_t len, size_t *done) {
+    ssize_t w = send(fd, buf + *done, len - *done, MSG_NOSIGNAL);
+    if (w < 0)
+        return errno == EAGAIN || errno == EINTR ? 0 : io_errno(errno);
+    *done += (size_t)w;
+    return *done == len;
+}
+
+/* The dialler's check of the acceptor's answer; then our proof and the message key. */
+static int out_verify(struct mig_comm *c, struct outgoing *o, int peer) {
+    int status = (int)get32(o->buf + 4);
+    unsigned char want[MAC_SIZE];
+    if (get32(o->buf) != ACK_MAGIC || get64(o->buf + 8) != c->epoch)
+        return -EPROTO;
+    if (status < 0) {
+        st_log(ST_LOG_WARN, "migrate", "rank %d: rank %d rejected our epoch %llu: %s",
+               c->rank, peer, (unsigned long long)c->epoch, st_strerror(status));
+        return status;
+    }
+    unsigned char nonce[NONCE_SIZE];
+    memcpy(nonce, o->buf + 16, NONCE_SIZE);
+    TRY(proof_mac(c, 'S', &o->h, nonce, want));
+    if (CRYPTO_memcmp(want, o->buf + 16 + NONCE_SIZE, MAC_SIZE) != 0) {
+        auth_fail(c->ep, o->peer, c->epoch, "the address we dialled failed its proof");
+        return -EACCES;
+    }
+    memset(o->buf, 0, sizeof(o->buf));
+    put32(o->buf, PROOF_MAGIC);
+    TRY(proof_mac(c, 'C', &o->h, nonce, o->buf + 8));
+    TRY(proof_mac(c, 'K', &o->h, nonce, o->skey));
+    return 0;
 }
 
 /* Advances one outgoing connection. Returns 0 or a fatal negative errno. */
@@ -304,25 +595,29 @@ static int out_progress(struct mig_comm *c, struct outgoing *o, int peer) {
     }
     if (o->st == OUT_HELLO) {
         if (o->done == 0) {
-            struct hello h = {c->epoch, (uint32_t)c->rank, (uint32_t)peer, (uint32_t)c->nranks};
-            hello_encode(o->buf, &h);
+            /* A fresh nonce per connection attempt: nothing recorded earlier replays. */
+            o->h = (struct hello){c->epoch, (uint32_t)c->rank, (uint32_t)peer,
+                                  (uint32_t)c->nranks, c->keyed ? HELLO_KEYED : 0, {0}};
+            if (RAND_bytes(o->h.nonce, NONCE_SIZE) != 1)
+                return -EIO;
+            hello_encode(o->buf, &o->h);
         }
-        ssize_t w = send(o->fd, o->buf + o->done, HELLO_SIZE - o->done, MSG_NOSIGNAL);
-        if (w < 0) {
-            if (errno == EAGAIN || errno == EINTR)
-                return 0;
-            return io_errno(errno);
-        }
-        o->done += (size_t)w;
-        if (o->done == HELLO_SIZE) {
+        int k = send_rest(o->fd, o->buf, HELLO_SIZE, &o->done);
+        if (k < 0)
+            return k;
+        if (k) {
             o->st = OUT_ACK;
             o->done = 0;
         }
     }
     if (o->st == OUT_ACK) {
         ssize_t g = recv(o->fd, o->buf + o->done, ACK_SIZE - o->done, 0);
-        if (g == 0)
+        if (g == 0) {
+            /* A refusal may be only the protocol-1 sized prefix; read it as one. */
+            if (o->done >= 16 && get32(o->buf) == ACK_MAGIC && (int)get32(o->buf + 4) < 0)
+                return out_verify(c, o, peer);
             return -ECONNRESET;
+        }
         if (g < 0) {
             if (errno == EAGAIN || errno == EINTR)
                 return 0;
@@ -330,100 +625,115 @@ static int out_progress(struct mig_comm *c, struct outgoing *o, int peer) {
         }
         o->done += (size_t)g;
         if (o->done == ACK_SIZE) {
-            int status = (int)get32(o->buf + 4);
-            if (get32(o->buf) != ACK_MAGIC || get64(o->buf + 8) != c->epoch)
-                return -EPROTO;
-            if (status < 0) {
-                st_log(ST_LOG_WARN, "migrate", "rank %d: rank %d rejected our epoch %llu: %s",
-                       c->rank, peer, (unsigned long long)c->epoch, st_strerror(status));
-                return status;
-            }
-            o->st = OUT_DONE;
+            TRY(out_verify(c, o, peer));
+            o->st = OUT_PROOF;
+            o->done = 0;
         }
+    }
+    if (o->st == OUT_PROOF) {
+        int k = send_rest(o->fd, o->buf, PROOF_SIZE, &o->done);
+        if (k < 0)
+            return k;
+        if (k)
+            o->st = OUT_DONE;
     }
     return 0;
 }
 
-static int send_ack(int fd, int status, uint64_t epoch) {
-    unsigned char b[ACK_SIZE];
-    ack_encode(b, status, epoch);
-    /* A fresh socket's send buffer always has room for 16 bytes. */
-    ssize_t w = send(fd, b, ACK_SIZE, MSG_NOSIGNAL);
-    return w == ACK_SIZE ? 0 : -EIO;
+/* The acceptor's half for a complete hello of our epoch: check the ranks it names, then send
+ * our nonce and proof. Returns 0 or a negative errno to refuse with. */
+static int pending_challenge(struct mig_comm *c, struct tcp_comm *tc, struct pending *p,
+                             const char **ret_why) {
+    struct hello h;
+    unsigned char b[ACK_SIZE], proof[MAC_SIZE];
+    hello_decode(p->hello, &h);
+    if (h.to != (uint32_t)c->rank || h.nranks != (uint32_t)c->nranks ||
+        h.from >= (uint32_t)c->rank || tc->conns[h.from].fd >= 0) {
+        *ret_why = "hello names ranks that are not waited for";
+        return -EPROTO;
+    }
+    if ((h.flags & HELLO_KEYED) != (c->keyed ? HELLO_KEYED : 0u)) {
+        *ret_why = c->keyed ? "hello without a secret" : "keyed hello to an unkeyed comm";
+        return -EACCES;
+    }
+    if (RAND_bytes(p->nonce, NONCE_SIZE) != 1 || proof_mac(c, 'S', &h, p->nonce, proof) < 0) {
+        *ret_why = "crypto library failure";
+        return -EIO;
+    }
+    ack_encode(b, 0, h.epoch, p->nonce, proof);
+    /* A fresh socket's send buffer always has room for the answer. */
+    if (send(p->fd, b, ACK_SIZE, MSG_NOSIGNAL | MSG_DONTWAIT) != ACK_SIZE) {
+        *ret_why = "closed before its challenge";
+        return -EIO;
+    }
+    p->st = PEND_PROOF;
+    p->got = 0;
+    return 0;
 }
 
-/* Looks at every complete hello buffered on ep: adopts those of our epoch, rejects stale
- * ones. Returns 0 or a fatal error. */
+/* The dialler's proof arrived: adopt the connection when it is right. */
+static int pending_adopt(struct mig_comm *c, struct tcp_comm *tc, struct pending *p,
+                         const char **ret_why) {
+    struct hello h;
+    unsigned char want[MAC_SIZE];
+    hello_decode(p->hello, &h);
+    if (get32(p->proof) != PROOF_MAGIC || proof_mac(c, 'C', &h, p->nonce, want) < 0 ||
+        CRYPTO_memcmp(want, p->proof + 8, MAC_SIZE) != 0) {
+        *ret_why = "bad proof";
+        return -EACCES;
+    }
+    if (tc->conns[h.from].fd >= 0) {
+        *ret_why = "a second connection for an adopted rank";
+        return -EPROTO;
+    }
+    TRY(proof_mac(c, 'K', &h, p->nonce, tc->conns[h.from].skey));
+    tc->conns[h.from].fd = p->fd;
+    return 0;
+}
+
+/* Looks at every complete hello and proof buffered on ep: challenges hellos of our epoch,
+ * adopts proven connections, rejects stale ones, refuses (and records) the rest. */
 static int pending_scan(struct mig_comm *c, struct tcp_comm *tc) {
     struct mig_endpoint *ep = c->ep;
     for (size_t i = 0; i < ep->npend;) {
         struct pending *p = &ep->pend[i];
-        struct hello h;
+        const char *why = NULL;
+        if (p->st == PEND_PROOF) {
+            if (p->got < PROOF_SIZE) {
+                i++;
+                continue;
+            }
+            if (pending_adopt(c, tc, p, &why) < 0) {
+                pending_refuse(ep, i, 0, why);
+                continue;
+            }
+            ep->pend[i] = ep->pend[--ep->npend];
+            continue;
+        }
         if (p->got < HELLO_SIZE) {
             i++;
             continue;
         }
-        if (hello_decode(p->hello, &h) < 0) {
-            pending_drop(ep, i);
-            continue;
-        }
-        if (h.epoch < c->epoch) {
+        uint64_t epoch = get64(p->hello + 8);
+        if (epoch < c->epoch) {
             st_log(ST_LOG_INFO, "migrate", "rank %d: rejecting rank %u of stale epoch %llu "
-                   "(now %llu)", c->rank, h.from, (unsigned long long)h.epoch,
+                   "(now %llu)", c->rank, get32(p->hello + 16), (unsigned long long)epoch,
                    (unsigned long long)c->epoch);
-            (void)send_ack(p->fd, -ESTALE, h.epoch);
-            pending_drop(ep, i);
+            pending_refuse(ep, i, -ESTALE, NULL);
             continue;
         }
-        if (h.epoch > c->epoch) {
+        if (epoch > c->epoch) {
             i++; /* for a later mig_comm_new */
             continue;
         }
-        int status = 0;
-        if (h.to != (uint32_t)c->rank || h.nranks != (uint32_t)c->nranks ||
-            h.from >= (uint32_t)c->rank || tc->conns[h.from].fd >= 0)
-            status = -EPROTO;
-        if (status < 0 || send_ack(p->fd, 0, h.epoch) < 0) {
-            st_log(ST_LOG_WARN, "migrate", "rank %d: bad handshake from rank %u (to %u of %u), "
-                   "ignoring", c->rank, h.from, h.to, h.nranks);
-            if (status < 0)
-                (void)send_ack(p->fd, status, h.epoch);
-            pending_drop(ep, i);
+        int status = pending_challenge(c, tc, p, &why);
+        if (status < 0) {
+            pending_refuse(ep, i, status, why);
             continue;
-        }
-        tc->conns[h.from].fd = p->fd;
-        ep->pend[i] = ep->pend[--ep->npend];
-    }
-    return 0;
-}
-
-/* Accepts what is waiting on the listener and reads partial hellos. */
-static void listener_progress(struct mig_endpoint *ep) {
-    for (;;) {
-        int fd = accept4(ep->fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (fd < 0)
-            break;
-        if (ep->npend == MAX_PENDING) {
-            st_log(ST_LOG_WARN, "migrate", "endpoint %s: too many early connections, "
-                   "dropping one", ep->addr);
-            close(fd);
-            continue;
-        }
-        ep->pend[ep->npend++] = (struct pending){.fd = fd};
-    }
-    for (size_t i = 0; i < ep->npend;) {
-        struct pending *p = &ep->pend[i];
-        if (p->got < HELLO_SIZE) {
-            ssize_t g = recv(p->fd, p->hello + p->got, HELLO_SIZE - p->got, 0);
-            if (g == 0 || (g < 0 && errno != EAGAIN && errno != EINTR)) {
-                pending_drop(ep, i);
-                continue;
-            }
-            if (g > 0)
-                p->got += (size_t)g;
         }
         i++;
     }
+    return 0;
 }
 
 static void tcp_fini(struct mig_comm *c) {
@@ -431,9 +741,13 @@ static void tcp_fini(struct mig_comm *c) {
     if (!tc)
         return;
     if (tc->conns)
-        for (int i = 0; i < c->nranks; i++)
+        for (int i = 0; i < c->nranks; i++) {
             if (tc->conns[i].fd >= 0)
                 close(tc->conns[i].fd);
+            EVP_MAC_CTX_free(tc->conns[i].tx);
+            EVP_MAC_CTX_free(tc->conns[i].rx);
+            mig__wipe(tc->conns[i].skey, MAC_SIZE);
+        }
     st_free(tc->conns);
     st_free(tc);
     c->priv = NULL;
@@ -478,6 +792,7 @@ static int tcp_init(struct mig_comm *c, const char *const *peer_addrs) {
             r = -EINVAL;
             goto out;
         }
+        out[j].peer = peer_addrs[j];
         TRY_GOTO(out_start(&out[j]), r, out);
     }
 
@@ -506,15 +821,15 @@ static int tcp_init(struct mig_comm *c, const char *const *peer_addrs) {
             r = -ETIMEDOUT;
             goto out;
         }
-        /* Wait for anything: the listener, partial hellos, our connects and acks. */
+        /* Wait for anything: the listener, partial hellos and proofs, our connects and acks. */
         nfds_t np = 0;
         double wake = deadline;
         pfd[np++] = (struct pollfd){.fd = ep->fd, .events = POLLIN};
         for (size_t i = 0; i < ep->npend; i++)
-            if (ep->pend[i].got < HELLO_SIZE)
+            if (ep->pend[i].st == PEND_PROOF || ep->pend[i].got < HELLO_SIZE)
                 pfd[np++] = (struct pollfd){.fd = ep->pend[i].fd, .events = POLLIN};
         for (int j = c->rank + 1; j < c->nranks; j++) {
-            if (out[j].st == OUT_CONNECTING || out[j].st == OUT_HELLO)
+            if (out[j].st == OUT_CONNECTING || out[j].st == OUT_HELLO || out[j].st == OUT_PROOF)
                 pfd[np++] = (struct pollfd){.fd = out[j].fd, .events = POLLOUT};
             else if (out[j].st == OUT_ACK)
                 pfd[np++] = (struct pollfd){.fd = out[j].fd, .events = POLLIN};
@@ -528,16 +843,37 @@ static int tcp_init(struct mig_comm *c, const char *const *peer_addrs) {
     }
     for (int j = c->rank + 1; j < c->nranks; j++) {
         tc->conns[j].fd = out[j].fd;
+        memcpy(tc->conns[j].skey, out[j].skey, MAC_SIZE);
         out[j].fd = -1;
     }
-    for (int j = 0; j < c->nranks; j++)
-        if (tc->conns[j].fd >= 0)
-            set_nodelay(tc->conns[j].fd);
+    for (int j = 0; j < c->nranks; j++) {
+        struct conn *cn = &tc->conns[j];
+        if (cn->fd < 0)
+            continue;
+        set_nodelay(cn->fd);
+        if (c->keyed && (!(cn->tx = mac_new(cn->skey)) || !(cn->rx = mac_new(cn->skey)))) {
+            r = -EIO;
+            goto out;
+        }
+    }
+    ep->built = true;
+    ep->built_epoch = c->epoch;
 out:
+    if (ep && c->nranks > 1)
+        /* Challenged connections of this epoch that never proved themselves: strangers, or
+         * peers of an attempt that is over either way. */
+        for (size_t i = 0; i < ep->npend;) {
+            if (ep->pend[i].st == PEND_PROOF)
+                pending_refuse(ep, i, 0, "no proof before the epoch was built");
+            else
+                i++;
+        }
     if (out)
-        for (int j = 0; j < c->nranks; j++)
+        for (int j = 0; j < c->nranks; j++) {
             if (out[j].fd >= 0)
                 close(out[j].fd);
+            mig__wipe(out[j].skey, MAC_SIZE);
+        }
     st_free(out);
     st_free(pfd);
     return r;
@@ -548,10 +884,17 @@ out:
 struct opstate {
     size_t done;              /* payload bytes moved */
     size_t hdone;             /* header bytes moved */
+    size_t tdone;             /* MAC trailer bytes moved (keyed comms) */
     int next;                 /* next op index with the same (peer, direction), or -1 */
     bool finished;
     unsigned char hdr[HDR_SIZE];
+    unsigned char trailer[MAC_SIZE];
 };
+
+/* Bytes of MAC trailer each message carries on c. */
+static size_t trailer_size(const struct mig_comm *c) {
+    return c->keyed ? MAC_SIZE : 0;
+}
 
 static void hdr_encode(unsigned char *b, uint64_t epoch, uint64_t seq, uint64_t len) {
     put32(b, DATA_MAGIC);
@@ -562,18 +905,22 @@ static void hdr_encode(unsigned char *b, uint64_t epoch, uint64_t seq, uint64_t 
 }
 
 /* Moves bytes of a send op until it finishes or the socket takes less than offered; then
- * *ret_short is set (wait for POLLOUT before trying again). Returns bytes moved (>= 0) or a
- * negative errno. */
-static ssize_t send_some(struct mig_comm *c, struct conn *cn, struct mig_op *op,
+ * *ret_short is set (wait for POLLOUT before trying again). On a keyed comm the MAC covers
+ * the payload as the socket accepts it and goes out as a trailer after it. Returns bytes moved
+ * (>= 0) or a negative errno. */
+static ssize_t send_some(struct mig_comm *c, int peer, struct conn *cn, struct mig_op *op,
                          struct opstate *s, bool *ret_short) {
-    size_t moved = 0;
+    size_t moved = 0, tsize = trailer_size(c);
     for (;;) {
-        struct iovec iov[2];
+        struct iovec iov[3];
         int niov = 0;
         size_t offered = 0;
         if (s->hdone < HDR_SIZE) {
-            if (s->hdone == 0)
+            if (s->hdone == 0) {
                 hdr_encode(s->hdr, c->epoch, cn->send_seq, op->bytes);
+                if (tsize && mac_begin(cn->tx, c->rank, peer, s->hdr) < 0)
+                    return -EIO;
+            }
             iov[niov++] = (struct iovec){s->hdr + s->hdone, HDR_SIZE - s->hdone};
             offered += HDR_SIZE - s->hdone;
         }
@@ -581,6 +928,12 @@ static ssize_t send_some(struct mig_comm *c, struct conn *cn, struct mig_op *op,
         if (chunk)
             iov[niov++] = (struct iovec){(char *)op->buf + s->done, chunk};
         offered += chunk;
+        if (tsize && s->done == op->bytes) {
+            if (s->tdone == 0 && mac_final(cn->tx, s->trailer) < 0)
+                return -EIO;
+            iov[niov++] = (struct iovec){s->trailer + s->tdone, tsize - s->tdone};
+            offered += tsize - s->tdone;
+        }
         struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
         ssize_t w = sendmsg(cn->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (w < 0) {
@@ -598,10 +951,15 @@ static ssize_t send_some(struct mig_comm *c, struct conn *cn, struct mig_op *op,
             s->hdone += h;
             n -= h;
         }
-        s->done += n;
+        size_t pay = ST_MIN(n, op->bytes - s->done);
+        if (tsize && mac_update(cn->tx, (char *)op->buf + s->done, pay) < 0)
+            return -EIO;
+        s->done += pay;
+        c->sent += pay;
+        n -= pay;
+        s->tdone += n;
         moved += (size_t)w;
-        c->sent += n;
-        if (s->hdone == HDR_SIZE && s->done == op->bytes) {
+        if (s->hdone == HDR_SIZE && s->done == op->bytes && s->tdone == tsize) {
             s->finished = true;
             cn->send_seq++;
             break;
@@ -615,19 +973,24 @@ static ssize_t send_some(struct mig_comm *c, struct conn *cn, struct mig_op *op,
 }
 
 /* The receiving twin of send_some: reads the header exactly, checks it against what was
- * posted (-EPROTO), then the payload; a read that returns less than asked sets *ret_short. */
+ * posted (-EPROTO), then the payload, then (keyed) the trailer, which must equal the MAC of
+ * what arrived (-EBADMSG: altered in transit; the op never finishes, so no caller uses the
+ * buffer). A read that returns less than asked sets *ret_short. */
 static ssize_t recv_some(struct mig_comm *c, int peer, struct conn *cn, struct mig_op *op,
                          struct opstate *s, bool *ret_short) {
-    size_t moved = 0;
+    size_t moved = 0, tsize = trailer_size(c);
     for (;;) {
         ssize_t g;
         size_t want;
         if (s->hdone < HDR_SIZE) {
             want = HDR_SIZE - s->hdone;
             g = recv(cn->fd, s->hdr + s->hdone, want, MSG_DONTWAIT);
-        } else {
+        } else if (s->done < op->bytes) {
             want = ST_MIN(op->bytes - s->done, (size_t)CHUNK_BYTES);
             g = recv(cn->fd, (char *)op->buf + s->done, want, MSG_DONTWAIT);
+        } else {
+            want = tsize - s->tdone;
+            g = recv(cn->fd, s->trailer + s->tdone, want, MSG_DONTWAIT);
         }
         if (g == 0)
             return -ECONNRESET;
@@ -655,12 +1018,30 @@ static ssize_t recv_some(struct mig_comm *c, int peer, struct conn *cn, struct m
                            (unsigned long long)cn->recv_seq, op->bytes);
                     return -EPROTO;
                 }
+                if (tsize && mac_begin(cn->rx, peer, c->rank, s->hdr) < 0)
+                    return -EIO;
             }
-        } else {
+        } else if (s->done < op->bytes) {
+            if (tsize && mac_update(cn->rx, (char *)op->buf + s->done, (size_t)g) < 0)
+                return -EIO;
             s->done += (size_t)g;
             c->recvd += (size_t)g;
+        } else {
+            s->tdone += (size_t)g;
+            if (s->tdone == tsize) {
+                unsigned char want_mac[MAC_SIZE];
+                if (mac_final(cn->rx, want_mac) < 0)
+                    return -EIO;
+                if (CRYPTO_memcmp(want_mac, s->trailer, MAC_SIZE) != 0) {
+                    st_log(ST_LOG_ERR, "migrate", "rank %d: epoch %llu: message %llu from rank "
+                           "%d (%zu bytes) fails its MAC: altered in transit",
+                           c->rank, (unsigned long long)c->epoch,
+                           (unsigned long long)cn->recv_seq, peer, op->bytes);
+                    return -EBADMSG;
+                }
+            }
         }
-        if (s->hdone == HDR_SIZE && s->done == op->bytes) {
+        if (s->hdone == HDR_SIZE && s->done == op->bytes && s->tdone == tsize) {
             s->finished = true;
             cn->recv_seq++;
             break;
@@ -723,7 +1104,7 @@ static int tcp_batch(struct mig_comm *c, struct mig_op *ops, size_t n) {
                 continue;
             bool short_io = false;
             ssize_t m = q % 2 == 0
-                            ? send_some(c, &tc->conns[p], &ops[i], &st[i], &short_io)
+                            ? send_some(c, p, &tc->conns[p], &ops[i], &st[i], &short_io)
                             : recv_some(c, p, &tc->conns[p], &ops[i], &st[i], &short_io);
             if (m < 0) {
                 r = (int)m;

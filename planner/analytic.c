@@ -42,10 +42,7 @@ int plan_cost_analytic(const struct plan_model_desc *d, struct plan_cost **ret) 
         r = -ENOMEM;
         goto out;
     }
-    c->layer_params[0] = V * h + S * h;
-    for (int i = 1; i <= d->layers; i++)
-        c->layer_params[i] = 12 * h * h + 13 * h;
-    c->layer_params[L - 1] = 2 * h; /* final norm; the head is tied to the embedding */
+    plan__gpt_layer_params(d, c->layer_params);
     /* p2p: fixed latency plus bytes over the link */
     double bw = d->net_gbps * 1e9 / 8; /* bytes/s */
     c->np2p = 0;
@@ -62,8 +59,8 @@ int plan_cost_analytic(const struct plan_model_desc *d, struct plan_cost **ret) 
     /* flops per sample: fwd+bwd = 3x fwd; block fwd 24 S h^2 + 4 S^2 h; head 2 S h V */
     double fl_block = 3 * (24 * S * h * h + 4 * S * S * h);
     double fl_head = 3 * 2 * S * h * V;
-    double act_layer = 34 * S * h * d->micro_batch; /* bytes per layer per micro-batch */
-    double mem = d->gpu_mem_gib * 1073741824.0 * 0.9;
+    double act_layer = plan__act_layer_bytes(d);
+    double mem = plan__mem_budget(d);
     double flops = d->gpu_tflops * 1e12;
     size_t cap = 0;
     for (int pp = 1; pp <= ST_MIN(L, d->max_n); pp++)
@@ -96,8 +93,7 @@ int plan_cost_analytic(const struct plan_model_desc *d, struct plan_cost **ret) 
             if ((size_t)c->nshapes >= cap)
                 break;
             int m = (d->global_batch + dp * d->micro_batch - 1) / (dp * d->micro_batch);
-            double inflight = ST_MIN(pp, m);
-            if (pmax * 16 + inflight * lmax * act_layer > mem)
+            if (plan__stage_bytes(pmax, lmax, act_layer, pp, m) > mem)
                 continue;
             double send = pp > 1 ? 2 * S * h * d->micro_batch * 2 / bw : 0; /* fp16 acts */
             double pipe = (m + pp - 1) * (tmax + 2 * send);
@@ -120,13 +116,18 @@ out:
     return r;
 }
 
-/* See planner.h. */
-int plan_cost_from_spec(const struct st_spec *spec, struct plan_cost **ret) {
-    if (!spec || !ret)
-        return -EINVAL;
-    if (spec->model.profile[0])
-        return -EOPNOTSUPP; /* profiled models are simulated, not trained */
-    struct plan_model_desc d = {
+/* See planner-internal.h. */
+void plan__gpt_layer_params(const struct plan_model_desc *d, double *ret) {
+    double h = d->hidden, S = d->seq, V = d->vocab;
+    ret[0] = V * h + S * h;
+    for (int i = 1; i <= d->layers; i++)
+        ret[i] = 12 * h * h + 13 * h;
+    ret[d->layers + 1] = 2 * h; /* final norm; the head is tied to the embedding */
+}
+
+/* See planner-internal.h. */
+void plan__desc_from_spec(const struct st_spec *spec, struct plan_model_desc *ret) {
+    *ret = (struct plan_model_desc){
         .layers = spec->model.layers,
         .hidden = spec->model.hidden,
         .seq = spec->model.seq_len,
@@ -138,5 +139,15 @@ int plan_cost_from_spec(const struct st_spec *spec, struct plan_cost **ret) {
         .net_gbps = spec->fleet.net_gbps,
         .max_n = ST_MAX(spec->fleet.max, 1) * ST_MAX(spec->fleet.gpus_per_instance, 1),
     };
+}
+
+/* See planner.h. */
+int plan_cost_from_spec(const struct st_spec *spec, struct plan_cost **ret) {
+    if (!spec || !ret)
+        return -EINVAL;
+    if (spec->model.profile[0])
+        return -EOPNOTSUPP; /* profiled models are simulated, not trained */
+    struct plan_model_desc d;
+    plan__desc_from_spec(spec, &d);
     return plan_cost_analytic(&d, ret);
 }

@@ -37,7 +37,11 @@ struct plan_cost *plan_cost_free(struct plan_cost *c) {
 }
 
 int plan_cost_partition(const struct plan_cost *c, int pp, int *bounds) {
-    int L = c->nlayers;
+    return plan__partition(c->nlayers, pp, bounds);
+}
+
+/* See planner-internal.h. */
+int plan__partition(int L, int pp, int *bounds) {
     if (pp < 1 || pp > L)
         return -EINVAL;
     /* Parcae: chunk = (L-1)//P; sizes = [chunk+1] + [chunk]*(P-1); the (L-1)%P extra layers

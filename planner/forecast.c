@@ -24,6 +24,15 @@ const char *plan_predictor_name(enum plan_predictor p) {
     return (unsigned)p < PLAN_PRED_NKINDS ? names[p] : "?";
 }
 
+const char *plan_predictor_names(void) {
+    static const char list[] = ""
+#define PLAN_PREDICTOR(e, name, doc) ", " name
+#include "predictors.def"
+#undef PLAN_PREDICTOR
+        ;
+    return list + 2; /* without the first ", " */
+}
+
 int plan_predictor_parse(const char *s, enum plan_predictor *ret) {
     for (int i = 0; i < PLAN_PRED_NKINDS; i++)
         if (strcmp(s, plan_predictor_name((enum plan_predictor)i)) == 0) {

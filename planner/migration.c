@@ -45,15 +45,16 @@ const char *plan_mig_class_name(enum plan_mig_class c) {
 
 void plan_mig_shard(uint64_t n, uint32_t dp, uint32_t r, uint64_t *ret_offset,
                     uint64_t *ret_count) {
-    uint64_t lo = dp ? (uint64_t)r * n / dp : 0, hi = dp ? (uint64_t)(r + 1) * n / dp : 0;
-    if (r >= dp)
-        lo = hi = n;
+    uint64_t lo, hi;
+    st_shard(n, dp, r, &lo, &hi); /* the engine's optimizer shards use the same rule */
     *ret_offset = lo;
     *ret_count = hi - lo;
 }
 
 static uint64_t shard_lo(uint64_t n, uint32_t dp, uint32_t r) {
-    return r >= dp ? n : (uint64_t)r * n / dp;
+    uint64_t lo, hi;
+    st_shard(n, dp, r, &lo, &hi);
+    return lo;
 }
 
 /* Replica whose (non-empty) shard contains element x < n. */

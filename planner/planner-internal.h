@@ -15,6 +15,28 @@ double plan__stage_state_bytes(const struct plan_cost *c, int pp, int stage);
 double plan__intra_ms(const struct plan_cost *c, int dp, int pp);
 /* Exact probability that every stage keeps >= dp replicas when n_out of N die uniformly. */
 double plan__prob_intra(int N, int D, int P, int n_out, int dp);
+/* Parcae's pipeline split of L layers into pp stages: bounds[0..pp]. Returns 0 or -EINVAL. */
+int plan__partition(int L, int pp, int *bounds);
+/* The analytic model's description of a spec's built-in GPT and hardware (plan_cost_from_spec
+ * and the feasibility rules share it, so both judge memory alike). */
+void plan__desc_from_spec(const struct st_spec *spec, struct plan_model_desc *ret);
+/* The analytic GPT's parameters per pipeline layer: embedding, d->layers blocks, final norm
+ * (d->layers + 2 entries). */
+void plan__gpt_layer_params(const struct plan_model_desc *d, double *ret);
+/* Activation bytes one layer keeps per micro-batch. */
+static inline double plan__act_layer_bytes(const struct plan_model_desc *d) {
+    return 34.0 * d->seq * d->hidden * d->micro_batch;
+}
+/* Bytes a stage may use: 90% of the GPU's memory (the rest: allocator, workspace). */
+static inline double plan__mem_budget(const struct plan_model_desc *d) {
+    return d->gpu_mem_gib * 1073741824.0 * 0.9;
+}
+/* Bytes the fullest stage needs: 16 bytes per parameter (fp32 weights, gradients, two Adam
+ * moments) plus the activations of min(pp, m) micro-batches in flight under 1F1B, m being the
+ * micro-batches per replica and step. */
+static inline double plan__stage_bytes(double pmax, int lmax, double act_layer, int pp, int m) {
+    return pmax * 16 + (pp < m ? pp : m) * lmax * act_layer;
+}
 /* splitmix64 step. */
 uint64_t plan__rng_next(uint64_t *state);
 

@@ -200,6 +200,8 @@ enum plan_predictor {
     PLAN_PRED_NKINDS
 };
 const char *plan_predictor_name(enum plan_predictor p);
+/* The names, comma-separated ("last-value, arima, ..."), for messages. */
+const char *plan_predictor_names(void);
 /* Parses a name of predictors.def; returns 0 or -EINVAL. */
 int plan_predictor_parse(const char *s, enum plan_predictor *ret);
 
@@ -283,6 +285,70 @@ struct plan_decision {
 int plan_decide(const struct plan_cost *cost, const struct plan_situation *s,
                 const struct plan_options *o, struct plan_decision *ret);
 
+/* ---- feasibility ---------------------------------------------------------------------- */
+
+/* A rule a (dp, pp) shape must satisfy to run a job: the spec's own bounds and the engine's
+ * limits. The order is the blame order (plan_feasible names the first rule that alone makes
+ * the job impossible): what the user chose first, the model's nature last. */
+enum plan_rule {
+    PLAN_RULE_OK = 0,
+    PLAN_RULE_DP,       /* spec.planner.dp: pin, min, max */
+    PLAN_RULE_PP,       /* spec.planner.pp: pin, min, max */
+    PLAN_RULE_FLEET,    /* dp x pp <= fleet.max x gpus_per_instance */
+    PLAN_RULE_MEMORY,   /* the fullest stage fits fleet.gpu_memory (built-in GPT only) */
+    PLAN_RULE_BATCH,    /* dp x micro_batch divides global_batch */
+    PLAN_RULE_LAYERS,   /* at most one stage per pipeline layer */
+    PLAN_RULE_NKINDS
+};
+/* The spec field a rule is about, e.g. "spec.planner.dp"; "" for PLAN_RULE_OK. */
+const char *plan_rule_field(enum plan_rule r);
+
+/* A spec's rules, resolved once, so that callers checking many shapes (the loop's search)
+ * pay for the memory model's stage sizes only here. */
+struct plan_rules {
+    int dp_lo, dp_hi;          /* dp bounds, pin folded in (hi 0 = none) */
+    int pp_lo, pp_hi;
+    int global_batch, micro_batch;
+    int stages_max;            /* pipeline layers: model.layers + embedding + final norm */
+    int workers_max;           /* fleet.max x gpus_per_instance (and the migration planner's
+                                * PLAN_MIG_MAX_POSITIONS) */
+    bool memory;               /* memory is checked (the built-in GPT; not for profiles) */
+    double mem_budget;         /* bytes a stage may use: 90% of fleet.gpu_memory */
+    double stage_params[PLAN_MAX_LAYERS + 1]; /* [pp]: parameters of the fullest stage */
+    int stage_layers[PLAN_MAX_LAYERS + 1];    /* [pp]: layers of the largest stage */
+    double act_layer;          /* activation bytes per layer per micro-batch */
+};
+/* Resolves a spec's rules. pins = false leaves planner.dp/pp pins out (the loop's forced
+ * shapes override them; min/max still hold). Pure. Returns 0 or -EINVAL (no spec, or a model
+ * the engine cannot hold). */
+int plan_rules_from_spec(const struct st_spec *spec, bool pins, struct plan_rules *ret);
+/* The first rule (in enum order) that (dp, pp) breaks; PLAN_RULE_OK when it may run. */
+enum plan_rule plan_shape_check(const struct plan_rules *r, int dp, int pp);
+/* Bytes the fullest stage of (dp, pp) needs: weights, gradients and Adam moments (16 bytes a
+ * parameter) and the activations of the micro-batches 1F1B keeps in flight. */
+double plan_shape_stage_bytes(const struct plan_rules *r, int dp, int pp);
+
+#define PLAN_FEAS_NEAREST 4 /* shapes named by plan_feasible */
+
+/* Whether any (dp, pp) can run a job (plan_feasible). */
+struct plan_feasibility {
+    int nfeasible;                 /* shapes that satisfy every rule */
+    struct plan_shape smallest;    /* the feasible shape with fewest workers (then the
+                                    * shallowest pipeline); {0,0} when none */
+    enum plan_rule rule;           /* when none: the rule to blame */
+    char field[64];                /* its spec field ("" when feasible) */
+    char message[400];             /* one line: why, and the nearest shapes */
+    int nnearest;                  /* shapes that would run if only `field` changed */
+    struct plan_shape nearest[PLAN_FEAS_NEAREST];
+};
+/* Decides whether any (dp, pp) satisfies the spec's and the engine's rules together (the one
+ * decision validate, the CLI's spec loader and the coordinator loop share). The candidates are
+ * dp <= max(dp bound, workers, global_batch / micro_batch), pp <= max(pp bound, layers), at
+ * most 4096 x 1024. When none is feasible, blames the rule that the fewest changes would
+ * fix: among the candidates breaking the fewest rules, the first rule in enum order, and
+ * names the nearest such shapes. Pure. Returns 0 (feasible or not: see nfeasible) or -EINVAL. */
+int plan_feasible(const struct st_spec *spec, struct plan_feasibility *ret);
+
 /* ---- simulator ------------------------------------------------------------------------ */
 
 enum plan_policy {
@@ -340,5 +406,52 @@ int plan_simulate(const struct plan_cost *cost, const struct plan_trace *t, enum
 void plan_sim_result_done(struct plan_sim_result *r);
 
 #include "planner-migration.h" /* migration transfer plans (mig plan), owned separately */
+
+/* ---- situation files (`spottrain plan`, docs/plan-format.md) ------------------------------ */
+
+enum plan_sit_cost_kind {
+    PLAN_SIT_COST_NONE = 0, /* a target shape was given; no cost model is needed */
+    PLAN_SIT_COST_PROFILE,  /* "cost": {"profile": FILE, "model": NAME} */
+    PLAN_SIT_COST_ANALYTIC, /* "cost": {"analytic": {...}} with the model given as "gpt" */
+};
+
+/* Everything a situation file says: the model's layers, the current layout and who holds
+ * which (stage, replica), survivors, new workers, notices, an optional target, the forecast
+ * and history, planner options and the cost model to decide with. */
+struct plan_situation_file {
+    uint32_t nlayers;
+    uint64_t *np;                         /* [nlayers] elements per layer */
+    bool gpt;                             /* the model was given as "gpt" */
+    uint32_t gpt_layers, gpt_hidden, gpt_vocab, gpt_seq;
+    struct plan_mig_tied tied[PLAN_MIG_MAX_TIED];
+    uint32_t ntied;
+    struct plan_mig_layout old_layout, new_layout; /* new_layout only when have_target */
+    bool have_target;
+    struct plan_mig_worker *w;            /* [nw]: listed workers, then new ones */
+    uint32_t nw, nold;                    /* all workers; those listed under "workers" */
+    double *notice_s;                     /* [nw]: seconds until lost, <0 = none */
+    int *forecast, nforecast;             /* instance counts; NULL/0 when absent */
+    int *hist, nhist;
+    int lookahead;                        /* intervals (default 12) */
+    enum plan_predictor predictor;        /* default damped */
+    enum plan_sit_cost_kind cost_kind;    /* NONE whenever have_target */
+    char *cost_profile;                   /* PROFILE: the file name as written (relative to
+                                             the situation file unless absolute) */
+    char *cost_model;                     /* PROFILE: the model name, NULL = the profile's
+                                             default */
+    struct plan_model_desc cost_analytic; /* ANALYTIC: the description, max_n = nw (>= 1) */
+};
+
+/* Parses a situation file (JSON text of len bytes, no NUL needed). Pure: the profile a cost
+ * names is not read here; the caller loads it (relative to the file) and builds the cost.
+ * Fields are checked in file order and the first bad one is reported: -EINVAL with err (if
+ * non-NULL) naming `name` and the dotted field, or, for a JSON syntax error, the line and
+ * column. Returns 0 and fills *ret (release with plan_situation_file_done()), -EINVAL, or
+ * -ENOMEM (*ret untouched on failure). Called by `spottrain plan` and the `situation` fuzz
+ * target. */
+int plan_situation_parse(const char *name, const char *text, size_t len,
+                         struct plan_situation_file *ret, struct st_error *err);
+/* Frees what plan_situation_parse() allocated and zeroes *s; NULL-safe. */
+void plan_situation_file_done(struct plan_situation_file *s);
 
 #endif

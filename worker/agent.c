@@ -54,6 +54,7 @@ struct worker_agent {
     bool watch_cancel;        /* the session is over: the watch thread must not wait */
     bool connected;
     double interval;          /* seconds between Reports, from JoinResponse */
+    char job_id[ST_UUID_STR_LEN]; /* from JoinResponse; "" before the first Join */
 
     /* command state (lock) */
     uint64_t last_applied;    /* highest command id applied */
@@ -166,6 +167,7 @@ int worker_agent_new(const struct worker_agent_config *cfg, const struct worker_
         return -ENOMEM;
     a->magic = AGENT_MAGIC;
     a->cfg = *cfg;
+    a->loss = NAN; /* no step, no loss: Reports say no_loss until progress arrives */
     int r = 0;
     if (cfg->tls_ca[0])
         r = read_pem("CA", cfg->tls_ca, &a->tls_ca_pem);
@@ -199,6 +201,13 @@ const char *worker_agent_id(const struct worker_agent *a) {
     return a ? a->cfg.id : "";
 }
 
+/* See worker-agent.h. */
+void worker_agent_job_id(struct worker_agent *a, char ret_id[ST_UUID_STR_LEN]) {
+    pthread_mutex_lock(&a->lock);
+    memcpy(ret_id, a->job_id, ST_UUID_STR_LEN);
+    pthread_mutex_unlock(&a->lock);
+}
+
 uint64_t worker_agent_epoch(struct worker_agent *a) {
     pthread_mutex_lock(&a->lock);
     uint64_t e = a->epoch;
@@ -215,14 +224,18 @@ bool worker_agent_connected(struct worker_agent *a) {
 
 void worker_agent_progress(struct worker_agent *a, uint64_t step, double loss, uint64_t samples,
                            double step_seconds, double stall_seconds) {
-    if (!a || a->magic != AGENT_MAGIC || !isfinite(loss) || !isfinite(step_seconds) ||
+    /* NAN is this worker's "no loss" (not the last stage); an infinite loss is a bug. */
+    if (!a || a->magic != AGENT_MAGIC || isinf(loss) || !isfinite(step_seconds) ||
         !isfinite(stall_seconds) || step_seconds < 0 || stall_seconds < 0)
         return;
     pthread_mutex_lock(&a->lock);
+    /* The runner also calls this while it waits (step_seconds 0, only stall to add): the
+     * seconds of the step it last made stay those the Report carries. */
+    if (step != a->step || step_seconds > 0)
+        a->step_seconds = step_seconds;
     a->step = step;
     a->loss = loss;
     a->samples = samples;
-    a->step_seconds = step_seconds;
     a->stall_seconds += stall_seconds;
     pthread_mutex_unlock(&a->lock);
 }
@@ -567,6 +580,7 @@ static int do_join(struct worker_agent *a, grpc_channel *ch, grpc_completion_que
     pthread_mutex_lock(&a->lock);
     if (isfinite(jr->heartbeat_interval) && jr->heartbeat_interval > 0.001)
         a->interval = jr->heartbeat_interval;
+    snprintf(a->job_id, sizeof(a->job_id), "%s", jr->job_id ? jr->job_id : "");
     pthread_mutex_unlock(&a->lock);
     st_log(ST_LOG_NOTICE, "agent", "Joined job '%s' (%s) at epoch %llu%s, reporting every %.2f s",
            jr->job_name, jr->job_id, (unsigned long long)jr->epoch,
@@ -591,7 +605,8 @@ static int do_report(struct worker_agent *a, grpc_channel *ch, grpc_completion_q
     a->report_now = false; /* this Report carries the progress asked for */
     req.epoch = a->epoch;
     req.step = a->step;
-    req.loss = a->loss;
+    req.no_loss = isnan(a->loss);
+    req.loss = req.no_loss ? 0.0 : a->loss;
     req.samples = a->samples;
     req.step_seconds = a->step_seconds;
     req.stall_seconds = a->stall_seconds;

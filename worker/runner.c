@@ -184,8 +184,9 @@ static void notice(struct runner *R, const char *kind, const char *fmt, ...) {
 }
 
 static void progress(struct runner *R, double step_seconds, double stall) {
-    double loss = isfinite(R->last_loss) ? R->last_loss : 0.0;
-    worker_agent_progress(R->agent, R->done, loss, R->done * (uint64_t)R->tc.global_batch,
+    /* NAN (stages before the last compute no loss) travels as no_loss = true, so the
+     * coordinator never takes a 0 for the job's loss. */
+    worker_agent_progress(R->agent, R->done, R->last_loss, R->done * (uint64_t)R->tc.global_batch,
                           step_seconds, stall);
 }
 
@@ -196,9 +197,25 @@ static void drop_state(struct runner *R) {
     R->comm = mig_comm_free(R->comm);
 }
 
-/* Builds the communicator of `epoch` from peers (rank i = peers[i]); own rank by worker id. */
+/* Relays the connections our data plane refused to the coordinator, one notice each (it
+ * counts them and records an event naming the peer). */
+static void relay_auth_failures(struct runner *R) {
+    struct mig_auth_failure f[MIG_AUTH_FAILURES_KEPT];
+    size_t n = mig_endpoint_auth_failures(R->ep, f, ST_ARRAY_SIZE(f));
+    for (size_t i = 0; i < n; i++)
+        notice(R, "data-auth-failed", "peer=%s epoch=%llu why=%s", f[i].peer,
+               (unsigned long long)f[i].epoch, f[i].why);
+}
+
+/* Builds the communicator of `epoch` from peers (rank i = peers[i]); own rank by worker id.
+ * secret is the epoch's data-plane secret from its Configure or Migrate: without one (a
+ * coordinator that predates it) no comm is built. */
 static int comm_build(struct runner *R, uint64_t epoch, Spottrain__V1__Peer **peers, size_t n,
-                      struct mig_comm **ret, int *ret_rank) {
+                      const ProtobufCBinaryData *secret, struct mig_comm **ret, int *ret_rank) {
+    struct mig_auth auth;
+    if (!secret || secret->len != MIG_KEY_BYTES || !secret->data)
+        return st_log_errno(-EACCES, "Epoch %llu: the order carries no data-plane secret",
+                            (unsigned long long)epoch);
     const char **addrs = st_calloc(n ? n : 1, sizeof(*addrs));
     if (!addrs)
         return -ENOMEM;
@@ -208,10 +225,16 @@ static int comm_build(struct runner *R, uint64_t epoch, Spottrain__V1__Peer **pe
         if (!strcmp(peers[i]->worker_id, worker_agent_id(R->agent)))
             me = (int)i;
     }
+    memset(&auth, 0, sizeof(auth));
+    memcpy(auth.key, secret->data, MIG_KEY_BYTES);
+    worker_agent_job_id(R->agent, auth.job_id);
     int r = -EINVAL;
     if (me >= 0)
-        r = mig_comm_new("tcp", R->ep, epoch, me, (int)n, addrs, R->cfg.timeout, ret);
+        r = mig_comm_new_auth("tcp", R->ep, epoch, me, (int)n, addrs, &auth, R->cfg.timeout,
+                              ret);
+    mig_auth_clear(&auth);
     st_free(addrs);
+    relay_auth_failures(R); /* strangers met while building, refused or not */
     if (r >= 0)
         *ret_rank = me;
     return r;
@@ -257,7 +280,8 @@ static int apply_fresh(struct runner *R, const Spottrain__V1__Command *cmd, cons
         return -EINVAL;
     TRY(layout_build(R, (int)cf->shape->dp, (int)cf->shape->pp, split, nsplit, cf->peers,
                      cf->n_peers, &lay));
-    TRY_GOTO(comm_build(R, cmd->epoch, cf->peers, cf->n_peers, &comm, &rank), r, out);
+    TRY_GOTO(comm_build(R, cmd->epoch, cf->peers, cf->n_peers, &cf->data_plane_secret, &comm,
+                        &rank), r, out);
     TRY_GOTO(worker_engine_new(&R->tc, &lay, (int)cf->stage, (int)cf->replica, comm, R->tokens,
                                &eng), r, out);
     uint64_t step = 0;
@@ -389,7 +413,11 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
     struct peerlist pl = order_peers(cfg, mig);
     memset(&st, 0, sizeof(st));
     TRY_GOTO(xfers_build(m, pl, &x, &nx), r, out);
-    TRY_GOTO(comm_build(R, mig->epoch, pl.p, pl.n, &comm, &rank), r, out);
+    /* The Migrate carries the secret for send-only participants; the Configure for all. */
+    const ProtobufCBinaryData *secret = &m->data_plane_secret;
+    if (secret->len == 0 && cfg)
+        secret = &cfg->configure->data_plane_secret;
+    TRY_GOTO(comm_build(R, mig->epoch, pl.p, pl.n, secret, &comm, &rank), r, out);
     if (cfg) {
         const Spottrain__V1__Configure *cf = cfg->configure;
         if (!cf->shape)
@@ -780,6 +808,9 @@ static bool can_step(struct runner *R) {
 
 static int runner_loop(struct runner *R) {
     while (!R->stop) {
+        /* Strangers on the data port are refused while we train, not only at the next epoch. */
+        (void)mig_endpoint_service(R->ep);
+        relay_auth_failures(R);
         take_commands(R);
         if (R->stop)
             break;

@@ -11,10 +11,10 @@
 #include "worker-internal.h"
 
 void worker_shard(size_t n, int dp, int r, size_t *ret_lo, size_t *ret_hi) {
-    /* floor(r*n/dp) = r*(n/dp) + floor(r*(n%dp)/dp), without overflow */
-    size_t q = n / (size_t)dp, rem = n % (size_t)dp;
-    *ret_lo = (size_t)r * q + ((size_t)r * rem) / (size_t)dp;
-    *ret_hi = (size_t)(r + 1) * q + ((size_t)(r + 1) * rem) / (size_t)dp;
+    uint64_t lo, hi;
+    st_shard(n, dp, r, &lo, &hi); /* the planner's transfers use the same rule */
+    *ret_lo = (size_t)lo;
+    *ret_hi = (size_t)hi;
 }
 
 int worker__rank(const struct engine_view *v, int stage, int replica) {

@@ -84,8 +84,9 @@ void worker_agent_stop(struct worker_agent *a);
 /* worker_agent_stop() then frees. NULL-safe; returns NULL. */
 struct worker_agent *worker_agent_free(struct worker_agent *a);
 
-/* Progress carried by the next Report: last completed step, its loss, cumulative samples
- * committed, wall seconds of that step, and stall seconds to add. */
+/* Progress carried by the next Report: last completed step, its loss (NAN when this worker
+ * computes none: every pipeline stage but the last; the Report then says no_loss),
+ * cumulative samples committed, wall seconds of that step, and stall seconds to add. */
 void worker_agent_progress(struct worker_agent *a, uint64_t step, double loss, uint64_t samples,
                            double step_seconds, double stall_seconds);
 /* Asks the session thread to send the next Report now instead of at the next interval
@@ -99,6 +100,9 @@ int worker_agent_notice(struct worker_agent *a, const char *kind, double at,
  * is established (joined and watching). */
 const char *worker_agent_id(const struct worker_agent *a);
 uint64_t worker_agent_epoch(struct worker_agent *a);
+/* The job's id as the coordinator's last JoinResponse gave it ("" before the first Join); the
+ * data plane binds it into every connection's proof. */
+void worker_agent_job_id(struct worker_agent *a, char ret_id[ST_UUID_STR_LEN]);
 bool worker_agent_connected(struct worker_agent *a);
 
 #endif

@@ -16,7 +16,15 @@ engine, can appear and then grow; `train --local --dp 2` shows it against `--dp 
   pipeline    forced 2x1 -> 1x2 -> 1x3 (pipeline repartition)
   reshard     forced 1x2 -> 2x2 -> 4x1 (ZeRO-1 optimizer shards resharded when dp changes)
   restart     kill -9 of a standalone coordinator mid-run, restart: the job continues
+  standalone  `coordinator --train` with workers started by hand: the liveput planner decides
+              (GET /v1/job "planner", /metrics), a worker killed with SIGKILL (no notice) leads
+              to a new decision that fits the workers still alive, and the job finishes equal
+              to the uninterrupted run
   input       invalid input exits 2 with a message naming it
+  auth        strangers on a worker's data port (from GET /v1/workers data_addr) with the
+              current epoch and valid ranks but no secret are refused and counted in /metrics,
+              the run ends with the same bits, and the epoch secrets appear nowhere: not in
+              the logs, the journal, the state directory, REST or the summary
 Each per-kind test checks that the bytes the workers received equal the plan's bytes.
 
 Usage: test_run.py NAME  (env SPOTTRAIN_BIN, SPOTTRAIN_SRCDIR). Exit 0 pass, 1 fail, 77 skip.
@@ -279,6 +287,124 @@ def test_restart():
         shutil.rmtree(d, ignore_errors=True)
 
 
+def rest_get(url, token=None):
+    import urllib.request
+    req = urllib.request.Request(url)
+    if token:
+        req.add_header("Authorization", "Bearer " + token)
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return r.read().decode()
+
+
+def wait_for(what, cond, timeout, show=None):
+    """Polls cond() until it returns a true value (returned) or the deadline passes; then
+    fails, showing show() (what was seen last) when given."""
+    import time
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.1)
+    raise Fail("timed out waiting for %s%s" % (what, ("; last seen: %r" % show()) if show else ""))
+
+
+def test_standalone():
+    import signal
+    d = tempfile.mkdtemp(prefix="st-run-")
+    procs = []
+    try:
+        steps = 1500
+        job = write_job(d, "standalone", steps, "seconds,N\n0,3\n", ckpt="1s")
+        with open(job) as f:  # the first epoch waits for all three workers
+            text = f.read().replace("    min: 1\n", "    min: 3\n")
+        with open(job, "w") as f:
+            f.write(text)
+        ref = reference(d, job, steps)
+        tok_text = "standalone-test-token"
+        tok = os.path.join(d, "token")
+        with open(tok, "w") as f:
+            f.write(tok_text + "\n")
+        addr = "127.0.0.1:%d" % free_port()
+        rest = "127.0.0.1:%d" % free_port()
+        save = os.path.join(d, "save")
+        coord = [BIN, "coordinator", "--job", job, "--train", "--listen", addr,
+                 "--status-listen", rest, "--token-file", tok, "--state-dir",
+                 os.path.join(d, "state"), "--save", save, "--heartbeat-deadline", "2s"]
+        log = open(os.path.join(d, "coord.log"), "w")
+        c = subprocess.Popen(coord, stdout=log, stderr=subprocess.STDOUT)
+        procs.append(c)
+        workers = []
+        for i in range(3):
+            w = subprocess.Popen([BIN, "worker", "--coordinator", addr, "--token-file", tok,
+                                  "--job", job, "--data-addr", "127.0.0.1:0", "--state-dir",
+                                  os.path.join(d, "w%d" % i)],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            procs.append(w)
+            workers.append(w)
+
+        def job_json():
+            try:
+                return json.loads(rest_get("http://%s/v1/job" % rest, tok_text))
+            except OSError:
+                return None
+
+        # The planner decided, the three workers joined and training is under way. (global
+        # batch 8 of micro-batches of 2: dp is 1, 2 or 4, so 2x1 with a spare or 1x3.)
+        def joined(j):
+            w = j["workers"]
+            return w["active"] + w["spare"] + w["joined"]
+        def coord_log():
+            with open(os.path.join(d, "coord.log")) as f:
+                return f.read()[-3000:]
+        j = wait_for("training on 3 joined workers", lambda: (
+            lambda j: j if j and j["planner"]["decisions"] >= 1 and j["step"] > 5 and
+            joined(j) == 3 else None)(job_json()), 90, coord_log)
+        p = j["planner"]
+        check(p["predictor"] == "notice", "planner.predictor: %r" % p["predictor"])
+        check(p["last"] is not None and 1 <= p["last"]["dp"] * p["last"]["pp"] <= 3,
+              "the latest decision fits the 3 workers: %r" % p["last"])
+        check(p["last"]["expected_samples_per_s"] > 0 and p["last"]["reason"],
+              "the decision carries its throughput and reason: %r" % p["last"])
+        metrics = rest_get("http://%s/metrics" % rest)
+        check("spottrain_planner_decisions_total %d" % p["decisions"] in metrics or
+              "spottrain_planner_decisions_total" in metrics,
+              "/metrics has spottrain_planner_decisions_total")
+        check("spottrain_planner_decide_seconds_count" in metrics,
+              "/metrics has spottrain_planner_decide_seconds")
+        before = p["decisions"]
+        # SIGKILL a worker that holds state (an active one): no notice. Within one heartbeat
+        # deadline and a planning interval a new decision follows, and its shape fits the two
+        # workers still alive.
+        ws = json.loads(rest_get("http://%s/v1/workers" % rest, tok_text))["workers"]
+        active = [w["id"] for w in ws if w["state"] == "active"]
+        ids = [open(os.path.join(d, "w%d" % i, "worker-id")).read().strip() for i in range(3)]
+        victim = [i for i in range(3) if ids[i] in active]
+        check(victim, "an active worker to kill: %r %r" % (active, ids))
+        workers[victim[0]].send_signal(signal.SIGKILL)
+        workers[victim[0]].wait()
+        j = wait_for("a decision after the loss", lambda: (
+            lambda j: j if j and j["planner"]["decisions"] > before and
+            j["planner"]["last"]["dp"] * j["planner"]["last"]["pp"] <= 2 else None)(job_json()),
+            60)
+        last = j["planner"]["last"]
+        check(last["dp"] >= 1 and last["pp"] >= 1, "a shape was chosen: %r" % last)
+        rc = c.wait(timeout=240)
+        log.close()
+        with open(os.path.join(d, "coord.log")) as f:
+            text = f.read()
+        sys.stdout.write(text[-3000:])
+        check(rc == 0, "coordinator exited %d" % rc)
+        check("job finished" in text, "the coordinator says the job finished")
+        same(ref, save)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def test_input():
     d = tempfile.mkdtemp(prefix="st-run-")
     try:
@@ -328,7 +454,138 @@ def test_input():
         shutil.rmtree(d, ignore_errors=True)
 
 
-TESTS = {"restart": test_restart, "central": test_central, "intra": test_intra, "inter": test_inter,
+def rogue_hello(addr, epoch, frm, to, nranks, version):
+    """Dials addr and sends a data-plane hello without any secret; returns the socket's local
+    address and what came back before the worker closed the connection."""
+    import socket
+    import struct
+    host, port = addr.rsplit(":", 1)
+    so = socket.create_connection((host, int(port)), timeout=30)
+    me = "%s:%d" % so.getsockname()
+    hello = struct.pack("<IIQIIII", 0x484d5453, version, epoch, frm, to, nranks, 1)
+    if version >= 2:
+        hello += os.urandom(32)
+    so.sendall(hello)
+    got = b""
+    while True:  # the worker answers at its next step, then closes; 30 s bounds a hang
+        b = so.recv(4096)
+        if not b:
+            break
+        got += b
+    so.close()
+    return me, got
+
+
+def http_get(rest, path):
+    import urllib.request
+    with urllib.request.urlopen(rest + path, timeout=30) as r:
+        return r.read().decode()
+
+
+def test_auth():
+    import base64
+    import hashlib
+    import hmac
+    import struct
+    import time
+    d = tempfile.mkdtemp(prefix="st-run-")
+    proc = None
+    try:
+        steps = 1500
+        job = write_job(d, "auth", steps, "seconds,N\n0,2\n600,2\n", planner="dp: 1, pp: 2")
+        ref = reference(d, job, steps)
+        save = os.path.join(d, "save")
+        summ = os.path.join(d, "summary.json")
+        state = os.path.join(d, "state")
+        errlog = open(os.path.join(d, "run.err"), "w")
+        proc = subprocess.Popen([BIN, "run", job, "--steps", str(steps), "--save", save,
+                                 "--json-summary", summ, "--state-dir", state],
+                                stdout=subprocess.DEVNULL, stderr=errlog)
+        rest, seen = None, []
+        deadline = time.time() + 60
+        while time.time() < deadline and proc.poll() is None:
+            with open(os.path.join(d, "run.err")) as f:
+                for l in f:
+                    if "rest=http://" in l:
+                        rest = l.split("rest=")[1].split()[0]
+            if rest:
+                jobj = json.loads(http_get(rest, "/v1/job"))
+                plan = json.loads(http_get(rest, "/v1/plan"))
+                workers = json.loads(http_get(rest, "/v1/workers"))
+                seen += [json.dumps(jobj), json.dumps(plan), json.dumps(workers)]
+                if jobj.get("state") == "running" and len(plan["assignments"]) == 2:
+                    break
+            time.sleep(0.1)
+        check(rest is not None and proc.poll() is None, "the run did not come up")
+        epoch = plan["epoch"]
+        stage1 = [a for a in plan["assignments"] if a["stage"] == 1][0]
+        wl = workers["workers"] if isinstance(workers, dict) else workers
+        addr = [w["data_addr"] for w in wl if w["id"] == stage1["worker_id"]][0]
+        check(addr == stage1["data_addr"] and addr.startswith("127.0.0.1:"),
+              "GET /v1/workers lists no data_addr for the stage-1 worker: %s" % wl)
+        # Rank 0 -> rank 1 of 2 in the current epoch: what the genuine stage-0 worker sent.
+        me2, got2 = rogue_hello(addr, epoch, 0, 1, 2, 2)
+        me1, got1 = rogue_hello(addr, epoch, 0, 1, 2, 1)  # protocol 1: no proof at all
+        for got in (got2, got1):
+            check(len(got) >= 16 and struct.unpack("<Ii", got[:8]) == (0x414d5453, -13),
+                  "the stranger was not refused with EACCES: %r" % got[:16])
+        count = -1
+        while time.time() < deadline + 60 and proc.poll() is None:
+            m = http_get(rest, "/metrics")
+            seen.append(m)
+            for l in m.splitlines():
+                if l.startswith("spottrain_data_plane_auth_failures_total "):
+                    count = int(float(l.split()[1]))
+            if count >= 2:
+                break
+            time.sleep(0.1)
+        check(count == 2, "spottrain_data_plane_auth_failures_total is %d, want 2" % count)
+        ev = http_get(rest, "/v1/events")
+        seen.append(ev)
+        for me in (me1, me2):
+            check("peer=" + me in ev, "no event names the refused peer %s" % me)
+        rc = proc.wait(timeout=150)
+        errlog.close()
+        check(rc == 0, "spottrain run exited %d" % rc)
+        with open(summ) as f:
+            s = json.load(f)
+        check(s["finished"] and s["steps"] == steps, "job did not finish")
+        same(ref, save)
+        # Every epoch's secret, derived as the coordinator does, must appear nowhere.
+        jr = os.path.join(state, "journal")
+        with open(os.path.join(jr, "data-plane.key"), "rb") as f:
+            master = f.read()
+        check(len(master) == 32 and os.stat(os.path.join(jr, "data-plane.key")).st_mode & 0o077
+              == 0, "the data-plane key is not a private 32-byte file")
+        label = b"spottrain data-plane epoch secret v1\0"
+        jid = jobj["id"].encode().ljust(37, b"\0")
+        secrets = [hmac.new(master, label + jid + struct.pack("<Q", e), hashlib.sha256).digest()
+                   for e in range(1, s.get("epochs", epoch) + 3)]
+        blobs = [("REST", "".join(seen).encode()), ("run stderr", open(os.path.join(d, "run.err"),
+                                                                       "rb").read())]
+        with open(summ, "rb") as f:
+            blobs.append(("summary", f.read()))
+        for root, _, files in os.walk(state):
+            for fn in files:
+                if fn != "data-plane.key":
+                    with open(os.path.join(root, fn), "rb") as f:
+                        blobs.append((os.path.join(root, fn), f.read()))
+        check(any(fn.endswith(".db") or "journal" in fn for fn, _ in blobs), "no journal found")
+        for sec in secrets:
+            forms = [sec, sec.hex().encode(), sec.hex().upper().encode(), base64.b64encode(sec)]
+            for name, blob in blobs:
+                for form in forms:
+                    check(form not in blob, "an epoch secret appears in %s" % name)
+        print("refused %s and %s; %d secrets absent from %d files/responses" % (
+            me2, me1, len(secrets), len(blobs)))
+    finally:
+        if proc and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+TESTS = {"auth": test_auth, "restart": test_restart, "standalone": test_standalone, "central": test_central, "intra": test_intra, "inter": test_inter,
          "pipeline": test_pipeline, "reshard": test_reshard, "input": test_input}
 
 if __name__ == "__main__":

@@ -841,8 +841,48 @@ static int test_tls_fields(void) {
     return 0;
 }
 
+/* Positions kept for checks made after parsing (st_spec_where), and planner.wait_limit. */
+static int test_where(void) {
+    static const char yaml[] = BASE "  planner: {dp: 2, wait_limit: 90s}\n";
+    struct st_spec *s = st_malloc(sizeof(*s));
+    struct st_error errs[4];
+    size_t nerrs = 0;
+    int line = 0, col = 0;
+    setup();
+    ASSERT_TRUE(s);
+    ASSERT_OK(st_spec_parse(inline_name, yaml, strlen(yaml), s, errs, 4, &nerrs));
+    ASSERT_NEAR(s->planner.wait_limit, 90, 0, 1e-12);
+    ASSERT_EQ(st_spec_where(s, "spec.planner.dp", &line, &col), 0);
+    ASSERT_EQ(line, 10);
+    ASSERT_EQ(col, 17);
+    ASSERT_EQ(st_spec_where(s, "spec.planner.wait_limit", &line, &col), 0);
+    ASSERT_EQ(col, 32);
+    /* Defaulted fields point at their nearest given parent. */
+    ASSERT_EQ(st_spec_where(s, "spec.planner.pp", &line, &col), 1);
+    ASSERT_EQ(line, 10);
+    ASSERT_EQ(col, 12);
+    ASSERT_EQ(st_spec_where(s, "spec.fleet.gpu_memory", &line, &col), 1);
+    ASSERT_EQ(line, 9);
+    ASSERT_EQ(col, 10);
+    ASSERT_ERR(st_spec_where(s, "nothing", &line, &col), -ENOENT);
+    ASSERT_ERR(st_spec_where(s, NULL, &line, &col), -EINVAL);
+    ASSERT_ERR(st_spec_where(NULL, "spec", &line, &col), -EINVAL);
+    ASSERT_ERR(st_spec_where(s, "spec", NULL, &col), -EINVAL);
+    /* A spec not parsed from a file has no positions. */
+    st_spec_defaults(s);
+    ASSERT_NEAR(s->planner.wait_limit, 1800, 0, 1e-12);
+    ASSERT_ERR(st_spec_where(s, "spec.planner.dp", &line, &col), -ENOENT);
+    static const char zero[] = BASE "  planner: {wait_limit: 0s}\n";
+    ASSERT_ERR(st_spec_parse(inline_name, zero, strlen(zero), s, errs, 4, &nerrs), -EINVAL);
+    ASSERT_EQ(nerrs, 1);
+    ASSERT_STREQ(errs[0].field, "spec.planner.wait_limit");
+    st_free(s);
+    return 0;
+}
+
 TEST_MAIN(TEST(test_bad_cases), TEST(test_nul_byte), TEST(test_tls_fields),
           TEST(test_all_errors_in_order), TEST(test_billion_laughs), TEST(test_deep_nesting),
           TEST(test_quickstart_valid), TEST(test_defaults), TEST(test_profile_spec), TEST(test_docs_example),
           TEST(test_missing_file), TEST(test_non_utf8_file), TEST(test_too_large),
-          TEST(test_edit_distance), TEST(test_json), TEST(test_oom), TEST(test_cli_validate))
+          TEST(test_edit_distance), TEST(test_json), TEST(test_oom), TEST(test_cli_validate),
+          TEST(test_where))
