@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h> /* TIOCGWINSZ */
 #include <unistd.h>
 
 #include "check.h" /* TRY */
@@ -186,10 +187,14 @@ void cli_job_ui_draw(struct cli_job_ui *u, const struct coord_loop_status *st) {
              st->forecast);
     snprintf(line[3], sizeof(line[3]), "last: %.200s", st->last_event);
     if (u->tty) {
+        /* Each line is cut to the terminal's width: a line that wrapped would take two rows
+         * while the redraw moves up one per line, leaving a stale copy of the block's top. */
+        struct winsize ws;
+        int cols = ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 1 ? ws.ws_col : 80;
         if (u->drawn)
             printf("\033[%dA", u->drawn);
         for (int i = 0; i < 4; i++)
-            printf("\033[2K%s\n", line[i]);
+            printf("\033[2K%.*s\n", cols - 1, line[i]);
         u->drawn = 4;
     } else {
         /* Without the epoch: each event line ("epoch 2: ...") is printed once, and a log

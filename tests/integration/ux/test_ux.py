@@ -205,7 +205,9 @@ def scenario_tmux():
         cmd = (f"cd {d} && {BIN} run {spec} --steps 200 --state-dir {sd} --json-summary {js}; "
                f"echo $? > {done}; sleep 600")
         env = dict(os.environ, TERM="xterm")
-        subprocess.run(tm + ["-f", "/dev/null", "new-session", "-d", "-x", "200", "-y", "50",
+        # 120 columns: the first epoch's event (in the block's "last:" line) is wider, so a
+        # block line that wrapped would leave a stale copy behind on every redraw.
+        subprocess.run(tm + ["-f", "/dev/null", "new-session", "-d", "-x", "120", "-y", "50",
                              "sh", "-c", cmd], check=True, env=env, timeout=30)
 
         def pane(history=False):
