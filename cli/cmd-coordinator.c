@@ -28,6 +28,7 @@ int cli_cmd_coordinator(int argc, char **argv) {
         {"tls-client-ca", required_argument, NULL, 'A'},
         {"train", no_argument, NULL, 'R'},
         {"save", required_argument, NULL, 'S'},
+        {"kubeconfig", required_argument, NULL, 'k'},
         {NULL, 0, NULL, 0},
     };
     const char *tls[3] = {NULL, NULL, NULL}; /* cert, key, client CA */
@@ -37,6 +38,7 @@ int cli_cmd_coordinator(int argc, char **argv) {
     int opt;
     bool train = false;      /* --train: the planning loop drives the job (coordinator-train.c) */
     const char *save = NULL; /* --save DIR: final checkpoint (with --train) */
+    const char *kubeconfig = NULL; /* --kubeconfig F: the kubernetes provider's API server */
 
     optind = 1;
     opterr = 0;
@@ -52,6 +54,7 @@ int cli_cmd_coordinator(int argc, char **argv) {
         case 'A': tls[2] = optarg; break;
         case 'R': train = true; break;
         case 'S': save = optarg; break;
+        case 'k': kubeconfig = optarg; break;
         case 'H':
             if (st_parse_duration(optarg, &deadline) < 0 || deadline <= 0)
                 return cli_usage_error("coordinator", "bad --heartbeat-deadline '%s'", optarg);
@@ -64,6 +67,8 @@ int cli_cmd_coordinator(int argc, char **argv) {
         return cli_usage_error("coordinator", "unexpected argument '%s'", argv[optind]);
     if (save && !train)
         return cli_usage_error("coordinator", "--save needs --train");
+    if (kubeconfig && !train)
+        return cli_usage_error("coordinator", "--kubeconfig needs --train");
     if (!job)
         return cli_usage_error("coordinator", "--job JOB.yaml is required");
     if (!tls[0] != !tls[1])
@@ -127,7 +132,7 @@ int cli_cmd_coordinator(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     if (train) {
         /* The job driver ticks on this thread; a signal only raises its stop flag. */
-        ret = cli_coordinator_train(&cfg, spec, save);
+        ret = cli_coordinator_train(&cfg, spec, save, kubeconfig);
         goto out;
     }
     /* Block before any thread exists so every thread inherits the mask. */

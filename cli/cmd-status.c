@@ -665,6 +665,13 @@ static int show(const struct endpoint *ep, const char *token, bool as_json) {
     return r;
 }
 
+static volatile sig_atomic_t watch_stop;
+
+static void on_watch_signal(int sig) {
+    (void)sig;
+    watch_stop = 1;
+}
+
 int cli_cmd_status(int argc, char **argv) {
     static const struct option opts[] = {
         {"endpoint", required_argument, NULL, 'e'},
@@ -745,6 +752,13 @@ int cli_cmd_status(int argc, char **argv) {
         sigemptyset(&set);
         sigaddset(&set, SIGINT);
         sigaddset(&set, SIGTERM);
+        /* Threads that libraries started at load (OpenBLAS) do not block the signals: one
+         * delivered there runs this handler (the flag) instead of ending the process. */
+        struct sigaction sa;
+        memset(&sa, 0, sizeof(sa));
+        sa.sa_handler = on_watch_signal;
+        sigaction(SIGINT, &sa, NULL);
+        sigaction(SIGTERM, &sa, NULL);
         sigprocmask(SIG_BLOCK, &set, NULL);
         /* On a terminal each frame overwrites the last in place (cursor home, each line
          * cleared to its end); into a pipe or file the frames follow each other. */
@@ -760,8 +774,8 @@ int cli_cmd_status(int argc, char **argv) {
                 printf("\n");
             struct timespec wait = {(time_t)interval,
                                     (long)((interval - (double)(time_t)interval) * 1e9)};
-            int sig = sigtimedwait(&set, NULL, &wait);
-            if (sig == SIGINT || sig == SIGTERM)
+            int sig = watch_stop ? 0 : sigtimedwait(&set, NULL, &wait);
+            if (sig == SIGINT || sig == SIGTERM || watch_stop)
                 break;
         }
     }

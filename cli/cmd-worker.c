@@ -59,6 +59,7 @@ int cli_cmd_worker(int argc, char **argv) {
         {"coordinator", required_argument, NULL, 'c'},
         {"token-file", required_argument, NULL, 't'},
         {"id", required_argument, NULL, 'i'},
+        {"job-id", required_argument, NULL, 'J'},
         {"state-dir", required_argument, NULL, 'd'},
         {"data-addr", required_argument, NULL, 'a'},
         {"zone", required_argument, NULL, 'z'},
@@ -104,6 +105,11 @@ int cli_cmd_worker(int argc, char **argv) {
             if (strlen(v) >= sizeof(cfg.data_addr) || !strchr(v, ':'))
                 return cli_usage_error("worker", "bad --data-addr '%s' (want HOST:PORT)", v);
             snprintf(cfg.data_addr, sizeof(cfg.data_addr), "%s", v);
+            break;
+        case 'J':
+            if (!st_uuid_valid(v))
+                return cli_usage_error("worker", "--job-id '%s' is not a UUID", v);
+            snprintf(cfg.job_id, sizeof(cfg.job_id), "%s", v);
             break;
         case 'z':
             if (strlen(v) >= sizeof(cfg.zone))

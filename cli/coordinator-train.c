@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "cloud.h" /* struct cloud_config: --kubeconfig */
 #include "common.h"
 #include "coordinator-train.h"
 
@@ -33,9 +34,18 @@ static void on_started(const char *grpc, const char *rest, const char *job_id,
     fflush(stdout);
 }
 
+/* Hands --kubeconfig to the provider before the driver creates it. */
+static int provider_setup(void *userdata, struct cloud_config *pc) {
+    const char *kubeconfig = userdata;
+    if (kubeconfig && snprintf(pc->kubeconfig, sizeof(pc->kubeconfig), "%s", kubeconfig) >=
+                          (int)sizeof(pc->kubeconfig))
+        return -ENAMETOOLONG;
+    return 0;
+}
+
 /* See coordinator-train.h. */
 int cli_coordinator_train(struct coord_config *cfg, const struct st_spec *spec,
-                          const char *save) {
+                          const char *save, const char *kubeconfig) {
     struct coord_job_config *jc = st_calloc(1, sizeof(*jc));
     struct coord_loop_summary *sum = st_calloc(1, sizeof(*sum));
     struct cli_job_ui *ui = st_calloc(1, sizeof(*ui));
@@ -51,6 +61,8 @@ int cli_coordinator_train(struct coord_config *cfg, const struct st_spec *spec,
                                                         : COORD_JOB_FLEET_PROVIDER;
     jc->on_stop = COORD_JOB_STOP_KEEP;
     jc->stop_flag = &train_stop;
+    jc->provider_setup = provider_setup;
+    jc->provider_userdata = (void *)kubeconfig;
     if (save)
         snprintf(jc->save_dir, sizeof(jc->save_dir), "%s", save);
     cli_job_ckpt_store(jc, spec);

@@ -12,8 +12,9 @@
  * restart on the same state directory to adopt). With provider sim, workers come and go by
  * themselves; with a cloud or kubernetes provider, the provider acquires them. save: final
  * checkpoint directory or NULL. Prints the listening line of `spottrain coordinator` and one
- * line per event. Returns an exit code. */
+ * line per event. kubeconfig: the kubernetes provider's kubeconfig file, or NULL ($KUBECONFIG,
+ * else the in-cluster service account). Returns an exit code. */
 int cli_coordinator_train(struct coord_config *cfg, const struct st_spec *spec,
-                          const char *save);
+                          const char *save, const char *kubeconfig);
 
 #endif

@@ -262,7 +262,11 @@ void cli_job_print_summary(FILE *f, const struct coord_loop_summary *s,
         fprintf(f, "                     %-20s %5" PRIu64 " %12" PRIu64 " %9.3f\n",
                 coord_loop_kind_name((enum coord_loop_kind)k), s->count[k], s->bytes[k],
                 s->stall[k]);
-    fprintf(f, "  checkpoint restores %" PRIu64 "\n", s->count[COORD_LOOP_RESTORE]);
+    fprintf(f, "  restores           %" PRIu64 " from peer copies, %" PRIu64 " from checkpoints "
+               "(%" PRIu64 " and %" PRIu64 " steps replayed), %" PRIu64 " fresh starts\n",
+            s->count[COORD_LOOP_PEER_RESTORE], s->count[COORD_LOOP_RESTORE],
+            s->replayed[COORD_LOOP_PEER_RESTORE], s->replayed[COORD_LOOP_RESTORE],
+            s->count[COORD_LOOP_FRESH_START]);
     fprintf(f, "  notices relayed    %d (read by workers from their cloud's metadata endpoint)\n",
             s->worker_notices);
     fprintf(f, "  fleet              %.3f instance-hours: $%.2f spot, $%.2f on demand "
@@ -299,11 +303,15 @@ int cli_job_write_json(const char *path, const struct coord_loop_summary *s) {
         free(e); /* jansson allocates with malloc */
     }
     fprintf(f, "  \"migrations\": {");
-    for (int k = 0; k < COORD_LOOP_NKINDS; k++)
+    for (int k = 0; k < COORD_LOOP_NKINDS; k++) {
         fprintf(f, "%s\n    \"%s\": {\"count\": %" PRIu64 ", \"bytes\": %" PRIu64
-                   ", \"stall_seconds\": %.6f}", k ? "," : "",
+                   ", \"stall_seconds\": %.6f", k ? "," : "",
                 coord_loop_kind_name((enum coord_loop_kind)k), s->count[k], s->bytes[k],
                 s->stall[k]);
+        if (k == COORD_LOOP_RESTORE || k == COORD_LOOP_PEER_RESTORE || k == COORD_LOOP_FRESH_START)
+            fprintf(f, ", \"steps_replayed\": %" PRIu64, s->replayed[k]);
+        fprintf(f, "}");
+    }
     fprintf(f, "\n  },\n  \"time_per_shape\": [");
     for (int i = 0; i < s->nshapes; i++)
         fprintf(f, "%s{\"dp\": %d, \"pp\": %d, \"seconds\": %.3f}", i ? ", " : "",
@@ -314,10 +322,11 @@ int cli_job_write_json(const char *path, const struct coord_loop_summary *s) {
         fprintf(f, "%s\n    {\"epoch\": %" PRIu64 ", \"at_step\": %" PRIu64 ", \"kind\": \"%s\", "
                    "\"dp_resharding\": %s, \"from\": [%d, %d], \"to\": [%d, %d], "
                    "\"planned_bytes\": %" PRIu64 ", \"moved_bytes\": %" PRIu64 ", "
-                   "\"stall_seconds\": %.6f, \"seconds\": %.6f, \"ok\": %s}",
+                   "\"stall_seconds\": %.6f, \"steps_replayed\": %" PRIu64 ", "
+                   "\"seconds\": %.6f, \"ok\": %s}",
                 i ? "," : "", r->epoch, r->at_step, coord_loop_kind_name(r->kind),
                 r->dp_reshard ? "true" : "false", r->from_dp, r->from_pp, r->to_dp, r->to_pp,
-                r->planned_bytes, r->moved_bytes, r->stall_seconds, r->seconds,
+                r->planned_bytes, r->moved_bytes, r->stall_seconds, r->steps_replayed, r->seconds,
                 r->ok ? "true" : "false");
     }
     fprintf(f, "\n  ],\n  \"instance_hours\": %.6f,\n  \"spot_dollars\": %.6f,\n"

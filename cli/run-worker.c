@@ -33,6 +33,33 @@ static int poll_imds(void *userdata, char *kind, size_t kindsz, double *ret_at) 
     return 1;
 }
 
+/* SIGTERM in a pod: the kubelet's grace period has begun (the pod is being evicted, its spot
+ * node preempted). It is a notice like the cloud's: the worker keeps training, the coordinator
+ * moves its state away and then stops it ("leave now, the state moves"). Only when
+ * SPOTTRAIN_NOTICE_SECONDS says how long the grace is (the kubernetes provider sets it in every
+ * worker pod); elsewhere SIGTERM keeps its default meaning. */
+static volatile sig_atomic_t term_seen;
+
+static void on_term(int sig) {
+    (void)sig;
+    term_seen = 1;
+}
+
+struct notice_sources {
+    struct cloud_notice_client *imds; /* NULL = none */
+    double grace;                     /* seconds from SIGTERM to SIGKILL; < 0 = not a notice */
+};
+
+static int poll_notices(void *userdata, char *kind, size_t kindsz, double *ret_at) {
+    struct notice_sources *n = userdata;
+    if (n->grace >= 0 && term_seen) {
+        snprintf(kind, kindsz, "terminate");
+        *ret_at = st_wall() + n->grace;
+        return 1;
+    }
+    return n->imds ? poll_imds(n->imds, kind, kindsz, ret_at) : 0;
+}
+
 static int parse_int(const char *flag, const char *s, int lo, int hi, int *ret) {
     char *e;
     long v = strtol(s, &e, 10);
@@ -48,6 +75,7 @@ int cli_worker_job_main(int argc, char **argv) {
         {"coordinator", required_argument, NULL, 'c'},
         {"token-file", required_argument, NULL, 't'},
         {"id", required_argument, NULL, 'i'},
+        {"job-id", required_argument, NULL, 'J'},
         {"state-dir", required_argument, NULL, 'd'},
         {"data-addr", required_argument, NULL, 'a'},
         {"zone", required_argument, NULL, 'z'},
@@ -113,6 +141,13 @@ int cli_worker_job_main(int argc, char **argv) {
             cfg->port = (int)port;
             break;
         }
+        case 'J':
+            if (!st_uuid_valid(v)) {
+                cli_usage_error("worker", "--job-id '%s' is not a UUID", v);
+                goto out;
+            }
+            snprintf(cfg->agent.job_id, sizeof(cfg->agent.job_id), "%s", v);
+            break;
         case 'z':
             snprintf(cfg->agent.zone, sizeof(cfg->agent.zone), "%s", v);
             break;
@@ -209,6 +244,24 @@ int cli_worker_job_main(int argc, char **argv) {
     }
     st_log_set_role("worker", cfg->agent.id);
     signal(SIGPIPE, SIG_IGN);
+    struct notice_sources ns = {.imds = NULL, .grace = -1};
+    const char *grace = getenv("SPOTTRAIN_NOTICE_SECONDS");
+    if (grace && grace[0]) {
+        char *e;
+        double g = strtod(grace, &e);
+        if (*e || !(g >= 0) || g > 86400) {
+            fprintf(stderr, "spottrain worker: invalid SPOTTRAIN_NOTICE_SECONDS '%s'\n", grace);
+            ret = CLI_EXIT_INPUT;
+            goto out;
+        }
+        ns.grace = g;
+        struct sigaction sa;
+        memset(&sa, 0, sizeof(sa));
+        sa.sa_handler = on_term;
+        sigaction(SIGTERM, &sa, NULL);
+        cfg->poll_notice = poll_notices;
+        cfg->notice_userdata = &ns;
+    }
     if (getenv("AWS_EC2_METADATA_SERVICE_ENDPOINT")) {
         struct cloud_notice_config ncfg;
         memset(&ncfg, 0, sizeof(ncfg));
@@ -218,8 +271,9 @@ int cli_worker_job_main(int argc, char **argv) {
             st_log(ST_LOG_WARN, "worker", "No interruption-notice client (%s), ignoring",
                    st_strerror(r));
         else {
-            cfg->poll_notice = poll_imds;
-            cfg->notice_userdata = nc;
+            ns.imds = nc;
+            cfg->poll_notice = poll_notices;
+            cfg->notice_userdata = &ns;
         }
     }
     char blas_why[512];

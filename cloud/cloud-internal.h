@@ -32,8 +32,152 @@ void cloud__log(struct cloud_provider *p, int level, const char *fmt, ...) ST_PR
 /* Appends a signal. Returns 0, -ENOBUFS when CLOUD_SIGNAL_QUEUE_MAX are queued, -ENOMEM. */
 int cloud__emit(struct cloud_provider *p, const struct cloud_signal *sig);
 
-/* The sim backend (sim.c). */
+/* The sim backend (sim.c), the EC2 backend (aws.c), Compute Engine (gcp.c) and Azure
+ * Resource Manager (azure.c). */
 extern const struct cloud_provider_ops cloud__sim_ops;
+extern const struct cloud_provider_ops cloud__aws_ops;
+extern const struct cloud_provider_ops cloud__gcp_ops;
+extern const struct cloud_provider_ops cloud__azure_ops;
+
+/* ---- rest.c: what the JSON providers (gcp, azure) share ----------------------------------- */
+
+#include <jansson.h>
+
+/* A growing string with a bound (curl dynbuf style); fail is sticky. cloud__sb_done() wipes
+ * the bytes before freeing them (bodies carry tokens). */
+struct cloud__sbuf {
+    char *p;
+    size_t len, cap, max;
+    bool fail;
+};
+void cloud__sb_add(struct cloud__sbuf *b, const char *s, size_t n);
+void cloud__sb_str(struct cloud__sbuf *b, const char *s);
+void cloud__sb_done(struct cloud__sbuf *b);
+/* Standard base64, or base64url without padding (JWT) when url. */
+void cloud__sb_base64(struct cloud__sbuf *b, const void *data, size_t n, bool url);
+/* RFC 3986 percent-encoding (form bodies, query parameters). */
+void cloud__sb_escape(struct cloud__sbuf *b, const char *s);
+
+/* One HTTP request. Strings are borrowed; bearer and body are never logged. */
+struct cloud__rest_req {
+    const char *method;       /* "GET", "POST", "PUT", "DELETE" */
+    const char *url;
+    const char *bearer;       /* NULL = no Authorization header */
+    const char *header;       /* one extra "Name: value" header or NULL */
+    const char *body;         /* NULL = none */
+    const char *content_type; /* of body */
+    long timeout_ms;          /* whole request; 0 = 30 s (connect at most 5 s) */
+};
+struct cloud__rest_reply {
+    long status;
+    json_t *json;         /* the body parsed as JSON; NULL when empty or not JSON */
+    char async_op[1024];  /* Azure-AsyncOperation header ("" = none) */
+};
+/* Sends req and waits for the answer (any HTTP status is a success here: the caller judges
+ * it). Returns 0 or negative errno for a transport failure (-ECONNREFUSED, -ETIMEDOUT,
+ * -EFBIG over 8 MiB, ...). Free the reply with cloud__rest_reply_done(). */
+int cloud__rest_call(const struct cloud__rest_req *req, struct cloud__rest_reply *rep);
+void cloud__rest_reply_done(struct cloud__rest_reply *rep);
+/* True when the URL's host is 127.x, localhost or [::1] (http:// is accepted only there). */
+bool cloud__url_is_loopback(const char *url);
+/* The string member key of o, "" when absent. */
+const char *cloud__json_str(const json_t *o, const char *key);
+void cloud__sleep(double seconds);
+
+/* The worker bootstrap (startup-script, customData): writes the join token (or
+ * "<redacted>") and the job spec, reads the instance's name from the metadata service of
+ * cloud ("gcp" or "azure"), then execs `spottrain worker`. *ret: caller frees with st_free().
+ * Returns 0 or -E2BIG beyond max bytes. */
+int cloud__bootstrap_script(const struct cloud_config *cfg, const char *coordinator,
+                            const char *cloud, bool redact, size_t max, char **ret);
+
+/* The fleet engine: a target count kept over zones by a backend that can create one named
+ * instance, list the job's instances and delete one. */
+typedef int cloud__fleet_seen_fn(void *userdata, const char *name, const char *zone, bool alive);
+struct cloud__fleet_ops {
+    /* Returns 0 once the instance exists (or, in a dry run, the request was shown), -EAGAIN
+     * when the zone has no capacity (the next zone is tried), another negative errno for a
+     * hard error (-EACCES: credentials). */
+    int (*create)(void *backend, const char *zone, const char *name);
+    /* Calls fn for every instance labelled with the job id. */
+    int (*list)(void *backend, cloud__fleet_seen_fn *fn, void *userdata);
+    /* Returns 0, -ENOENT when already gone, or negative errno. */
+    int (*destroy)(void *backend, const char *name, const char *zone);
+};
+struct cloud__fleet_inst {
+    bool used, dead;
+    struct cloud_instance pub;
+};
+struct cloud__fleet {
+    struct cloud_provider *p;
+    const char *name; /* "gcp", "azure": log prefix */
+    const struct cloud__fleet_ops *ops;
+    void *backend;
+    int nzones; /* 0 = the cloud chooses */
+    char zones[CLOUD_MAX_ZONES][CLOUD_NAME_MAX];
+    double price, interval;
+    int target, zone_next;
+    bool dry_run, started;
+    char job_id[40], job_name[128];
+    char last_error[256]; /* the cloud's last error code, for logs */
+    struct cloud__fleet_inst *insts;
+    size_t ninsts;
+    double next_reconcile, next_fill;
+};
+int cloud__fleet_init(struct cloud__fleet *f, struct cloud_provider *p, const char *name,
+                      const struct cloud__fleet_ops *ops, void *backend,
+                      const struct cloud_config *cfg, int nzones);
+/* Deletes every listed instance of the job unless the provider is detached, then frees. */
+void cloud__fleet_done(struct cloud__fleet *f);
+int cloud__fleet_start(struct cloud__fleet *f, double now);
+int cloud__fleet_poll(struct cloud__fleet *f, double now);
+int cloud__fleet_acquire(struct cloud__fleet *f, int n, double now);
+int cloud__fleet_release(struct cloud__fleet *f, const char *instance, double now);
+int cloud__fleet_instances(struct cloud__fleet *f, struct cloud_instance *out, size_t max,
+                           size_t *ret_n);
+double cloud__fleet_next_deadline(const struct cloud__fleet *f);
+/* Deletes every alive instance the listing shows. Returns how many, or negative errno. */
+int cloud__fleet_sweep(struct cloud__fleet *f);
+/* The kubernetes backend (k8s.c). */
+extern const struct cloud_provider_ops cloud__k8s_ops;
+
+/* ---- Kubernetes (k8s-manifest.c, k8s.c) ------------------------------------------------- */
+
+#include <jansson.h> /* json_t: the objects are jansson trees until they are serialised */
+
+#define CLOUD_K8S_LABEL_JOB "spottrain.dev/job"       /* metadata.name of the job */
+#define CLOUD_K8S_LABEL_JOB_ID "spottrain.dev/job-id" /* the journal's job id */
+#define CLOUD_K8S_LABEL_ROLE "spottrain.dev/role"     /* coordinator | worker */
+
+/* The names of a job's objects, all derived from metadata.name, so the render and the
+ * provider agree without passing them around. */
+struct cloud_k8s_names {
+    char account[160];     /* ServiceAccount, Role and RoleBinding: spottrain-JOB */
+    char config[160];      /* ConfigMap holding job.yaml; owner of the worker pods */
+    char secret[160];      /* Secret holding the join token */
+    char claim[160];       /* PersistentVolumeClaim of the journal */
+    char coordinator[160]; /* Deployment and Service */
+};
+void cloud__k8s_names(const char *job, struct cloud_k8s_names *ret);
+/* The gRPC and REST ports of the coordinator: the spec's listen ports, else 7070 and 8080. */
+int cloud__k8s_ports(const struct st_spec *spec, int *ret_grpc, int *ret_rest);
+
+struct cloud_k8s_pod_opts {
+    const struct st_spec *spec;
+    const char *name;         /* pod name (explicit: no generateName) */
+    const char *ns;           /* "" or NULL = none in the object (the URL names it) */
+    const char *job_id;
+    const char *image;
+    const char *coordinator;  /* HOST:PORT the worker dials */
+    const char *token_secret; /* NULL = spottrain-JOB-token */
+    const char *owner_uid;    /* the job ConfigMap's uid; NULL or "" = no owner reference */
+    int grace_seconds;        /* terminationGracePeriodSeconds; <= 0 = 30 */
+};
+/* Builds a worker pod. Returns 0 and *ret_pod (caller json_decref()s), -EINVAL, -ENOMEM. */
+int cloud__k8s_worker_pod(const struct cloud_k8s_pod_opts *o, json_t **ret_pod);
+/* Serialises objects as a multi-document YAML stream ("---" before each). Returns 0 and
+ * *ret_yaml (caller st_free()s) or -ENOMEM. */
+int cloud__k8s_yaml(json_t *const *docs, size_t n, char **ret_yaml);
 
 /* Notice backends (notice-aws.c, notice-gcp.c, notice-azure.c). */
 extern const struct cloud_notice_ops cloud__aws_notice_ops;
@@ -51,7 +195,9 @@ struct cloud_notice_client {
     char vm_name[CLOUD_NAME_MAX];
     cloud_clock_fn *clock;
     void *clock_userdata;
-    void *curl; /* CURL *, reused so connections are kept alive */
+    void *share; /* CURLSH * holding the connection cache, so connections are kept alive
+                  * between requests although each request has its own easy handle
+                  * (cloud__http says why) */
     void *state;
 };
 

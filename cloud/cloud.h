@@ -127,6 +127,11 @@ struct cloud_spawn_cmd {
 typedef int cloud_spawn_fn(void *userdata, const struct cloud_instance *inst,
                            struct cloud_spawn_cmd *cmd);
 
+/* Dry run (aws): called with each request the provider would send, as one display line
+ * ("POST ENDPOINT Action=RunInstances&..."), followed by any extra lines (the user-data
+ * decoded, each starting with "  | "); nothing is sent and no secret is in the text. */
+typedef void cloud_dry_run_fn(void *userdata, const char *text);
+
 /* ---- providers ---------------------------------------------------------------------------- */
 
 struct cloud_provider;
@@ -151,6 +156,17 @@ struct cloud_config {
                                            the bound gRPC address) */
     const char *token;                  /* the join token for the bootstrap (borrowed); never
                                            logged */
+    /* cloud providers (aws) */
+    char image[128];                    /* machine image (AMI id), with spottrain installed */
+    bool spot;                          /* ask for spot capacity (else on-demand) */
+    bool on_demand_fallback;            /* ask on-demand when every zone refuses spot */
+    double reconcile_interval;          /* seconds between DescribeInstances; 0 = 5 */
+    cloud_dry_run_fn *dry_run;          /* non-NULL: print requests instead of sending them */
+    void *dry_run_userdata;
+    /* kubernetes */
+    char kubeconfig[512];               /* "" = $KUBECONFIG, else in-cluster config */
+    char k8s_namespace[128];            /* "" = the kubeconfig context's, the service
+                                           account's, $SPOTTRAIN_NAMESPACE or "default" */
     /* sim */
     const struct cloud_event *events;   /* sorted by t */
     size_t nevents;
@@ -194,7 +210,8 @@ void cloud_config_init(struct cloud_config *cfg);
  * when a value is out of range (the spec loader normally caught that already). */
 int cloud_config_from_fleet(struct cloud_config *cfg, const struct st_spec_fleet *fleet);
 
-/* Names of the registered providers, NULL-terminated ({"sim", NULL} this round). */
+/* Names of the registered providers, NULL-terminated ({"sim", "aws", "gcp", "azure",
+ * "kubernetes", NULL}). */
 const char *const *cloud_provider_names(void);
 
 /* Creates a provider of the named kind. Returns 0 and *ret_p, -ENOENT for an unknown name,
@@ -246,6 +263,26 @@ int cloud_provider_instances(struct cloud_provider *p, struct cloud_instance *ou
 /* The next caller time after `now` at which poll() has something to do (event, kill,
  * hint), or a negative value when nothing is scheduled; lets a loop sleep exactly. */
 double cloud_provider_next_deadline(struct cloud_provider *p, double now);
+
+/* ---- Kubernetes manifests (k8s-manifest.c) ------------------------------------------------ */
+
+struct cloud_render_opts {
+    const struct st_spec *spec;  /* the job (borrowed) */
+    const char *spec_text;       /* the spec file as written: the ConfigMap's job.yaml */
+    const char *image;           /* required: the spottrain image of coordinator and workers */
+    const char *ns;              /* NULL or "": no Namespace object, no metadata.namespace */
+    const char *token_secret;    /* NULL or "": render a Secret with a fresh random token;
+                                    else reference this existing Secret (key "token") */
+    const char *state_size;      /* the journal's PersistentVolumeClaim; NULL = "1Gi" */
+};
+
+/* Renders what `spottrain k8s render` prints: [Namespace], ServiceAccount, Role, RoleBinding
+ * (namespaced only: pods get/list/watch/create/delete/patch, events create, the job's
+ * ConfigMap get), [Secret], ConfigMap, PersistentVolumeClaim, the coordinator Deployment
+ * (1 replica, Recreate, /healthz probes) and its Service (grpc + http), as a multi-document
+ * YAML stream. Worker pods are not rendered: the coordinator creates them. Returns 0 and
+ * *ret_yaml (caller frees with st_free()), -EINVAL, -ENOMEM or an errno from getrandom(). */
+int cloud_k8s_render(const struct cloud_render_opts *o, char **ret_yaml);
 
 /* ---- the loopback IMDSv2 server (one per sim instance; also used by tests) -------------- */
 
@@ -360,5 +397,15 @@ int cloud_notice_client_poll(struct cloud_notice_client *c, struct cloud_notice 
 /* Reads the instance's id, type and zone. Returns 0 or negative errno as above;
  * -EOPNOTSUPP where the backend has no identity call. */
 int cloud_notice_client_identity(struct cloud_notice_client *c, struct cloud_identity *ret_id);
+
+/* ---- aws: the EC2 Query API outside a job (aws.c) ----------------------------------------- */
+
+/* Terminates every instance tagged spottrain:job=job_name that is not already terminated
+ * (`spottrain down`), in cfg's region and endpoint with the environment's credentials (as the
+ * aws provider finds them). Idempotent. Returns how many instances were asked to terminate
+ * (>= 0), or negative errno: -EACCES for refused credentials (the AWS error code is logged),
+ * -ENOKEY when no credentials are found, -ETIMEDOUT/-ECONNREFUSED for a dead endpoint,
+ * -EBADMSG for an answer that is not EC2 XML, -EPROTO for another AWS error. */
+int cloud_aws_down(const struct cloud_config *cfg, const char *job_name);
 
 #endif

@@ -106,9 +106,10 @@ int cloud_notice_client_new(const char *kind, const struct cloud_notice_config *
     snprintf(c->vm_name, sizeof(c->vm_name), "%s", cfg->vm_name ? cfg->vm_name : "");
     c->clock = cfg->clock;
     c->clock_userdata = cfg->clock_userdata;
-    c->curl = curl_easy_init();
+    c->share = curl_share_init();
     c->state = st_calloc(1, ops->state_size ? ops->state_size : 1);
-    if (!c->curl || !c->state) {
+    if (!c->share || !c->state ||
+        curl_share_setopt(c->share, CURLSHOPT_SHARE, CURL_LOCK_DATA_CONNECT) != CURLSHE_OK) {
         r = -ENOMEM;
         goto fail;
     }
@@ -118,8 +119,8 @@ int cloud_notice_client_new(const char *kind, const struct cloud_notice_config *
     *ret_c = c;
     return 0;
 fail:
-    if (c->curl)
-        curl_easy_cleanup(c->curl);
+    if (c->share)
+        curl_share_cleanup(c->share);
     st_free(c->state);
     st_free(c);
     return r;
@@ -130,7 +131,7 @@ struct cloud_notice_client *cloud_notice_client_free(struct cloud_notice_client 
         return NULL;
     if (c->ops->done)
         c->ops->done(c, c->state);
-    curl_easy_cleanup(c->curl);
+    curl_share_cleanup(c->share);
     st_free(c->state);
     c->magic = 0;
     st_free(c);
@@ -224,9 +225,16 @@ static int curl_errno(CURLcode cc, bool too_big) {
     }
 }
 
+/* Each request gets a fresh easy handle; only the connection cache (c->share) outlives it.
+ * Reusing one easy handle is what libcurl 7.88.1 (Debian bookworm) gets wrong: its header
+ * store keeps a pointer to the previous response's last header ("prevhead") across
+ * requests, and curl_easy_reset() does not clear it, so a response whose first header line
+ * is a folded continuation (starts with a space) makes libcurl read the freed header of the
+ * previous response (heap-use-after-free inside curl_easy_perform; curl PR #11103, fixed in
+ * 8.1.0; input tests/fuzz/regressions/imds/curl-7.88-prevhead-uaf). A new handle starts with
+ * that pointer NULL, and the shared cache still keeps the connection alive between polls. */
 int cloud__http(struct cloud_notice_client *c, const char *method, const char *path_and_query,
                 const char *const *headers, struct cloud_http_reply *ret_reply) {
-    CURL *h = c->curl;
     char url[CLOUD_URL_MAX + 512];
     if (snprintf(url, sizeof(url), "%s%s", c->endpoint, path_and_query) >= (int)sizeof(url))
         return -EINVAL;
@@ -239,9 +247,14 @@ int cloud__http(struct cloud_notice_client *c, const char *method, const char *p
         }
         hl = n;
     }
+    CURL *h = curl_easy_init();
+    if (!h) {
+        curl_slist_free_all(hl);
+        return -ENOMEM;
+    }
     struct body_buf body = {0};
     long ttl = -1;
-    curl_easy_reset(h);
+    curl_easy_setopt(h, CURLOPT_SHARE, c->share);
     curl_easy_setopt(h, CURLOPT_URL, url);
     curl_easy_setopt(h, CURLOPT_NOPROXY, "*");
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
@@ -256,14 +269,16 @@ int cloud__http(struct cloud_notice_client *c, const char *method, const char *p
     curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(h, CURLOPT_HEADERDATA, &ttl);
     CURLcode cc = curl_easy_perform(h);
+    long status = 0;
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+    /* The handle goes before the header list it points to; its connection stays in c->share. */
+    curl_easy_cleanup(h);
     curl_slist_free_all(hl);
     int r = curl_errno(cc, body.too_big);
     if (r < 0) {
         st_free(body.data);
         return r;
     }
-    long status = 0;
-    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
     if (!body.data) {
         body.data = st_strdup("");
         if (!body.data)

@@ -10,8 +10,9 @@
 #include "check.h"          /* TRY */
 #include "cloud-internal.h" /* struct cloud_provider, cloud__sim_ops */
 
-static const struct cloud_provider_ops *const providers[] = {&cloud__sim_ops};
-static const char *const provider_names[] = {"sim", NULL};
+static const struct cloud_provider_ops *const providers[] = {
+    &cloud__sim_ops, &cloud__aws_ops, &cloud__gcp_ops, &cloud__azure_ops, &cloud__k8s_ops};
+static const char *const provider_names[] = {"sim", "aws", "gcp", "azure", "kubernetes", NULL};
 
 const char *const *cloud_provider_names(void) {
     return provider_names;
@@ -47,6 +48,7 @@ void cloud_config_init(struct cloud_config *cfg) {
     cfg->time_scale = 1.0;
     cfg->notice_seconds = 120.0;
     cfg->seed = 1;
+    cfg->spot = true;
 }
 
 int cloud_config_from_fleet(struct cloud_config *cfg, const struct st_spec_fleet *fleet) {
@@ -61,6 +63,9 @@ int cloud_config_from_fleet(struct cloud_config *cfg, const struct st_spec_fleet
     cfg->unannounced = fleet->unannounced;
     cfg->max_instances = fleet->max;
     cfg->price_per_hour = fleet->spot ? fleet->spot_price : fleet->on_demand_price;
+    cfg->spot = fleet->spot;
+    cfg->on_demand_fallback = fleet->on_demand_fallback;
+    snprintf(cfg->image, sizeof(cfg->image), "%s", fleet->image);
     if (fleet->instance_type[0])
         snprintf(cfg->instance_type, sizeof(cfg->instance_type), "%s", fleet->instance_type);
     if (fleet->nzones > 0) {

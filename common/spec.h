@@ -14,6 +14,8 @@
 struct st_error;
 
 #define ST_SPEC_MAX_ZONES 16
+#define ST_SPEC_MAX_KV 16          /* fleet.kubernetes.node_selector / resources entries */
+#define ST_SPEC_MAX_TOLERATIONS 16 /* fleet.kubernetes.tolerations entries */
 #define ST_SPEC_PATH_MAX 512
 
 enum st_precision { ST_PRECISION_FP32 = 0, ST_PRECISION_BF16 };
@@ -69,6 +71,36 @@ struct st_spec_training {
     enum st_precision precision;
 };
 
+/* One entry of a string -> string mapping: a Kubernetes label (node_selector) or a
+ * resource name and its quantity (resources: "nvidia.com/gpu": "1"). */
+struct st_spec_kv {
+    char key[254];        /* [prefix/]name: a DNS subdomain prefix and a 63-character name */
+    char value[64];
+};
+
+/* A Kubernetes toleration (the pod field, in the spec's snake_case). */
+struct st_spec_toleration {
+    char key[254];        /* "" with operator Exists = every taint */
+    char op[8];           /* "Equal" (default) or "Exists" */
+    char value[64];       /* "" with Exists */
+    char effect[20];      /* "", NoSchedule, PreferNoSchedule or NoExecute */
+    long long seconds;    /* toleration_seconds (NoExecute only); -1 = not given */
+};
+
+struct st_spec_kv_list {
+    int n;
+    struct st_spec_kv v[ST_SPEC_MAX_KV];
+};
+
+/* fleet.kubernetes: how the kubernetes provider shapes worker pods. */
+struct st_spec_kubernetes {
+    struct st_spec_kv_list node_selector;
+    int n_tolerations;
+    struct st_spec_toleration tolerations[ST_SPEC_MAX_TOLERATIONS];
+    struct st_spec_kv_list resources; /* requests = limits (GPUs need both equal) */
+    char priority_class[254]; /* PriorityClass name; "" = none */
+};
+
 struct st_spec_fleet {
     enum st_provider provider;
     char instance_type[64];
@@ -79,10 +111,20 @@ struct st_spec_fleet {
     char zones[ST_SPEC_MAX_ZONES][32];
     bool spot;
     bool on_demand_fallback;
+    /* gcp */
+    char project[64];     /* GCP project id */
+    char gcp_endpoint[128]; /* Compute Engine root URL ("" = https://compute.googleapis.com) */
+    /* azure */
+    char subscription[64];  /* Azure subscription id */
+    char resource_group[96];
+    char location[48];      /* Azure region, e.g. "westeurope" */
+    char azure_subnet[384]; /* subnet resource id the VMs' NICs are created on */
+    char azure_endpoint[128]; /* ARM root URL ("" = https://management.azure.com) */
     /* sim provider */
     char trace[ST_SPEC_PATH_MAX]; /* trace file (events CSV, counts CSV, replay JSONL, seconds,N) */
     double time_scale;    /* wall seconds per trace second; 2/60 = one trace minute in 2 s */
-    double notice_seconds;    /* interruption notice lead time, trace seconds (AWS: 120) */
+    double notice_seconds;    /* interruption notice lead time, seconds (default by provider:
+                                 sim and aws 120, gcp and azure 30) */
     double unannounced;       /* fraction of removals without notice, [0, 1] */
     /* prices, dollars per instance-hour */
     double spot_price;
@@ -90,6 +132,11 @@ struct st_spec_fleet {
     uint64_t gpu_memory;      /* bytes of memory per GPU, for the cost model's fit check */
     double gpu_tflops;        /* sustained TFLOP/s per instance, for the cost model */
     double net_gbps;          /* network Gb/s per instance, for the cost model */
+    /* the image workers run: kubernetes the container image; cloud providers the machine
+     * image (AWS AMI id, GCE image URL, Azure image resource id or
+     * PUBLISHER:OFFER:SKU:VERSION) with spottrain on PATH; "" = none */
+    char image[256];
+    struct st_spec_kubernetes kubernetes;
 };
 
 struct st_spec_planner {
@@ -110,8 +157,16 @@ struct st_spec_checkpoint {
     int keep;             /* how many to keep */
 };
 
+/* fault_tolerance: in-memory peer copies of state (docs/live-migration.md, "Peer copies"). */
+struct st_spec_fault_tolerance {
+    int peer_copy_every;       /* steps between peer copies; 0 = off */
+    uint64_t peer_copy_memory; /* bytes a worker may spend on copies (its own and a peer's) */
+};
+
 struct st_spec_coordinator {
     char listen[128];     /* HOST:PORT for gRPC */
+    char advertise[256];  /* HOST:PORT workers dial; "" = the bound address (or, in
+                             Kubernetes, the Service `spottrain k8s render` makes) */
     double heartbeat_deadline; /* seconds of silence before a worker is declared lost */
     /* coordinator.tls: cert + key turn on TLS for gRPC and REST; client_ca also requires
      * and verifies client certificates (mutual TLS). "" = not set; files must exist. */
@@ -145,6 +200,7 @@ struct st_spec {
     struct st_spec_fleet fleet;
     struct st_spec_planner planner;
     struct st_spec_checkpoint checkpoint;
+    struct st_spec_fault_tolerance fault_tolerance;
     struct st_spec_coordinator coordinator;
     struct st_spec_status status;
     int nwhere;            /* positions of the fields given in the file (st_spec_where) */

@@ -165,6 +165,38 @@ void coord__rest_stop(struct coord *c);
 /* The Prometheus text of /metrics (lock held). Caller frees with st_free(). */
 char *coord__metrics_text(struct coord *c);
 
+/* One REST request as plain data: what libmicrohttpd's callback hands to coord__rest_handle,
+ * and what tests/fuzz/fuzz-rest.c builds from its input. */
+struct coord_rest_kv {
+    const char *name, *value;
+};
+struct coord_rest_request {
+    const char *method;                  /* "GET", "POST", ... as sent */
+    const char *url;                     /* the path, without the query string */
+    const struct coord_rest_kv *args;    /* decoded query arguments, in order */
+    size_t nargs;
+    const struct coord_rest_kv *headers; /* request headers, in order */
+    size_t nheaders;
+    const char *body;                    /* may be NULL: no route reads a body yet */
+    size_t body_len;                     /* bytes of body received (over 65536: refused) */
+    bool client_cert_ok;                 /* a verified TLS client certificate came with it */
+};
+struct coord_rest_reply {
+    unsigned status;          /* HTTP status */
+    const char *content_type; /* static string */
+    const char *allow;        /* the Allow header (405), static, or NULL */
+    bool asset;               /* body is a compiled-in page or icon: not freed, no-frame headers */
+    char *body;               /* malloc()ed (libmicrohttpd frees it with free()) unless asset */
+    size_t len;
+};
+/* Answers one request: routes, authentication, limits. Takes the lock itself (not held on
+ * entry). Returns 0 with ret_reply filled (release it with coord__rest_reply_done, or hand
+ * its body to libmicrohttpd), -ENOMEM when the answer could not be built, -EINVAL on bad
+ * arguments. Callers: rest.c's on_request, tests/fuzz/fuzz-rest.c. */
+int coord__rest_handle(struct coord *c, const struct coord_rest_request *rq,
+                       struct coord_rest_reply *ret_reply);
+void coord__rest_reply_done(struct coord_rest_reply *r);
+
 /* ---- page.c (generated from status-page.html and status-icon.svg by embed.py) -------- */
 
 extern const unsigned char coord__page_html[], coord__page_icon[];

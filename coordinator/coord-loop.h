@@ -30,14 +30,18 @@ struct coord_loop;
 #define COORD_LOOP_MAX_RECORDS 256
 #define COORD_LOOP_MAX_SHAPES 64
 
-/* Summary kinds: the planner's migration classes, plus checkpoint restores. dp resharding is
- * counted apart (a migration that changes dp is also one of the classes). */
+/* Summary kinds: the planner's migration classes, then the recoveries from an unannounced
+ * loss: from peers' in-memory copies, from the disk checkpoint, or from scratch (no copy and
+ * no checkpoint: not a restore). dp resharding is counted apart (a migration that changes dp
+ * is also one of the classes). */
 enum coord_loop_kind {
     COORD_LOOP_INTRA = 0,
     COORD_LOOP_INTER,
     COORD_LOOP_PIPELINE,
     COORD_LOOP_DP_RESHARD,
-    COORD_LOOP_RESTORE,
+    COORD_LOOP_RESTORE,        /* checkpoint-restore */
+    COORD_LOOP_PEER_RESTORE,
+    COORD_LOOP_FRESH_START,
     COORD_LOOP_NKINDS
 };
 const char *coord_loop_kind_name(enum coord_loop_kind k);
@@ -83,6 +87,10 @@ struct coord_loop_config {
     double lease_seconds;           /* steps leased ahead, in seconds of training; 0 = 0.5 */
     int expect_workers;             /* workers to wait for before the first epoch; 0 = 1 */
     double first_wait;              /* longest wait for them, seconds; 0 = 20 */
+    bool hold_trace;                /* the provider replays a trace (sim): hold its clock at
+                                     * time 0 until the first epoch runs. Real clouds' providers
+                                     * keep their own time (reconcile, backoff) and are never
+                                     * held. */
 };
 
 /* One reconfiguration, as the summary lists it. */
@@ -92,8 +100,10 @@ struct coord_loop_record {
     bool dp_reshard;               /* dp changed */
     int from_dp, from_pp, to_dp, to_pp;
     uint64_t planned_bytes;        /* the plan's bytes_moved */
-    uint64_t moved_bytes;          /* bytes the workers reported receiving */
-    double stall_seconds;          /* longest stall of a participant */
+    uint64_t moved_bytes;          /* payload bytes the workers' transport received */
+    double stall_seconds;          /* shared/DESIGN.md "One meaning of stall"; for a failed
+                                    * epoch, until the epoch that replaced it made a step */
+    uint64_t steps_replayed;       /* restores: steps done before the loss, trained again */
     double seconds;                /* order to last "reconfigured" */
     bool ok;
     char reason[96];
@@ -107,6 +117,7 @@ struct coord_loop_summary {
     double wall_seconds;
     uint64_t count[COORD_LOOP_NKINDS], bytes[COORD_LOOP_NKINDS];
     double stall[COORD_LOOP_NKINDS];
+    uint64_t replayed[COORD_LOOP_NKINDS]; /* steps replayed (restore kinds) */
     int nrecords;
     struct coord_loop_record records[COORD_LOOP_MAX_RECORDS];
     int nshapes;

@@ -63,6 +63,8 @@ enum coord_migration_kind {
     COORD_MIG_INTER_STAGE,
     COORD_MIG_PIPELINE,
     COORD_MIG_CHECKPOINT_RESTORE,
+    COORD_MIG_PEER_RESTORE,
+    COORD_MIG_FRESH_START,
     COORD_MIG_NKINDS
 };
 
@@ -101,6 +103,7 @@ struct coord_transfer {
     int layer;
     enum coord_state_kind kind;
     uint64_t offset, count; /* elements */
+    bool from_copy;         /* src sends from its peer copy of a lost worker (peer restore) */
 };
 
 /* A notice a worker relayed in a Report. */

@@ -233,9 +233,9 @@ static int fleet_start(struct job *J, const char *state_dir) {
     }
     if (r < 0)
         return st_log_errno(r, "Cannot create the '%s' fleet", name);
-    coord_loop_set_provider(J->L, J->prov);
     if ((r = cloud_provider_start(J->prov, st_now())) < 0)
         return st_log_errno(r, "Cannot start the '%s' fleet", name);
+    coord_loop_set_provider(J->L, J->prov); /* after start: the trace's time 0 is now */
     return 0;
 }
 
@@ -271,6 +271,7 @@ static int loop_config(struct job *J, const char *state_dir) {
         }
         lc->nforced = n;
     }
+    lc->hold_trace = cfg->fleet == COORD_JOB_FLEET_SIM;
     if (cfg->fleet == COORD_JOB_FLEET_SIM) {
         int initial = J->trace->nintervals > 0 ? plan_trace_n_after(J->trace, 0) : 0;
         lc->expect_workers = ST_MAX(1, ST_MIN(initial, J->spec.fleet.max > 0 ? J->spec.fleet.max
@@ -300,6 +301,12 @@ static int tick_until_done(struct job *J) {
             }
             coord_loop_cancel(J->L);
         }
+        /* A Stop over REST (POST /v1/job:stop) ends the job like a cancel: the loop winds
+         * down and the fleet is released, whatever phase it was in. */
+        enum coord_job_state js = COORD_JOB_PENDING;
+        coord_job_get(J->c, NULL, NULL, NULL, NULL, &js, NULL);
+        if (js == COORD_JOB_STOPPING || js == COORD_JOB_STOPPED)
+            coord_loop_cancel(J->L);
         int r = coord_loop_tick(J->L, now);
         report_events(J);
         if (r < 0)

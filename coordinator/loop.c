@@ -24,6 +24,7 @@
 #define LOOP_MAX_HIST 4096
 #define LOOP_SPARE_STAGE (-1)
 #define LOOP_EVENTS 256 /* events kept for coord_loop_event_next() */
+#define LOOP_FAILED_GRACE 1.0 /* seconds a failed step waits for its cause to be known dead */
 
 enum loop_phase {
     PH_WAIT_FIRST = 0, /* no epoch yet: waiting for the first workers */
@@ -45,9 +46,11 @@ static const char *phase_name(enum loop_phase p) {
 struct lworker {
     char id[ST_UUID_STR_LEN];
     bool terminate;            /* relayed a cloud interruption notice */
+    double terminate_at;       /* st_now() when it first did */
     uint64_t reconf_epoch;     /* last epoch it reported "reconfigured" for */
     uint64_t reconf_fail_epoch;
     uint64_t recv, sent;       /* bytes of that reconfiguration */
+    uint64_t replayed;         /* steps its rollback to a peer copy undid */
     double stall;
     uint64_t fail_epoch;       /* epoch in which a step or checkpoint failed; 0 = none */
     double step_seconds;       /* wall seconds of its last step */
@@ -60,6 +63,10 @@ struct lworker {
     int ckw_stage;
     double ckw_seconds;        /* how long writing those layers took */
     char ckw_dir[ST_SPEC_PATH_MAX];
+    uint64_t pc_epoch[2], pc_step[2]; /* its peer-copy generations (epoch, step; 0 = none) */
+    uint64_t first_epoch;      /* last epoch whose first step it reported */
+    double first_seconds;      /* end of its last step before that epoch to the end of this */
+    double first_step_seconds; /* that step's own time */
 };
 
 /* A cloud instance as the provider reported it. */
@@ -76,11 +83,13 @@ struct wv {
     uint64_t step;             /* steps done (last report) */
     double loss;
     bool dead, leaving, failed, positioned;
+    double relayed_at;         /* st_now() when it relayed a notice the provider did not see */
 };
 
 struct reconf {
     uint64_t epoch, at;
     bool restore;
+    char (*pos)[ST_UUID_STR_LEN]; /* worker at each new position s*dp + r */
     double started;
     size_t npart;
     char (*part)[ST_UUID_STR_LEN];
@@ -141,6 +150,27 @@ struct coord_loop {
     enum plan_predictor predictor;
     uint64_t decisions;       /* planner consultations */
 
+    /* The last epoch that ran (made steps possible): peer copies are of its layout. */
+    uint64_t run_epoch;
+    int run_dp, run_pp;
+    int run_split[PLAN_MIG_MAX_STAGES + 1];
+    char (*run_pos)[ST_UUID_STR_LEN]; /* run_dp * run_pp */
+    char (*prev_pos)[ST_UUID_STR_LEN]; /* the positions of the epoch that ran before it */
+    int prev_n;
+    uint64_t max_step;        /* highest step a positioned worker reported since run_epoch */
+    uint64_t peer_failed_at;  /* step of the last peer restore that failed; replays it never */
+    bool peer_refused;        /* a worker said the copies do not fit */
+    bool peer_refused_said;   /* and the event said so (once) */
+    uint64_t peer_refused_need; /* bytes per worker they would have needed */
+    /* Stall bookkeeping: records [chain, stall_rec] wait for the first step of the epoch that
+     * ended them (stall_rec, ok); -1 = nothing pending. */
+    int chain, stall_rec;
+    /* Wall seconds the provider's (trace) clock was held before the first epoch ran: the
+     * trace's events start with training, however long the workers took to come up, so a
+     * run replays the same trace against the same steps whatever the machine's load. */
+    double hold;
+    double prov_t0;           /* st_now() when the (started) provider was set: trace time 0 */
+    double failed_since;      /* a positioned worker's step failed, none known dead; 0 = no */
     /* Which shapes may run (the planner's rules, shared with validate) and the wait for a
      * fleet that can host one. */
     struct plan_rules rules;        /* the spec's rules, pins included */
@@ -151,10 +181,15 @@ struct coord_loop {
     char waiting[200];              /* status line while waiting; "" otherwise */
 };
 
+/* The provider's clock at wall time now (see hold). */
+static double trace_now(const struct coord_loop *L, double now) {
+    return now - L->hold;
+}
+
 /* See coord-loop.h. */
 const char *coord_loop_kind_name(enum coord_loop_kind k) {
     static const char *const n[] = {"intra-stage", "inter-stage", "pipeline", "dp-resharding",
-                                    "checkpoint-restore"};
+                                    "checkpoint-restore", "peer-restore", "fresh-start"};
     return (unsigned)k < COORD_LOOP_NKINDS ? n[k] : "?";
 }
 
@@ -191,6 +226,11 @@ static const char *fmt_bytes(char *buf, size_t size, uint64_t b) {
     else
         snprintf(buf, size, "%" PRIu64 " bytes", b);
     return buf;
+}
+
+/* Whether an event names kind k "<kind> migration" (the live ones) or by itself. */
+static bool loop_kind_is_migration(enum coord_loop_kind k) {
+    return k == COORD_LOOP_INTRA || k == COORD_LOOP_INTER || k == COORD_LOOP_PIPELINE;
 }
 
 /* Seconds of stall or writing: "3 ms" under a second, "1.64 s" above. */
@@ -268,13 +308,16 @@ static void hook_report(struct coord *c, const struct coord_report *r, void *use
     for (size_t i = 0; w && i < r->nnotices; i++) {
         const char *k = r->notices[i].kind, *d = r->notices[i].detail ? r->notices[i].detail : "";
         if (!strcmp(k, "terminate")) {
-            if (!w->terminate)
+            if (!w->terminate) {
                 L->sum.worker_notices++;
+                w->terminate_at = st_now();
+            }
             w->terminate = true;
         } else if (!strcmp(k, "reconfigured")) {
             w->reconf_epoch = kv_u64(d, "epoch");
             w->recv = kv_u64(d, "recv");
             w->sent = kv_u64(d, "sent");
+            w->replayed = kv_u64(d, "replayed");
             w->stall = kv_f(d, "stall");
         } else if (!strcmp(k, "reconfig-failed")) {
             w->reconf_fail_epoch = kv_u64(d, "epoch");
@@ -286,6 +329,20 @@ static void hook_report(struct coord *c, const struct coord_report *r, void *use
             w->ckw_seconds = kv_f(d, "seconds");
             if (!kv(d, "dir", w->ckw_dir, sizeof(w->ckw_dir)))
                 w->ckw_dir[0] = '\0';
+        } else if (!strcmp(k, "peer-copy")) {
+            /* The generations the worker holds now (it keeps two). */
+            w->pc_epoch[0] = kv_u64(d, "epoch");
+            w->pc_step[0] = kv_u64(d, "step");
+            w->pc_epoch[1] = kv_u64(d, "prev_epoch");
+            w->pc_step[1] = kv_u64(d, "prev_step");
+        } else if (!strcmp(k, "peer-copy-refused")) {
+            if (!L->peer_refused)
+                L->peer_refused_need = kv_u64(d, "need");
+            L->peer_refused = true;
+        } else if (!strcmp(k, "first-step")) {
+            w->first_epoch = kv_u64(d, "epoch");
+            w->first_seconds = kv_f(d, "seconds");
+            w->first_step_seconds = kv_f(d, "step_seconds");
         } else if (!strcmp(k, "checkpointed")) {
             w->ckpt_step = kv_u64(d, "step");
             if (!kv(d, "dir", w->ckpt_dir, sizeof(w->ckpt_dir)))
@@ -344,7 +401,8 @@ static int poll_provider(struct coord_loop *L, double now) {
     struct cloud_signal sig[64];
     size_t n;
     do {
-        TRY(cloud_provider_poll(L->cfg.provider, now, sig, ST_ARRAY_SIZE(sig), &n));
+        TRY(cloud_provider_poll(L->cfg.provider, trace_now(L, now), sig, ST_ARRAY_SIZE(sig),
+                                &n));
         for (size_t i = 0; i < n; i++) {
             struct linst *x = inst_get(L, sig[i].instance);
             if (!x)
@@ -357,7 +415,7 @@ static int poll_provider(struct coord_loop *L, double now) {
                 x->noticed = true;
                 x->deadline = sig[i].deadline;
                 set_event(L, "%s was noticed: instance %s goes in %.1f s", node, x->name,
-                          sig[i].deadline - now);
+                          sig[i].deadline - trace_now(L, now));
                 break;
             case CLOUD_SIG_LOST:
                 x->dead = true;
@@ -369,6 +427,15 @@ static int poll_provider(struct coord_loop *L, double now) {
                 break;
             case CLOUD_SIG_GRANTED:
                 set_event(L, "%s joined: instance %s granted", node, x->name);
+                break;
+            case CLOUD_SIG_EXITED:
+                /* The worker process ended (crashed, killed by someone else): its state is
+                 * gone as surely as with a preemption, and known now, not at the heartbeat
+                 * deadline. */
+                if (!x->dead)
+                    set_event(L, "%s exited: its worker process ended (instance %s, status %d)",
+                              node, x->name, sig[i].status);
+                x->dead = true;
                 break;
             default:
                 break;
@@ -405,6 +472,7 @@ static int view_get(struct coord_loop *L, struct wv **ret, size_t *ret_n) {
         v[i].dead = w[i].state == COORD_WORKER_LOST || w[i].state == COORD_WORKER_STOPPED ||
                     (x && x->dead);
         v[i].leaving = (x && x->noticed) || (lw && lw->terminate);
+        v[i].relayed_at = lw && lw->terminate ? lw->terminate_at : 0;
         v[i].positioned = w[i].state == COORD_WORKER_ACTIVE && w[i].epoch == L->epoch &&
                           L->epoch > 0;
         v[i].step = lw ? lw->step : w[i].step;
@@ -506,7 +574,14 @@ static void choose_shape(struct coord_loop *L, int n, uint64_t at, const struct 
             if (v[i].dead || !v[i].leaving)
                 continue;
             struct linst *x = inst_find(L, v[i].w.instance_id);
-            double left = x && x->deadline > now ? (x->deadline - now) : 0.0;
+            double tn = trace_now(L, now);
+            double left = x && x->deadline > tn ? (x->deadline - tn) : 0.0;
+            /* A notice only the worker saw (GCE preempted, Azure Preempt): the provider's
+             * notice length (spec fleet.notice: 30 s there) from when it was relayed. */
+            if (!(x && x->deadline > 0) && v[i].relayed_at > 0)
+                left = ST_MAX(0.0, L->cfg.spec.fleet.notice_seconds *
+                                       (L->cfg.time_scale > 0 ? L->cfg.time_scale : 1) -
+                                       (now - v[i].relayed_at));
             notices[nn].instance = (int)i;
             notices[nn].seconds = left / (L->cfg.time_scale > 0 ? L->cfg.time_scale : 1);
             nn++;
@@ -636,6 +711,18 @@ static int rc_set_participants(struct coord_loop *L, char (*ids)[ST_UUID_STR_LEN
     return 0;
 }
 
+/* Remembers which worker takes each new position of the epoch being ordered. */
+static int rc_set_positions(struct coord_loop *L, const struct coord_assignment *as, size_t n) {
+    st_free(L->rc.pos);
+    L->rc.pos = st_calloc(n + 1, sizeof(*L->rc.pos));
+    if (!L->rc.pos)
+        return -ENOMEM;
+    for (size_t i = 0; i < n; i++)
+        snprintf(L->rc.pos[as[i].stage * L->rc.dp + as[i].replica], sizeof(L->rc.pos[0]), "%s",
+                 as[i].worker_id);
+    return 0;
+}
+
 /* ---- ordering epochs ---------------------------------------------------------------------- */
 
 static bool wv_before(const struct wv *a, const struct wv *b) {
@@ -719,7 +806,10 @@ static int start_restore(struct coord_loop *L, const struct wv *v, size_t nv, do
     memset(&L->rc.rec, 0, sizeof(L->rc.rec));
     L->rc.rec.epoch = epoch;
     L->rc.rec.at_step = step;
-    L->rc.rec.kind = COORD_LOOP_RESTORE;
+    /* Without a checkpoint a "restore" starts from scratch: a fresh start, not a restore. The
+     * first epoch is neither (not counted). */
+    L->rc.rec.kind = dir[0] ? COORD_LOOP_RESTORE : COORD_LOOP_FRESH_START;
+    L->rc.rec.steps_replayed = restore && L->max_step > step ? L->max_step - step : 0;
     L->rc.rec.from_dp = L->epoch ? L->dp : 0;
     L->rc.rec.from_pp = L->epoch ? L->pp : 0;
     L->rc.rec.to_dp = dp;
@@ -733,6 +823,7 @@ static int start_restore(struct coord_loop *L, const struct wv *v, size_t nv, do
     L->rc.pp = pp;
     memcpy(L->rc.split, split, sizeof(split));
     TRY_GOTO(rc_set_participants(L, ids, (size_t)k), r, out);
+    TRY_GOTO(rc_set_positions(L, as, (size_t)k), r, out);
     L->phase = PH_RECONF;
     L->need_restore = false;
     /* The event line waits for the outcome (phase_reconf), which knows the cost. */
@@ -759,10 +850,21 @@ static int order_migrate(struct coord_loop *L, const char *id, const struct coor
     return coord_migrate_peers(L->c, id, t, n, at, peers, npeers, NULL);
 }
 
+/* A peer restore's sources: the step every survivor rolls back to, and for each worker of the
+ * view the position it held in the last running epoch (-1 = none), the dead ones included:
+ * their state is sent by their successor in position order, from its peer copy. */
+struct peer_src {
+    uint64_t step;
+    int *pos;          /* [nv] position s*dp + r in the run layout, -1 = none */
+    size_t *succ;      /* [nv] for a dead positioned worker: the view index of its successor */
+};
+
 /* Orders a live migration to (dp, pp) at the lease boundary; falls back to a restore when
- * some state has no live copy. */
+ * some state has no live copy. With ps, a peer restore instead: from the run layout at step
+ * ps->step, dead workers' state coming from their successors' copies; -ENODATA (nothing
+ * ordered) when the planner finds some state without a copy. */
 static int start_migrate(struct coord_loop *L, const struct wv *v, size_t nv, int dp, int pp,
-                         double now, const char *reason) {
+                         double now, const char *reason, const struct peer_src *ps) {
     struct plan_mig_worker *pw = st_calloc(nv + 1, sizeof(*pw));
     struct plan_mig_layout *ol = st_calloc(1, sizeof(*ol)), *nl = st_calloc(1, sizeof(*nl));
     struct plan_migration *plan = NULL;
@@ -770,20 +872,24 @@ static int start_migrate(struct coord_loop *L, const struct wv *v, size_t nv, in
     struct coord_transfer *tr = NULL;
     struct coord_peer *peers = NULL;
     char (*ids)[ST_UUID_STR_LEN] = NULL;
+    uint32_t *src = NULL; /* per transfer: the worker that sends it (peer restore: remapped) */
+    bool *sends = NULL;
     int r = 0;
     char err[256] = "";
+    int odp = ps ? L->run_dp : L->dp, opp = ps ? L->run_pp : L->pp;
+    const int *osplit = ps ? L->run_split : L->split;
 
     if (!pw || !ol || !nl)
         TRY_GOTO(-ENOMEM, r, out);
     uint32_t olo[PLAN_MIG_MAX_STAGES + 1], nlo[PLAN_MIG_MAX_STAGES + 1];
     int split[PLAN_MIG_MAX_STAGES + 1];
-    for (int s = 0; s <= L->pp; s++)
-        olo[s] = (uint32_t)L->split[s];
+    for (int s = 0; s <= opp; s++)
+        olo[s] = (uint32_t)osplit[s];
     TRY_GOTO(split_for(L, pp, split), r, out);
     for (int s = 0; s <= pp; s++)
         nlo[s] = (uint32_t)split[s];
-    TRY_GOTO(plan_mig_layout_init((uint32_t)L->nlayers, L->layer_params, (uint32_t)L->dp,
-                                  (uint32_t)L->pp, olo, ol), r, out);
+    TRY_GOTO(plan_mig_layout_init((uint32_t)L->nlayers, L->layer_params, (uint32_t)odp,
+                                  (uint32_t)opp, olo, ol), r, out);
     TRY_GOTO(plan_mig_layout_add_tied(ol, PLAN_MIG_STAGE_LAST, 0), r, out);
     TRY_GOTO(plan_mig_layout_init((uint32_t)L->nlayers, L->layer_params, (uint32_t)dp,
                                   (uint32_t)pp, nlo, nl), r, out);
@@ -794,6 +900,19 @@ static int start_migrate(struct coord_loop *L, const struct wv *v, size_t nv, in
         pw[i].replica = v[i].positioned ? v[i].w.replica : 0;
         pw[i].alive = !v[i].dead && !v[i].failed && v[i].w.state != COORD_WORKER_STOPPED;
         pw[i].leaving = pw[i].alive && v[i].leaving;
+        if (ps && ps->pos[i] >= 0) {
+            /* Everyone rolls back to the copies' step, a failed step included; a dead worker
+             * still "sends" (its successor does it for it) but takes no position. */
+            pw[i].stage = ps->pos[i] / odp;
+            pw[i].replica = ps->pos[i] % odp;
+            pw[i].alive = true;
+            pw[i].leaving = v[i].dead || v[i].leaving;
+        } else if (ps) {
+            pw[i].stage = -1;
+            pw[i].replica = 0;
+            pw[i].alive = !v[i].dead && v[i].w.state != COORD_WORKER_STOPPED;
+            pw[i].leaving = pw[i].alive && v[i].leaving;
+        }
     }
     struct plan_mig_request req = {
         .nlayers = (uint32_t)L->nlayers,
@@ -805,6 +924,12 @@ static int start_migrate(struct coord_loop *L, const struct wv *v, size_t nv, in
         .validate = true,
     };
     r = plan_migration_new(&req, &plan, err, sizeof(err));
+    if (ps && r < 0) {
+        st_log(ST_LOG_WARN, "loop", "No peer restore to %dx%d: %s (%s)", dp, pp, st_strerror(r),
+               err);
+        r = -ENODATA;
+        goto out;
+    }
     if (r == -ENODATA || r == -ENOSPC) {
         char why[300];
         snprintf(why, sizeof(why), "%s; no live copy (%s)", reason, err);
@@ -821,8 +946,16 @@ static int start_migrate(struct coord_loop *L, const struct wv *v, size_t nv, in
     peers = st_calloc(nv + 1, sizeof(*peers));
     ids = st_calloc(nv + 1, sizeof(*ids));
     tr = st_calloc(plan->ntransfers + 1, sizeof(*tr));
-    if (!as || !peers || !ids || !tr)
+    src = st_calloc(plan->ntransfers + 1, sizeof(*src));
+    sends = st_calloc(nv + 1, sizeof(*sends));
+    if (!as || !peers || !ids || !tr || !src || !sends)
         TRY_GOTO(-ENOMEM, r, out);
+    for (size_t t = 0; t < plan->ntransfers; t++) {
+        src[t] = plan->transfers[t].src;
+        if (ps && v[src[t]].dead)
+            src[t] = (uint32_t)ps->succ[src[t]];
+        sends[src[t]] = true;
+    }
     size_t np = 0;
     for (size_t p = 0; p < npos; p++) {
         uint32_t w = plan->position_worker[p];
@@ -839,7 +972,7 @@ static int start_migrate(struct coord_loop *L, const struct wv *v, size_t nv, in
     }
     /* Send-only participants: alive workers without a new position that send something. */
     for (size_t i = 0; i < nv; i++) {
-        if (plan->worker_stage[i] >= 0 || plan->sent_bytes[i] == 0)
+        if (plan->worker_stage[i] >= 0 || !sends[i])
             continue;
         snprintf(peers[np].worker_id, sizeof(peers[np].worker_id), "%s", v[i].w.id);
         peers[np].stage = LOOP_SPARE_STAGE;
@@ -848,12 +981,13 @@ static int start_migrate(struct coord_loop *L, const struct wv *v, size_t nv, in
     }
     for (size_t k = 0; k < np; k++)
         snprintf(ids[k], sizeof(ids[k]), "%s", peers[k].worker_id);
-    uint64_t at = L->lease;
+    uint64_t at = ps ? ps->step : L->lease;
     char rdv[1024];
-    rendezvous(rdv, sizeof(rdv), "migrate", split, pp, NULL);
+    rendezvous(rdv, sizeof(rdv), ps ? "peer-restore" : "migrate", split, pp, NULL);
     uint64_t epoch = 0;
     char rs[200];
-    snprintf(rs, sizeof(rs), "%s migration: %s", plan_mig_class_name(plan->cls), reason);
+    snprintf(rs, sizeof(rs), "%s %s: %s", plan_mig_class_name(plan->cls),
+             ps ? "peer restore" : "migration", reason);
     TRY_GOTO(coord_configure(L->c, dp, pp, as, npos, rdv, at, rs, &epoch), r, out);
     for (size_t k = 0; k < np; k++) {
         size_t nt = 0;
@@ -863,9 +997,10 @@ static int start_migrate(struct coord_loop *L, const struct wv *v, size_t nv, in
                 wi = (uint32_t)i;
         for (size_t t = 0; t < plan->ntransfers; t++) {
             const struct plan_mig_transfer *x = &plan->transfers[t];
-            if (x->src != wi && x->dst != wi)
+            if (src[t] != wi && x->dst != wi)
                 continue;
-            snprintf(tr[nt].src_worker_id, sizeof(tr[nt].src_worker_id), "%s", v[x->src].w.id);
+            snprintf(tr[nt].src_worker_id, sizeof(tr[nt].src_worker_id), "%s", v[src[t]].w.id);
+            tr[nt].from_copy = src[t] != x->src;
             snprintf(tr[nt].dst_worker_id, sizeof(tr[nt].dst_worker_id), "%s", v[x->dst].w.id);
             tr[nt].layer = (int)x->layer;
             tr[nt].kind = (enum coord_state_kind)x->kind;
@@ -893,10 +1028,11 @@ static int start_migrate(struct coord_loop *L, const struct wv *v, size_t nv, in
     memset(&L->rc.rec, 0, sizeof(L->rc.rec));
     L->rc.rec.epoch = epoch;
     L->rc.rec.at_step = at;
-    L->rc.rec.kind = kind;
-    L->rc.rec.dp_reshard = dp != L->dp;
-    L->rc.rec.from_dp = L->dp;
-    L->rc.rec.from_pp = L->pp;
+    L->rc.rec.kind = ps ? COORD_LOOP_PEER_RESTORE : kind;
+    L->rc.rec.dp_reshard = !ps && dp != L->dp;
+    L->rc.rec.steps_replayed = ps && L->max_step > at ? L->max_step - at : 0;
+    L->rc.rec.from_dp = odp;
+    L->rc.rec.from_pp = opp;
     L->rc.rec.to_dp = dp;
     L->rc.rec.to_pp = pp;
     L->rc.rec.planned_bytes = plan->bytes_moved;
@@ -909,14 +1045,22 @@ static int start_migrate(struct coord_loop *L, const struct wv *v, size_t nv, in
     L->rc.pp = pp;
     memcpy(L->rc.split, split, sizeof(split));
     TRY_GOTO(rc_set_participants(L, ids, np), r, out);
+    TRY_GOTO(rc_set_positions(L, as, npos), r, out);
     L->phase = PH_RECONF;
+    L->need_restore = false;
     snprintf(L->rc.why, sizeof(L->rc.why), "because %s", reason);
     char pb[32];
-    set_status(L, "epoch %" PRIu64 ": %s migration %dx%d -> %dx%d at step %" PRIu64
-               " ordered, %s planned", epoch, plan_mig_class_name(plan->cls), L->dp, L->pp,
-               dp, pp, at, fmt_bytes(pb, sizeof(pb), plan->bytes_moved));
+    fmt_bytes(pb, sizeof(pb), plan->bytes_moved);
+    if (ps)
+        set_status(L, "epoch %" PRIu64 ": peer restore %dx%d -> %dx%d from the copies of step %"
+                   PRIu64 " ordered (%" PRIu64 " steps to replay), %s planned", epoch, odp, opp,
+                   dp, pp, at, L->rc.rec.steps_replayed, pb);
+    else
+        set_status(L, "epoch %" PRIu64 ": %s migration %dx%d -> %dx%d at step %" PRIu64
+                   " ordered, %s planned", epoch, plan_mig_class_name(plan->cls), L->dp, L->pp,
+                   dp, pp, at, pb);
 out:
-    if (r < 0)
+    if (r < 0 && !(ps && r == -ENODATA))
         st_log(ST_LOG_ERR, "loop", "Migration %dx%d -> %dx%d not ordered: %s", L->dp, L->pp, dp,
                pp, st_strerror(r));
     plan_migration_free(plan);
@@ -927,47 +1071,206 @@ out:
     st_free(tr);
     st_free(peers);
     st_free(ids);
+    st_free(src);
+    st_free(sends);
+    return r;
+}
+
+static bool pc_has(const struct lworker *w, uint64_t epoch, uint64_t step) {
+    for (int k = 0; w && k < 2; k++)
+        if (w->pc_epoch[k] == epoch && w->pc_step[k] == step)
+            return true;
+    return false;
+}
+
+/* After an unannounced loss: restores from the peer copies of the last running epoch when
+ * one step's copies survive for every position (each alive owner holds its own, each dead
+ * owner's successor holds it), onto the available workers. Returns 0 when ordered, -ENODATA
+ * when no copy serves (the caller restores from disk), or another negative errno. */
+static int start_peer_restore(struct coord_loop *L, const struct wv *v, size_t nv, double now,
+                              const char *reason) {
+    int n = L->run_dp * L->run_pp, r = 0;
+    if (L->cfg.spec.fault_tolerance.peer_copy_every <= 0 || !L->run_pos || L->run_epoch == 0 ||
+        n < 2)
+        return -ENODATA;
+    struct peer_src ps = {0, st_calloc(nv + 1, sizeof(int)), st_calloc(nv + 1, sizeof(size_t))};
+    long *vi = st_calloc((size_t)n, sizeof(*vi));
+    if (!ps.pos || !ps.succ || !vi)
+        TRY_GOTO(-ENOMEM, r, out);
+    for (size_t i = 0; i < nv; i++)
+        ps.pos[i] = -1;
+    for (int p = 0; p < n; p++) {
+        vi[p] = -1;
+        for (size_t i = 0; i < nv; i++)
+            if (!strcmp(v[i].w.id, L->run_pos[p]))
+                vi[p] = (long)i;
+        if (vi[p] < 0)
+            TRY_GOTO(-ENODATA, r, out); /* gone from the table: nothing to plan with */
+        ps.pos[vi[p]] = p;
+    }
+    for (int p = 0; p < n; p++)
+        ps.succ[vi[p]] = (size_t)vi[(p + 1) % n]; /* vi complete now */
+    bool found = false;
+    pthread_mutex_lock(&L->lock);
+    for (int p = 0; p < n; p++)
+        for (int k = 0; k < 2; k++) {
+            struct lworker *w = lw_get(L, L->run_pos[p]);
+            if (!w || w->pc_epoch[k] != L->run_epoch || (found && w->pc_step[k] <= ps.step))
+                continue;
+            uint64_t cand = w->pc_step[k];
+            bool ok = cand != L->peer_failed_at;
+            for (int q = 0; ok && q < n; q++) {
+                const struct wv *o = &v[vi[q]], *sc = &v[vi[(q + 1) % n]];
+                if (!o->dead)
+                    ok = pc_has(lw_get(L, o->w.id), L->run_epoch, cand);
+                else
+                    ok = !sc->dead && pc_has(lw_get(L, sc->w.id), L->run_epoch, cand);
+            }
+            if (ok) {
+                ps.step = cand;
+                found = true;
+            }
+        }
+    pthread_mutex_unlock(&L->lock);
+    if (!found)
+        TRY_GOTO(-ENODATA, r, out);
+    int navail = 0;
+    for (size_t i = 0; i < nv; i++)
+        navail += !v[i].dead && !v[i].leaving && v[i].w.state != COORD_WORKER_STOPPED;
+    int dp, pp;
+    char why[200];
+    choose_shape(L, navail, ps.step, v, nv, now, &dp, &pp, why, sizeof(why));
+    if (dp < 1)
+        TRY_GOTO(-ENODATA, r, out);
+    r = start_migrate(L, v, nv, dp, pp, now, reason, &ps);
+out:
+    st_free(ps.pos);
+    st_free(ps.succ);
+    st_free(vi);
     return r;
 }
 
 /* ---- phases --------------------------------------------------------------------------------- */
 
-static void record_done(struct coord_loop *L, bool ok, uint64_t moved, double stall,
-                        double now) {
+static enum coord_migration_kind metrics_kind(enum coord_loop_kind k) {
+    switch (k) {
+    case COORD_LOOP_RESTORE: return COORD_MIG_CHECKPOINT_RESTORE;
+    case COORD_LOOP_PEER_RESTORE: return COORD_MIG_PEER_RESTORE;
+    case COORD_LOOP_FRESH_START: return COORD_MIG_FRESH_START;
+    case COORD_LOOP_PIPELINE: return COORD_MIG_PIPELINE;
+    case COORD_LOOP_INTER: return COORD_MIG_INTER_STAGE;
+    default: return COORD_MIG_INTRA_STAGE;
+    }
+}
+
+/* The end of a reconfiguration (its participants all reported, or it failed). Counts and wire
+ * bytes go to the summary now; the stall only once the epoch that ended the chain of
+ * reconfigurations made its first step (stall_done()). */
+static void record_done(struct coord_loop *L, bool ok, uint64_t moved, double now) {
     struct coord_loop_record *rec = &L->rc.rec;
     rec->ok = ok;
     rec->moved_bytes = moved;
-    rec->stall_seconds = stall;
+    rec->stall_seconds = 0;
     rec->seconds = now - L->rc.started;
     struct coord_loop_summary *S = &L->sum;
-    if (S->nrecords < COORD_LOOP_MAX_RECORDS)
+    bool first = (rec->kind == COORD_LOOP_RESTORE || rec->kind == COORD_LOOP_FRESH_START) &&
+                 !L->rc.restore;
+    if (S->nrecords < COORD_LOOP_MAX_RECORDS) {
         S->records[S->nrecords++] = *rec;
-    if (!ok)
-        return;
-    bool first = rec->kind == COORD_LOOP_RESTORE && !L->rc.restore;
-    if (!first) {
-        S->count[rec->kind]++;
-        S->bytes[rec->kind] += moved;
-        S->stall[rec->kind] += stall;
-        if (rec->dp_reshard) {
-            S->count[COORD_LOOP_DP_RESHARD]++;
-            S->bytes[COORD_LOOP_DP_RESHARD] += moved;
-            S->stall[COORD_LOOP_DP_RESHARD] += stall;
-        }
-        enum coord_migration_kind mk = rec->kind == COORD_LOOP_RESTORE
-                                           ? COORD_MIG_CHECKPOINT_RESTORE
-                                       : rec->kind == COORD_LOOP_PIPELINE ? COORD_MIG_PIPELINE
-                                       : rec->kind == COORD_LOOP_INTER ? COORD_MIG_INTER_STAGE
-                                                                       : COORD_MIG_INTRA_STAGE;
-        coord_metrics_add_migration(L->c, mk, moved, stall);
+        if (L->chain < 0)
+            L->chain = S->nrecords - 1;
+        L->stall_rec = ok && !first ? S->nrecords - 1 : -1;
+        if (first)
+            L->chain = -1; /* the job's start: no stall to speak of */
     }
+    if (!ok || first)
+        return;
+    S->count[rec->kind]++;
+    S->bytes[rec->kind] += moved;
+    S->replayed[rec->kind] += rec->steps_replayed;
+    if (rec->dp_reshard) {
+        S->count[COORD_LOOP_DP_RESHARD]++;
+        S->bytes[COORD_LOOP_DP_RESHARD] += moved;
+    }
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Once every positioned worker of the running epoch reported its first step: the stall of
+ * the chain of reconfigurations that led to it (shared/DESIGN.md): the longest span from a
+ * worker's last step before the chain to the end of its first step in this epoch, minus the
+ * median of those first steps' own times. Every record of the chain (failed ones too) shows
+ * it; the summary counts it once, under the kind of the epoch that ended the chain. */
+static void stall_done(struct coord_loop *L, const struct wv *v, size_t nv) {
+    struct coord_loop_summary *S = &L->sum;
+    if (L->stall_rec < 0 || L->chain < 0 || S->records[L->stall_rec].epoch != L->epoch)
+        return;
+    double span = 0, span_new = 0, steps[64];
+    int ns = 0;
+    bool all = true, old = false;
+    pthread_mutex_lock(&L->lock);
+    for (size_t i = 0; i < nv && all; i++) {
+        if (!v[i].positioned || v[i].dead)
+            continue;
+        struct lworker *w = lw_get(L, v[i].w.id);
+        if (!w || w->first_epoch != L->epoch) {
+            all = false;
+            break;
+        }
+        /* Only a worker that trained in the epoch before knows when its last step ended; a
+         * spare's last step may be epochs old, a new worker has none (it counts from its
+         * order, a lower bound used only when nobody else knows better). */
+        bool was = false;
+        for (int p = 0; p < L->prev_n && !was; p++)
+            was = !strcmp(L->prev_pos[p], v[i].w.id);
+        if (was) {
+            span = ST_MAX(span, w->first_seconds);
+            old = true;
+        } else {
+            span_new = ST_MAX(span_new, w->first_seconds);
+        }
+        if (ns < (int)ST_ARRAY_SIZE(steps))
+            steps[ns++] = w->first_step_seconds;
+    }
+    pthread_mutex_unlock(&L->lock);
+    if (!old)
+        span = span_new;
+    if (!all || ns == 0)
+        return;
+    qsort(steps, (size_t)ns, sizeof(steps[0]), cmp_double);
+    double med = ns % 2 ? steps[ns / 2] : 0.5 * (steps[ns / 2 - 1] + steps[ns / 2]);
+    double stall = ST_MAX(0.0, span - med);
+    for (int i = L->chain; i <= L->stall_rec; i++)
+        S->records[i].stall_seconds = stall;
+    const struct coord_loop_record *rec = &S->records[L->stall_rec];
+    S->stall[rec->kind] += stall;
+    if (rec->dp_reshard)
+        S->stall[COORD_LOOP_DP_RESHARD] += stall;
+    coord_metrics_add_migration(L->c, metrics_kind(rec->kind), rec->moved_bytes, stall);
+    /* The epoch's one line: what ran, what it cost, and why. */
+    char mb[32], sb[32];
+    fmt_bytes(mb, sizeof(mb), rec->moved_bytes);
+    fmt_secs(sb, sizeof(sb), stall);
+    if (rec->kind == COORD_LOOP_RESTORE || rec->kind == COORD_LOOP_FRESH_START)
+        set_event(L, "epoch %" PRIu64 ": %s, running %dx%d from step %" PRIu64 ", %s stall, %s",
+                  L->epoch, rec->kind == COORD_LOOP_RESTORE ? "checkpoint restore"
+                                                            : "restart from scratch",
+                  rec->to_dp, rec->to_pp, rec->at_step, sb, L->rc.why);
+    else
+        set_event(L, "epoch %" PRIu64 ": %s%s %dx%d -> %dx%d at step %" PRIu64 ", %s, %s "
+                  "stall, %s", L->epoch, coord_loop_kind_name(rec->kind),
+                  loop_kind_is_migration(rec->kind) ? " migration" : "", rec->from_dp,
+                  rec->from_pp, rec->to_dp, rec->to_pp, rec->at_step, mb, sb, L->rc.why);
+    L->chain = L->stall_rec = -1;
 }
 
 static void phase_reconf(struct coord_loop *L, const struct wv *v, size_t nv, double now) {
     size_t done = 0;
     bool failed = false;
     uint64_t moved = 0;
-    double stall = 0;
     char bad[160] = "";
     pthread_mutex_lock(&L->lock);
     for (size_t k = 0; k < L->rc.npart; k++) {
@@ -987,7 +1290,8 @@ static void phase_reconf(struct coord_loop *L, const struct wv *v, size_t nv, do
         } else if (w->reconf_epoch == L->rc.epoch) {
             done++;
             moved += w->recv;
-            stall = ST_MAX(stall, w->stall);
+            /* The loop's view of the steps done lags by a Report; the workers know. */
+            L->rc.rec.steps_replayed = ST_MAX(L->rc.rec.steps_replayed, w->replayed);
         }
     }
     pthread_mutex_unlock(&L->lock);
@@ -996,18 +1300,14 @@ static void phase_reconf(struct coord_loop *L, const struct wv *v, size_t nv, do
         snprintf(bad, sizeof(bad), "timed out after %.0f s", now - L->rc.started);
     }
     if (failed) {
-        record_done(L, false, moved, stall, now);
+        record_done(L, false, moved, now);
+        if (L->rc.rec.kind == COORD_LOOP_PEER_RESTORE)
+            L->peer_failed_at = L->rc.at; /* the next try restores from disk */
         const struct coord_loop_record *fr = &L->rc.rec;
-        if (fr->kind == COORD_LOOP_RESTORE)
-            set_event(L, "epoch %" PRIu64 ": %s %dx%d at step %" PRIu64 " failed (%s); "
-                      "restoring from a checkpoint", L->rc.epoch,
-                      L->rc.restore ? "restore" : "start", fr->to_dp, fr->to_pp, fr->at_step,
-                      bad);
-        else
-            set_event(L, "epoch %" PRIu64 ": %s migration %dx%d -> %dx%d at step %" PRIu64
-                      " failed (%s); restoring from a checkpoint", L->rc.epoch,
-                      coord_loop_kind_name(fr->kind), fr->from_dp, fr->from_pp, fr->to_dp,
-                      fr->to_pp, fr->at_step, bad);
+        set_event(L, "epoch %" PRIu64 ": %s%s %dx%d -> %dx%d at step %" PRIu64 " failed (%s)",
+                  L->rc.epoch, coord_loop_kind_name(fr->kind), loop_kind_is_migration(fr->kind)
+                  ? " migration" : "", fr->from_dp, fr->from_pp, fr->to_dp, fr->to_pp,
+                  fr->at_step, bad);
         L->epoch = L->rc.epoch; /* the workers left the old epoch (or will, and fail) */
         L->dp = L->rc.dp;
         L->pp = L->rc.pp;
@@ -1025,32 +1325,38 @@ static void phase_reconf(struct coord_loop *L, const struct wv *v, size_t nv, do
     }
     if (done < L->rc.npart)
         return;
-    record_done(L, true, moved, stall, now);
+    record_done(L, true, moved, now);
     L->epoch = L->rc.epoch;
     L->dp = L->rc.dp;
     L->pp = L->rc.pp;
     memcpy(L->split, L->rc.split, sizeof(L->split));
+    /* The layout peer copies will be taken in from now on. */
+    st_free(L->prev_pos);
+    L->prev_pos = L->run_pos;
+    L->prev_n = L->run_pos ? L->run_dp * L->run_pp : 0;
+    L->run_pos = L->rc.pos;
+    L->rc.pos = NULL;
+    L->run_epoch = L->epoch;
+    L->run_dp = L->dp;
+    L->run_pp = L->pp;
+    memcpy(L->run_split, L->split, sizeof(L->run_split));
+    L->max_step = L->rc.at;
     L->lease = L->rc.at;
     L->rate_step = L->rc.at;
     L->rate_t = now;
     L->last_grant = 0;
     L->shape_since = now;
     L->phase = PH_RUNNING;
-    /* The one line this reconfiguration gets: what ran, what it cost, and why. */
+    /* The job's start has no cost to wait for: its one line now. Any other epoch gets its
+     * line from stall_done(), once its stall is known (one line per event, with its cost). */
     const struct coord_loop_record *rec = &L->rc.rec;
-    char mb[32], sb[32];
-    fmt_bytes(mb, sizeof(mb), moved);
-    fmt_secs(sb, sizeof(sb), stall);
-    if (rec->kind == COORD_LOOP_RESTORE && !L->rc.restore)
+    if ((rec->kind == COORD_LOOP_RESTORE || rec->kind == COORD_LOOP_FRESH_START) &&
+        !L->rc.restore)
         set_event(L, "epoch %" PRIu64 ": start, running %dx%d from step %" PRIu64 " (%s)",
                   L->epoch, L->dp, L->pp, L->lease, L->rc.why);
-    else if (rec->kind == COORD_LOOP_RESTORE)
-        set_event(L, "epoch %" PRIu64 ": checkpoint restore, running %dx%d from step %" PRIu64
-                  ", %s stall, %s", L->epoch, L->dp, L->pp, L->lease, sb, L->rc.why);
     else
-        set_event(L, "epoch %" PRIu64 ": %s migration %dx%d -> %dx%d at step %" PRIu64
-                  ", %s, %s stall, %s", L->epoch, coord_loop_kind_name(rec->kind),
-                  rec->from_dp, rec->from_pp, L->dp, L->pp, L->lease, mb, sb, L->rc.why);
+        set_status(L, "epoch %" PRIu64 " running %dx%d from step %" PRIu64 "; its stall is "
+                   "known at its first step", L->epoch, L->dp, L->pp, L->lease);
 }
 
 /* "node-3 was noticed", "node-1 and node-2 were lost": the positioned workers that are lost
@@ -1108,6 +1414,9 @@ static void phase_running(struct coord_loop *L, const struct wv *v, size_t nv, d
     }
     if (npos == 0)
         minstep = 0;
+    if (npos > 0)
+        L->max_step = ST_MAX(L->max_step, maxstep);
+    stall_done(L, v, nv);
     if (minstep > L->fail_at)
         L->restore_tries = 0; /* progress past every failed boundary: failures are not a loop */
     L->st.step = minstep;
@@ -1120,10 +1429,25 @@ static void phase_running(struct coord_loop *L, const struct wv *v, size_t nv, d
         L->rate_t = now;
     }
     L->st.samples_per_s = L->steps_per_s * L->cfg.spec.training.global_batch;
+    /* A failed step alone usually means a peer died and is not known dead yet (the provider
+     * or the heartbeat tells a moment later): a restore ordered now would count it alive and
+     * fail on it. Wait a little for the loss to show, never long. */
+    bool gone = false;
+    for (size_t i = 0; i < nv; i++)
+        gone = gone || (v[i].positioned && v[i].dead);
+    if (dead && !gone && L->failed_since == 0)
+        L->failed_since = now;
+    if (!dead)
+        L->failed_since = 0;
+    if (dead && !gone && now - L->failed_since < LOOP_FAILED_GRACE)
+        return;
     if (dead) {
+        L->failed_since = 0;
         char lost[120];
         who(L, v, nv, true, "lost", lost, sizeof(lost));
-        (void)start_restore(L, v, nv, now, lost);
+        int r = start_peer_restore(L, v, nv, now, lost);
+        if (r < 0)
+            (void)start_restore(L, v, nv, now, lost);
         return;
     }
     if (minstep >= L->total) {
@@ -1173,7 +1497,7 @@ static void phase_running(struct coord_loop *L, const struct wv *v, size_t nv, d
             char noticed[120];
             if (leaving)
                 who(L, v, nv, false, "noticed", noticed, sizeof(noticed));
-            (void)start_migrate(L, v, nv, dp, pp, now, leaving ? noticed : why);
+            (void)start_migrate(L, v, nv, dp, pp, now, leaving ? noticed : why, NULL);
             return;
         }
     }
@@ -1328,7 +1652,8 @@ static void phase_wait_first(struct coord_loop *L, const struct wv *v, size_t nv
     if (n == 0) {
         /* Nobody left and nobody coming: the trace is over (or every worker crashed). */
         if (L->cfg.provider && alive_instances(L) == 0 &&
-            cloud_provider_next_deadline(L->cfg.provider, now) < 0 && now - L->t0 > 2.0) {
+            cloud_provider_next_deadline(L->cfg.provider, trace_now(L, now)) < 0 &&
+            now - L->t0 > 2.0) {
             set_event(L, "no instances left and none coming; giving up");
             (void)coord_stop(L->c, "no instances");
             L->phase = PH_STOPPING;
@@ -1342,6 +1667,8 @@ static void phase_wait_first(struct coord_loop *L, const struct wv *v, size_t nv
         now - L->t0 < L->cfg.first_wait)
         return;
     L->planned_avail = n;
+    if (L->need_restore && start_peer_restore(L, v, nv, now, "state lost") == 0)
+        return;
     (void)start_restore(L, v, nv, now, L->need_restore ? "state lost" : "first epoch");
 }
 
@@ -1440,6 +1767,8 @@ int coord_loop_tick(struct coord_loop *L, double now) {
         coord_metrics_add_spend(L->c, hours * L->cfg.spec.fleet.spot_price);
     }
     L->last_tick = now;
+    if (L->cfg.hold_trace && L->run_epoch == 0 && L->phase != PH_RESYNC)
+        L->hold = now - ST_MIN(L->prov_t0 > 0 ? L->prov_t0 : L->t0, now); /* time 0 fires */
     TRY(poll_provider(L, now));
     TRY(view_get(L, &v, &nv));
     /* History of live counts, one per planning interval. */
@@ -1447,7 +1776,7 @@ int coord_loop_tick(struct coord_loop *L, double now) {
     for (size_t i = 0; i < nv; i++)
         live += !v[i].dead;
     double interval = L->cfg.spec.planner.interval * L->cfg.time_scale;
-    int want = (int)((now - L->t0) / (interval > 0 ? interval : 1)) + 1;
+    int want = (int)((trace_now(L, now) - L->t0) / (interval > 0 ? interval : 1)) + 1;
     while (L->nhist < want && L->nhist < LOOP_MAX_HIST)
         L->hist[L->nhist++] = alive >= 0 ? alive : live;
     L->st.alive = alive >= 0 ? alive : live;
@@ -1458,6 +1787,13 @@ int coord_loop_tick(struct coord_loop *L, double now) {
     coord_metrics_set_noticed(L->c, noticed);
 
     ckpt_commit_check(L);
+    if (L->peer_refused && !L->peer_refused_said) {
+        L->peer_refused_said = true;
+        set_event(L, "peer copies do not fit: %" PRIu64 " bytes per worker, "
+                  "fault_tolerance.peer_copy_memory is %" PRIu64 "; an unannounced loss restores "
+                  "from the disk checkpoint", L->peer_refused_need,
+                  L->cfg.spec.fault_tolerance.peer_copy_memory);
+    }
     switch (L->phase) {
     case PH_WAIT_FIRST: phase_wait_first(L, v, nv, now); break;
     case PH_RESYNC: phase_resync(L, v, nv, now); break;
@@ -1528,6 +1864,7 @@ int coord_loop_new(const struct coord_loop_config *cfg, struct coord_loop **ret)
     L->sum.final_loss = NAN;
     L->sum.first_loss = NAN;
     L->st.loss = NAN;
+    L->chain = L->stall_rec = -1;
     pthread_mutex_init(&L->lock, NULL);
     *ret = L;
     return 0;
@@ -1577,8 +1914,10 @@ int coord_loop_attach(struct coord_loop *L, struct coord *c) {
 
 /* See coord-loop.h. */
 void coord_loop_set_provider(struct coord_loop *L, struct cloud_provider *p) {
-    if (L)
+    if (L) {
         L->cfg.provider = p;
+        L->prov_t0 = st_now(); /* the trace's time 0 (see hold) */
+    }
 }
 
 /* See coord-loop.h. */
@@ -1625,6 +1964,9 @@ struct coord_loop *coord_loop_free(struct coord_loop *L) {
     st_free(L->lw);
     st_free(L->inst);
     st_free(L->rc.part);
+    st_free(L->rc.pos);
+    st_free(L->run_pos);
+    st_free(L->prev_pos);
     L->magic = 0;
     st_free(L);
     return NULL;

@@ -3,7 +3,9 @@
  * One idea: every answer is built under the coordinator lock into a jansson object (or the
  * metrics text), then sent after the lock is released; every error is JSON
  * {"code": ..., "message": ...}. The routes and shapes are exactly those of
- * docs/openapi.yaml, which schemathesis checks against this code. */
+ * docs/openapi.yaml, which schemathesis checks against this code. coord__rest_handle() answers
+ * one request given as plain data, so libmicrohttpd's callback (on_request) and the fuzz target
+ * (tests/fuzz/fuzz-rest.c) run the same code. */
 #include <arpa/inet.h>
 #include <jansson.h>
 #include <microhttpd.h>
@@ -16,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h> /* strcasecmp */
 #include <sys/socket.h>
 
 #include "check.h"
@@ -30,64 +33,60 @@ struct rest_req {
     bool too_big;
 };
 
-static enum MHD_Result send_text(struct MHD_Connection *conn, unsigned status, const char *ctype,
-                                 char *text, const char *allow) {
-    struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(text), text,
-                                                                MHD_RESPMEM_MUST_FREE);
-    if (!resp) {
-        free(text);
-        return MHD_NO;
-    }
-    MHD_add_response_header(resp, "Content-Type", ctype);
-    if (allow)
-        MHD_add_response_header(resp, "Allow", allow);
-    if (status == MHD_HTTP_UNAUTHORIZED)
-        MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
-    enum MHD_Result r = MHD_queue_response(conn, status, resp);
-    MHD_destroy_response(resp);
-    return r;
+/* The exchange the routes answer: the request and the reply being filled. Named conn in the
+ * routes, where it stands for the client's connection. */
+struct rest_exchange {
+    const struct coord_rest_request *rq;
+    struct coord_rest_reply *rep;
+};
+
+/* Takes text (malloc()ed; freed by coord__rest_reply_done or by libmicrohttpd). */
+static int send_text(struct rest_exchange *conn, unsigned status, const char *ctype, char *text,
+                     const char *allow) {
+    struct coord_rest_reply *rep = conn->rep;
+    rep->status = status;
+    rep->content_type = ctype;
+    rep->allow = allow;
+    rep->asset = false;
+    rep->body = text;
+    rep->len = strlen(text);
+    return 0;
 }
 
-/* A compiled-in asset (page.c): never copied, never freed. The page must not be framed by
- * another origin nor load anything from one, whatever a browser would otherwise allow. */
-static enum MHD_Result send_static(struct MHD_Connection *conn, const char *ctype,
-                                   const unsigned char *data, size_t len) {
-    struct MHD_Response *resp = MHD_create_response_from_buffer(len, (void *)data,
-                                                                MHD_RESPMEM_PERSISTENT);
-    if (!resp)
-        return MHD_NO;
-    MHD_add_response_header(resp, "Content-Type", ctype);
-    MHD_add_response_header(resp, "Content-Security-Policy",
-                            "default-src 'self'; script-src 'self' 'unsafe-inline'; "
-                            "style-src 'self' 'unsafe-inline'; img-src 'self'; "
-                            "connect-src 'self'; frame-ancestors 'none'");
-    MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff");
-    MHD_add_response_header(resp, "Cache-Control", "no-cache");
-    enum MHD_Result r = MHD_queue_response(conn, MHD_HTTP_OK, resp);
-    MHD_destroy_response(resp);
-    return r;
+/* A compiled-in asset (page.c): never copied, never freed. */
+static int send_static(struct rest_exchange *conn, const char *ctype, const unsigned char *data,
+                       size_t len) {
+    struct coord_rest_reply *rep = conn->rep;
+    rep->status = MHD_HTTP_OK;
+    rep->content_type = ctype;
+    rep->allow = NULL;
+    rep->asset = true;
+    rep->body = (char *)data;
+    rep->len = len;
+    return 0;
 }
 
-/* Takes a reference to j. MHD frees the text with free(): jansson allocates with malloc. */
-static enum MHD_Result send_json(struct MHD_Connection *conn, unsigned status, json_t *j,
-                                 const char *allow) {
+/* Takes a reference to j. The text is malloc()ed: jansson allocates with malloc. */
+static int send_json(struct rest_exchange *conn, unsigned status, json_t *j, const char *allow) {
     char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
     if (!text)
-        return MHD_NO;
+        return -ENOMEM;
     size_t n = strlen(text);
     char *t2 = realloc(text, n + 2);
     if (!t2) {
         free(text);
-        return MHD_NO;
+        return -ENOMEM;
     }
     t2[n] = '\n';
     t2[n + 1] = '\0';
     return send_text(conn, status, "application/json", t2, allow);
 }
 
-static enum MHD_Result send_error(struct MHD_Connection *conn, unsigned status, const char *code,
-                                  const char *allow, const char *fmt, ...) {
+static int send_error(struct rest_exchange *conn, unsigned status, const char *code,
+                      const char *allow, const char *fmt, ...) ST_PRINTF(5, 6);
+static int send_error(struct rest_exchange *conn, unsigned status, const char *code,
+                      const char *allow, const char *fmt, ...) {
     char msg[512];
     va_list ap;
     va_start(ap, fmt);
@@ -175,10 +174,26 @@ static int parse_nonneg(const char *s, long long max, long long *ret) {
     return 0;
 }
 
-static bool http_auth_ok(struct coord *c, struct MHD_Connection *conn) {
+/* The first value of a header (names compare without case, as HTTP says) or NULL. */
+static const char *header_value(const struct coord_rest_request *rq, const char *name) {
+    for (size_t i = 0; i < rq->nheaders; i++)
+        if (strcasecmp(rq->headers[i].name, name) == 0)
+            return rq->headers[i].value;
+    return NULL;
+}
+
+/* The first value of a query argument or NULL. */
+static const char *arg_value(const struct coord_rest_request *rq, const char *name) {
+    for (size_t i = 0; i < rq->nargs; i++)
+        if (strcmp(rq->args[i].name, name) == 0)
+            return rq->args[i].value;
+    return NULL;
+}
+
+static bool http_auth_ok(struct coord *c, struct rest_exchange *conn) {
     if (!c->cfg.token[0])
         return true;
-    const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
+    const char *h = header_value(conn->rq, "Authorization");
     if (!h)
         return false;
     char want[sizeof(c->cfg.token) + 8];
@@ -328,8 +343,8 @@ static json_t *plan_json(struct coord *c) {
                      detail ? detail : json_null());
 }
 
-static enum MHD_Result route(struct coord *c, struct MHD_Connection *conn, const char *url,
-                             const char *method) {
+static int route(struct coord *c, struct rest_exchange *conn, const char *url,
+                 const char *method) {
     bool get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
     bool post = strcmp(method, "POST") == 0;
 
@@ -392,13 +407,13 @@ static enum MHD_Result route(struct coord *c, struct MHD_Connection *conn, const
         char *m = strdup(t); /* MHD frees with free() */
         st_free(t);
         if (!m)
-            return MHD_NO;
+            return -ENOMEM;
         return send_text(conn, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8", m, NULL);
     }
     if (strcmp(url, "/v1/events") == 0) {
         long long since = 0, limit = 100;
-        const char *s = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "since");
-        const char *l = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "limit");
+        const char *s = arg_value(conn->rq, "since");
+        const char *l = arg_value(conn->rq, "limit");
         if (s && parse_nonneg(s, (1LL << 53), &since) < 0)
             return send_error(conn, MHD_HTTP_BAD_REQUEST, "invalid_argument", NULL,
                               "'since' must be a non-negative integer");
@@ -464,6 +479,85 @@ static bool client_cert_ok(struct MHD_Connection *conn) {
 #endif
 }
 
+int coord__rest_handle(struct coord *c, const struct coord_rest_request *rq,
+                       struct coord_rest_reply *ret_reply) {
+    if (!c || !rq || !rq->method || !rq->url || !ret_reply || (rq->nargs && !rq->args) ||
+        (rq->nheaders && !rq->headers))
+        return -EINVAL;
+    struct coord_rest_reply rep;
+    memset(&rep, 0, sizeof(rep));
+    struct rest_exchange conn = {rq, &rep};
+    int r;
+    if (rq->body_len > REST_MAX_BODY)
+        r = send_error(&conn, MHD_HTTP_CONTENT_TOO_LARGE, "payload_too_large", NULL,
+                       "request body over %d bytes", REST_MAX_BODY);
+    else if (c->tls_ca_pem && !rq->client_cert_ok)
+        r = send_error(&conn, MHD_HTTP_FORBIDDEN, "client_certificate_required", NULL,
+                       "this coordinator requires a client certificate signed by its "
+                       "client CA");
+    else
+        r = route(c, &conn, rq->url, rq->method);
+    if (r < 0) {
+        coord__rest_reply_done(&rep);
+        return r;
+    }
+    *ret_reply = rep;
+    return 0;
+}
+
+void coord__rest_reply_done(struct coord_rest_reply *r) {
+    if (!r->asset)
+        free(r->body);
+    r->body = NULL;
+    r->len = 0;
+}
+
+/* Collects headers and query arguments for coord__rest_handle (pointers into the
+ * connection's memory, valid for this callback). Past REST_MAX_PAIRS the rest are dropped,
+ * which only a hostile client sends. */
+#define REST_MAX_PAIRS 64
+struct rest_pairs {
+    struct coord_rest_kv kv[REST_MAX_PAIRS];
+    size_t n;
+};
+
+static enum MHD_Result collect_pair(void *cls, enum MHD_ValueKind kind, const char *key,
+                                    const char *value) {
+    struct rest_pairs *p = cls;
+    (void)kind;
+    if (p->n < REST_MAX_PAIRS && key)
+        p->kv[p->n++] = (struct coord_rest_kv){key, value ? value : ""};
+    return MHD_YES;
+}
+
+/* Sends a reply; the body is handed to libmicrohttpd (freed with free()) unless it is a
+ * compiled-in asset. The page must not be framed by another origin nor load anything from
+ * one, whatever a browser would otherwise allow. */
+static enum MHD_Result send_reply(struct MHD_Connection *conn, struct coord_rest_reply *rep) {
+    struct MHD_Response *resp = MHD_create_response_from_buffer(
+        rep->len, rep->body, rep->asset ? MHD_RESPMEM_PERSISTENT : MHD_RESPMEM_MUST_FREE);
+    if (!resp) {
+        coord__rest_reply_done(rep);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, "Content-Type", rep->content_type);
+    if (rep->allow)
+        MHD_add_response_header(resp, "Allow", rep->allow);
+    if (rep->status == MHD_HTTP_UNAUTHORIZED)
+        MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
+    if (rep->asset) {
+        MHD_add_response_header(resp, "Content-Security-Policy",
+                                "default-src 'self'; script-src 'self' 'unsafe-inline'; "
+                                "style-src 'self' 'unsafe-inline'; img-src 'self'; "
+                                "connect-src 'self'; frame-ancestors 'none'");
+        MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff");
+        MHD_add_response_header(resp, "Cache-Control", "no-cache");
+    }
+    enum MHD_Result r = MHD_queue_response(conn, rep->status, resp);
+    MHD_destroy_response(resp);
+    return r;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version,
                                   const char *upload_data, size_t *upload_data_size,
@@ -486,14 +580,28 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         *upload_data_size = 0;
         return MHD_YES;
     }
-    if (rq->too_big)
-        return send_error(conn, MHD_HTTP_CONTENT_TOO_LARGE, "payload_too_large", NULL,
-                          "request body over %d bytes", REST_MAX_BODY);
-    if (c->tls_ca_pem && !client_cert_ok(conn))
-        return send_error(conn, MHD_HTTP_FORBIDDEN, "client_certificate_required", NULL,
-                          "this coordinator requires a client certificate signed by its "
-                          "client CA");
-    return route(c, conn, url, method);
+    /* No route reads a body yet: only its (capped) length travels. */
+    struct rest_pairs *p = calloc(2, sizeof(*p));
+    if (!p)
+        return MHD_NO;
+    MHD_get_connection_values(conn, MHD_HEADER_KIND, collect_pair, &p[0]);
+    MHD_get_connection_values(conn, MHD_GET_ARGUMENT_KIND, collect_pair, &p[1]);
+    struct coord_rest_request req = {
+        .method = method,
+        .url = url,
+        .args = p[1].kv,
+        .nargs = p[1].n,
+        .headers = p[0].kv,
+        .nheaders = p[0].n,
+        .body_len = rq->too_big ? (size_t)REST_MAX_BODY + 1 : rq->body,
+        .client_cert_ok = c->tls_ca_pem && client_cert_ok(conn),
+    };
+    struct coord_rest_reply rep;
+    int r = coord__rest_handle(c, &req, &rep);
+    free(p);
+    if (r < 0)
+        return MHD_NO;
+    return send_reply(conn, &rep);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,

@@ -19,7 +19,8 @@ static const char *const worker_state_names[] = {"joined", "active", "spare", "l
                                                  "stopped"};
 static const char *const job_state_names[] = {"pending", "running", "stopping", "stopped"};
 static const char *const mig_kind_names[] = {"intra_stage", "inter_stage", "pipeline",
-                                             "checkpoint_restore"};
+                                             "checkpoint_restore", "peer_restore",
+                                             "fresh_start"};
 
 const char *coord_worker_state_name(enum coord_worker_state s) {
     return (unsigned)s < ST_ARRAY_SIZE(worker_state_names) ? worker_state_names[s] : "unknown";
@@ -444,6 +445,7 @@ int coord_migrate_peers(struct coord *c, const char *worker_id, const struct coo
         tr[i].kind = (Spottrain__V1__StateKind)t[i].kind;
         tr[i].offset = t[i].offset;
         tr[i].count = t[i].count;
+        tr[i].from_peer_copy = t[i].from_copy;
         trp[i] = &tr[i];
     }
     /* The migration's communicator: addresses from the table (the worker's last Join). */

@@ -577,6 +577,13 @@ static int do_join(struct worker_agent *a, grpc_channel *ch, grpc_completion_que
     grpc_slice_unref(resp);
     if (!jr)
         return GRPC_STATUS_INTERNAL;
+    if (a->cfg.job_id[0] && strcmp(jr->job_id, a->cfg.job_id) != 0) {
+        /* An instance booted for one job must not train another that reused the address. */
+        st_log(ST_LOG_ERR, "agent", "The coordinator at '%s' runs job '%s' (%s), not %s",
+               a->cfg.coordinator, jr->job_name, jr->job_id, a->cfg.job_id);
+        spottrain__v1__join_response__free_unpacked(jr, NULL);
+        return GRPC_STATUS_FAILED_PRECONDITION;
+    }
     pthread_mutex_lock(&a->lock);
     if (isfinite(jr->heartbeat_interval) && jr->heartbeat_interval > 0.001)
         a->interval = jr->heartbeat_interval;
@@ -690,12 +697,16 @@ static void *session_main(void *arg) {
             break;
         grpc_channel *ch = channel_new(a);
         int r = do_join(a, ch, cq);
-        if (r == GRPC_STATUS_UNAUTHENTICATED || r == GRPC_STATUS_INVALID_ARGUMENT) {
-            st_log(ST_LOG_ERR, "agent", "The coordinator at '%s' refused to let worker %s join "
-                   "(%s)", a->cfg.coordinator, a->cfg.id,
-                   r == GRPC_STATUS_UNAUTHENTICATED ? "wrong or missing token" : "bad request");
+        if (r == GRPC_STATUS_UNAUTHENTICATED || r == GRPC_STATUS_INVALID_ARGUMENT ||
+            r == GRPC_STATUS_FAILED_PRECONDITION) {
+            if (r != GRPC_STATUS_FAILED_PRECONDITION) /* a job mismatch was logged by do_join */
+                st_log(ST_LOG_ERR, "agent", "The coordinator at '%s' refused to let worker %s "
+                       "join (%s)", a->cfg.coordinator, a->cfg.id,
+                       r == GRPC_STATUS_UNAUTHENTICATED ? "wrong or missing token"
+                                                        : "bad request");
             pthread_mutex_lock(&a->lock);
-            a->fatal = r == GRPC_STATUS_UNAUTHENTICATED ? -EACCES : -EINVAL;
+            a->fatal = r == GRPC_STATUS_UNAUTHENTICATED ? -EACCES
+                       : r == GRPC_STATUS_FAILED_PRECONDITION ? -ESRCH : -EINVAL;
             pthread_cond_broadcast(&a->cond);
             pthread_mutex_unlock(&a->lock);
             grpc_channel_destroy(ch);

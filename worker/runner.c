@@ -19,6 +19,7 @@
 #include "migrate.h"
 #include "migrate-execute.h"
 #include "worker.h"
+#include "worker-peer.h" /* peer copies */
 #include "worker-runner.h"
 
 #define RUNNER_MAX_QUEUE 4096
@@ -71,6 +72,13 @@ struct runner {
     bool noticed;             /* a cloud notice was relayed */
     struct bgckpt bg;
     double next_notice_poll;
+    struct worker_peer_store peers; /* in-memory copies: ours and our predecessor's */
+    uint64_t peer_refused;    /* epoch whose copies did not fit the memory budget */
+    double last_step_end;     /* st_now() at the end of the last step (any epoch); 0 = none */
+    uint64_t first_epoch;     /* epoch whose first step is still to be reported; 0 = none */
+    double first_from;        /* st_now() the stall of first_epoch counts from */
+    uint64_t rolled_back;     /* steps the last peer-copy rollback undid (to be replayed) */
+    double pc_reported;       /* st_now() a copy last asked for an immediate Report */
 };
 
 /* ---- rendezvous ---------------------------------------------------------------------------- */
@@ -123,7 +131,8 @@ int worker_rendezvous_parse(const char *s, char *mode, size_t modesz, int *ret_s
         if (*p == ';')
             p++;
     }
-    if (strcmp(mode, "init") && strcmp(mode, "migrate") && strcmp(mode, "restore"))
+    if (strcmp(mode, "init") && strcmp(mode, "migrate") && strcmp(mode, "restore") &&
+        strcmp(mode, "peer-restore"))
         return -EINVAL;
     if (nsplit < 2 || (!strcmp(mode, "restore") && !dir[0]))
         return -EINVAL;
@@ -195,6 +204,34 @@ static void progress(struct runner *R, double step_seconds, double stall) {
 static void drop_state(struct runner *R) {
     R->eng = worker_engine_free(R->eng);
     R->comm = mig_comm_free(R->comm);
+}
+
+static bool have_peer_copy(const struct runner *R) {
+    for (int k = 0; k < WORKER_PEER_GENS; k++)
+        if (R->peers.gen[k].valid)
+            return true;
+    return false;
+}
+
+/* After a failed step or reconfiguration: closes our connections (the peers fail fast too),
+ * and keeps the engine's buffers only when a peer copy can roll them back to a known step
+ * (a peer restore); their contents are undefined until then. */
+static void fail_state(struct runner *R) {
+    R->failed = true;
+    R->comm = mig_comm_free(R->comm);
+    if (!have_peer_copy(R))
+        R->eng = worker_engine_free(R->eng);
+}
+
+/* A new epoch starts: its stall runs from the end of our last step (or from the order when we
+ * never made one) to the end of its first step, which we report at once. An epoch that made
+ * no step (it failed, or was replaced first) passes its starting point on to the next. The
+ * coordinator only takes the span of workers that trained in the epoch before (a spare's last
+ * step may be old). */
+static void epoch_started(struct runner *R, uint64_t epoch, double ordered) {
+    if (R->first_epoch == 0 || R->first_from <= 0)
+        R->first_from = R->last_step_end > 0 ? R->last_step_end : ordered;
+    R->first_epoch = epoch;
 }
 
 /* Relays the connections our data plane refused to the coordinator, one notice each (it
@@ -307,6 +344,7 @@ static int apply_fresh(struct runner *R, const Spottrain__V1__Command *cmd, cons
     R->lease = step;
     R->failed = false;
     R->nckpt = 0;
+    epoch_started(R, cmd->epoch, t0);
     progress(R, 0.0, st_now() - t0); /* before the notice: the same Report carries both */
     notice(R, "reconfigured", "epoch=%llu mode=%s step=%llu stage=%u replica=%u sent=0 recv=0 "
            "seconds=%.6f stall=%.6f", (unsigned long long)cmd->epoch, mode,
@@ -320,11 +358,16 @@ out:
 struct bufctx {
     struct worker_engine *eng;
     bool reshaped;  /* OLD view holds the sending side */
+    const struct mig_xfer *base;      /* the transfer list */
+    const bool *from_copy;            /* per transfer: send from the held peer copy */
+    const struct worker_peer_gen *held; /* the generation at the boundary; NULL = none */
 };
 
 static int xfer_buf(void *userdata, const struct mig_xfer *x, bool send, float **ret) {
     struct bufctx *b = userdata;
     struct worker_layer_bufs L;
+    if (send && b->from_copy && b->from_copy[x - b->base])
+        return b->held ? worker__peer_held_buf(b->held, x, ret) : -ENODATA;
     enum worker_view view = send && b->reshaped ? WORKER_VIEW_OLD : WORKER_VIEW_CURRENT;
     TRY(worker_engine_layer(b->eng, view, (int)x->layer, &L));
     float *p;
@@ -369,10 +412,14 @@ static struct peerlist order_peers(const Spottrain__V1__Command *cfg,
 
 /* Maps the Migrate's transfers (worker ids) onto comm ranks (index in peers). */
 static int xfers_build(const Spottrain__V1__Migrate *m, struct peerlist pl, struct mig_xfer **ret,
-                       size_t *ret_n) {
+                       bool **ret_copy, size_t *ret_n) {
     struct mig_xfer *x = st_calloc(m->n_transfers + 1, sizeof(*x));
-    if (!x)
+    bool *fc = st_calloc(m->n_transfers + 1, sizeof(*fc));
+    if (!x || !fc) {
+        st_free(x);
+        st_free(fc);
         return -ENOMEM;
+    }
     for (size_t i = 0; i < m->n_transfers; i++) {
         const Spottrain__V1__Transfer *t = m->transfers[i];
         x[i].src = x[i].dst = -1;
@@ -386,12 +433,15 @@ static int xfers_build(const Spottrain__V1__Migrate *m, struct peerlist pl, stru
         x[i].kind = (uint32_t)t->kind;
         x[i].offset = t->offset;
         x[i].count = t->count;
+        fc[i] = t->from_peer_copy;
         if (x[i].src < 0 || x[i].dst < 0) {
             st_free(x);
+            st_free(fc);
             return -EINVAL;
         }
     }
     *ret = x;
+    *ret_copy = fc;
     *ret_n = m->n_transfers;
     return 0;
 }
@@ -403,16 +453,18 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
     const Spottrain__V1__Migrate *m = mig->migrate;
     struct mig_comm *comm = NULL;
     struct mig_xfer *x = NULL;
+    bool *fc = NULL;
     size_t nx = 0;
     struct worker_layout lay;
     struct mig_exec_stats st;
+    uint64_t wsent0 = 0, wrecv0 = 0, wsent = 0, wrecv = 0;
     bool reshaped = false, created = false;
     int rank, r;
     double t0 = st_now();
 
     struct peerlist pl = order_peers(cfg, mig);
     memset(&st, 0, sizeof(st));
-    TRY_GOTO(xfers_build(m, pl, &x, &nx), r, out);
+    TRY_GOTO(xfers_build(m, pl, &x, &fc, &nx), r, out);
     /* The Migrate carries the secret for send-only participants; the Configure for all. */
     const ProtobufCBinaryData *secret = &m->data_plane_secret;
     if (secret->len == 0 && cfg)
@@ -439,8 +491,29 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
         /* Nothing to send from: only a send-only participant that holds state is asked. */
         TRY_GOTO(-ENODATA, r, out);
     }
-    struct bufctx b = {R->eng, reshaped};
+    struct bufctx b = {R->eng, reshaped, x, fc, worker__peer_find(&R->peers, NULL, m->at_step)};
+    /* A peer restore may hand us a range of the copy we hold ourselves (we take over the lost
+     * worker's position): copy it locally; the transport only moves between two ranks. */
+    size_t keep = 0;
+    for (size_t i = 0; i < nx; i++) {
+        if (!(fc[i] && x[i].src == rank && x[i].dst == rank)) {
+            x[keep] = x[i];
+            fc[keep] = fc[i];
+            keep++;
+            continue;
+        }
+        float *from, *to;
+        TRY_GOTO(xfer_buf(&b, &x[i], true, &from), r, out);
+        struct bufctx nb = {R->eng, false, NULL, NULL, NULL};
+        TRY_GOTO(xfer_buf(&nb, &x[i], false, &to), r, out);
+        memcpy(to, from, (size_t)x[i].count * sizeof(float));
+    }
+    nx = keep;
+    /* The figures are the transport's: payload bytes that crossed the wire in this epoch's
+     * communicator, not the transfer list's sum. */
+    mig_comm_stats(comm, &wsent0, &wrecv0);
     TRY_GOTO(mig_execute(comm, x, nx, xfer_buf, &b, &st), r, out);
+    mig_comm_stats(comm, &wsent, &wrecv);
     if (reshaped)
         TRY_GOTO(worker_engine_reshape_commit(R->eng), r, out);
     reshaped = false;
@@ -454,13 +527,16 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
     R->lease = m->at_step;
     R->failed = false;
     R->nckpt = 0;
+    if (cfg)
+        epoch_started(R, mig->epoch, t0);
     double stall = st_now() - (R->blocked_since > 0 ? R->blocked_since : t0);
     progress(R, 0.0, stall); /* before the notice: the same Report carries both */
     notice(R, "reconfigured", "epoch=%llu mode=migrate step=%llu stage=%d replica=%d sent=%llu "
-           "recv=%llu seconds=%.6f stall=%.6f", (unsigned long long)mig->epoch,
+           "recv=%llu replayed=%llu seconds=%.6f stall=%.6f", (unsigned long long)mig->epoch,
            (unsigned long long)m->at_step, cfg ? (int)cfg->configure->stage : -1,
-           cfg ? (int)cfg->configure->replica : -1, (unsigned long long)st.bytes_sent,
-           (unsigned long long)st.bytes_recv, st.seconds, stall);
+           cfg ? (int)cfg->configure->replica : -1, (unsigned long long)(wsent - wsent0),
+           (unsigned long long)(wrecv - wrecv0), (unsigned long long)R->rolled_back, st.seconds,
+           stall);
 out:
     if (r < 0) {
         if (reshaped)
@@ -468,12 +544,12 @@ out:
         if (created)
             R->eng = worker_engine_free(R->eng);
         /* Our old state may already be half-sent but is intact; the epoch is still broken. */
-        R->failed = true;
-        drop_state(R);
+        fail_state(R);
         R->epoch = mig->epoch;
     }
     mig_comm_free(comm);
     st_free(x);
+    st_free(fc);
     return r;
 }
 
@@ -568,7 +644,8 @@ static bool try_reconfigure(struct runner *R) {
         R->pending_since = 0;
         return true;
     }
-    if (R->pcfg && strcmp(mode, "migrate") != 0) {
+    bool peer_mode = R->pcfg && !strcmp(mode, "peer-restore");
+    if (R->pcfg && strcmp(mode, "migrate") != 0 && !peer_mode) {
         int r = apply_fresh(R, R->pcfg, mode, split, nsplit, dir);
         if (r < 0)
             notice(R, "reconfig-failed", "epoch=%llu mode=%s: %s",
@@ -608,9 +685,51 @@ static bool try_reconfigure(struct runner *R) {
         return false;
     }
     uint64_t at = R->pmig->migrate->at_step;
+    /* A peer restore: the boundary is a step we hold a peer copy of, behind us (or where a
+     * failed step left our buffers undefined). Roll back to it; the steps since are replayed,
+     * and data order is a function of the step, so they come out the same. */
+    const struct worker_peer_gen *g = R->eng ? worker__peer_find(&R->peers, R->eng, at) : NULL;
+    bool roll = g && (peer_mode || R->failed || R->done > at);
+    /* An engine whose layout we took copies in, asked to roll back to a step we no longer hold
+     * (the coordinator's view of our copies lags), or asked to migrate after a failed step (an
+     * order that crossed our failure): proceeding would start from the wrong state, or drop
+     * the engine a peer restore needs. Refuse; the coordinator then restores from the copies or
+     * from disk. A stale engine of an older layout (a spare) is simply replaced below. */
+    bool ours = false;
+    for (int k = 0; R->eng && k < WORKER_PEER_GENS; k++)
+        ours = ours || (R->peers.gen[k].valid &&
+                        worker__peer_find(&R->peers, R->eng, R->peers.gen[k].step) != NULL);
+    if (!g && ours && (peer_mode || R->done > at || R->failed)) {
+        notice(R, "reconfig-failed", "epoch=%llu: no peer copy of step %llu here",
+               (unsigned long long)R->pmig->epoch, (unsigned long long)at);
+        fail_state(R);
+        cmd_free(&R->pcfg);
+        cmd_free(&R->pmig);
+        R->pending_since = 0;
+        return true;
+    }
+    if (roll) {
+        int r = worker__peer_rollback(g, R->eng);
+        if (r < 0) {
+            notice(R, "reconfig-failed", "epoch=%llu: rollback to step %llu: %s",
+                   (unsigned long long)R->pmig->epoch, (unsigned long long)at, st_strerror(r));
+            fail_state(R);
+            cmd_free(&R->pcfg);
+            cmd_free(&R->pmig);
+            R->pending_since = 0;
+            return true;
+        }
+        st_log(ST_LOG_NOTICE, "runner", "Rolled back from step %llu to the peer copy of step "
+               "%llu", (unsigned long long)R->done, (unsigned long long)at);
+        R->rolled_back = R->done - at;
+        R->done = at;
+        R->failed = false;
+    } else {
+        R->rolled_back = 0;
+    }
     /* State counts only if it is the previous epoch's: a worker left out of an epoch (a
      * spare during a restore) holds stale state the plan knows nothing about. */
-    if (R->eng && (R->failed || R->epoch + 1 != R->pmig->epoch)) {
+    if (!roll && R->eng && (R->failed || R->epoch + 1 != R->pmig->epoch)) {
         drop_state(R);
         R->failed = false;
     }
@@ -772,8 +891,7 @@ static void run_checkpoints(struct runner *R) {
             /* Periodic: snapshot now, write in the background, the coordinator commits. */
             int r = bg_start(R, R->ckpt[i].dir);
             if (r < 0) {
-                R->failed = true;
-                drop_state(R);
+                fail_state(R);
                 notice(R, "step-failed", "epoch=%llu checkpoint step=%llu: %s",
                        (unsigned long long)R->epoch, (unsigned long long)R->done,
                        st_strerror(r));
@@ -795,6 +913,53 @@ static void run_checkpoints(struct runner *R) {
         }
     }
     R->nckpt = keep;
+}
+
+/* Every peer_copy_every steps: a new generation of peer copies (worker-peer.h), unless the
+ * epoch's copies do not fit the memory budget (then no copies at all in this epoch, said once:
+ * every worker takes the same decision from the layout, so nobody waits on a refusing peer).
+ * A failed exchange fails the epoch like a failed step: a peer is gone. */
+static void peer_copy(struct runner *R) {
+    const struct st_spec_fault_tolerance *ft = &R->cfg.spec.fault_tolerance;
+    if (ft->peer_copy_every <= 0 || !R->eng || R->failed || worker_engine_stage(R->eng) < 0 ||
+        R->done % (uint64_t)ft->peer_copy_every != 0 || R->done >= (uint64_t)R->tc.total_steps)
+        return;
+    const struct worker_layout *lay = worker_engine_layout(R->eng);
+    if (lay->dp * lay->pp < 2 || R->peer_refused == R->epoch)
+        return;
+    uint64_t need = worker__peer_need_max(&R->tc, lay);
+    if (need > ft->peer_copy_memory) {
+        R->peer_refused = R->epoch;
+        st_log(ST_LOG_ERR, "runner", "Peer copies of a %dx%d layout need %llu bytes per worker, "
+               "more than fault_tolerance.peer_copy_memory (%llu): none in epoch %llu; a loss "
+               "restores from the disk checkpoint", lay->dp, lay->pp, (unsigned long long)need,
+               (unsigned long long)ft->peer_copy_memory, (unsigned long long)R->epoch);
+        notice(R, "peer-copy-refused", "epoch=%llu need=%llu budget=%llu",
+               (unsigned long long)R->epoch, (unsigned long long)need,
+               (unsigned long long)ft->peer_copy_memory);
+        return;
+    }
+    double t0 = st_now();
+    int r = worker__peer_exchange(&R->peers, &R->tc, R->eng, R->comm, R->epoch, R->done);
+    if (r < 0) {
+        fail_state(R);
+        notice(R, "step-failed", "epoch=%llu peer copy step=%llu: %s",
+               (unsigned long long)R->epoch, (unsigned long long)R->done, st_strerror(r));
+        return;
+    }
+    /* Both generations we hold, so the newest notice alone tells the coordinator everything
+     * (notices may be dropped when the agent's queue is full between two Reports). */
+    const struct worker_peer_gen *o = &R->peers.gen[0];
+    if (o->valid && o->step == R->done && o->epoch == R->epoch)
+        o = &R->peers.gen[1];
+    notice(R, "peer-copy", "epoch=%llu step=%llu prev_epoch=%llu prev_step=%llu seconds=%.6f",
+           (unsigned long long)R->epoch, (unsigned long long)R->done,
+           (unsigned long long)(o->valid ? o->epoch : 0), (unsigned long long)(o->valid ? o->step : 0),
+           st_now() - t0);
+    if (st_now() - R->pc_reported >= 0.1) {
+        R->pc_reported = st_now();
+        worker_agent_report_now(R->agent); /* the queue drains; the view stays fresh */
+    }
 }
 
 static bool can_step(struct runner *R) {
@@ -822,8 +987,7 @@ static int runner_loop(struct runner *R) {
             double t0 = st_now(), loss = NAN;
             int r = worker_engine_step(R->eng, R->done, &loss);
             if (r < 0) {
-                R->failed = true;
-                drop_state(R); /* closing our connections makes the peers fail fast too */
+                fail_state(R); /* closing our connections makes the peers fail fast too */
                 notice(R, "step-failed", "epoch=%llu step=%llu: %s",
                        (unsigned long long)R->epoch, (unsigned long long)R->done,
                        st_strerror(r));
@@ -831,7 +995,18 @@ static int runner_loop(struct runner *R) {
             }
             R->done++;
             R->last_loss = loss;
-            progress(R, st_now() - t0, 0.0);
+            R->last_step_end = st_now();
+            progress(R, R->last_step_end - t0, 0.0);
+            if (R->first_epoch == R->epoch) {
+                /* The end of this epoch's first step ends its stall: say so at once. */
+                notice(R, "first-step", "epoch=%llu step=%llu seconds=%.6f step_seconds=%.6f",
+                       (unsigned long long)R->epoch, (unsigned long long)R->done,
+                       R->last_step_end - R->first_from, R->last_step_end - t0);
+                R->first_epoch = 0;
+                R->first_from = 0;
+                worker_agent_report_now(R->agent);
+            }
+            peer_copy(R);
             continue;
         }
         if ((R->pmig || R->pcfg) && !R->blocked_since)
@@ -933,6 +1108,7 @@ int worker_runner_run(const struct worker_runner_config *cfg) {
     }
 out:
     bg_join(R);
+    worker__peer_store_done(&R->peers);
     if (R->agent)
         R->agent = worker_agent_free(R->agent);
     drop_state(R);

@@ -27,6 +27,9 @@ struct worker_agent_config {
     char coordinator[128];    /* HOST:PORT of the coordinator's gRPC endpoint (required) */
     char token[256];          /* bearer token; "" = none */
     char id[ST_UUID_STR_LEN]; /* worker UUID; "" = load from state_dir or create */
+    char job_id[ST_UUID_STR_LEN]; /* the job this worker was started for (a cloud instance's
+                                     bootstrap); a coordinator running another job is refused
+                                     for good; "" = any */
     char state_dir[ST_SPEC_PATH_MAX]; /* keeps the UUID across restarts; "" = none */
     char data_addr[128];      /* this worker's data-plane HOST:PORT ("" = none yet) */
     char instance_id[64];

@@ -8,7 +8,7 @@
  *  bad:        malformed transfers (src == dst, rank out of range, count 0, unknown kind) and
  *              a failing buffer callback are rejected before any byte moves;
  *  dead:       a peer that dies makes the others fail with an error, never hang;
- *  rendezvous: worker_rendezvous_parse accepts the three modes and rejects malformed strings;
+ *  rendezvous: worker_rendezvous_parse accepts the four modes and rejects malformed strings;
  *  forced:     coord_loop_parse_forced. */
 #include <string.h>
 
@@ -184,6 +184,10 @@ static int test_rendezvous(void) {
     ASSERT_OK(worker_rendezvous_parse("tcp;split=0,1,2,3;mode=migrate", mode, sizeof(mode),
                                       split, 8, &n, dir, sizeof(dir)));
     ASSERT_EQ(n, 4);
+    ASSERT_OK(worker_rendezvous_parse("tcp;mode=peer-restore;split=0,2,4", mode, sizeof(mode),
+                                      split, 8, &n, dir, sizeof(dir)));
+    ASSERT_STREQ(mode, "peer-restore");
+    ASSERT_EQ(n, 3);
     const char *bad[] = {
         "tcp", "nccl;mode=init;split=0,2", "tcp;mode=init", "tcp;mode=fly;split=0,2",
         "tcp;mode=init;split=0", "tcp;mode=init;split=2,1", "tcp;mode=init;split=0,x",

@@ -20,6 +20,12 @@ engine, can appear and then grow; `train --local --dp 2` shows it against `--dp 
               (GET /v1/job "planner", /metrics), a worker killed with SIGKILL (no notice) leads
               to a new decision that fits the workers still alive, and the job finishes equal
               to the uninterrupted run
+  peer        workers killed without notice on a 2x2 with a spare: a lost worker's state
+              comes back from its successor's in-memory peer copy (one peer restore, the steps since the copy replayed); then a worker and its
+              successor are lost together, so that position has no copy left and the job
+              restores from disk (one checkpoint restore); no fresh start; same bits
+  refused     peer copies that do not fit fault_tolerance.peer_copy_memory: refused, said
+              once with the need and the budget, and the job trains on to the same bits
   input       invalid input exits 2 with a message naming it
   auth        strangers on a worker's data port (from GET /v1/workers data_addr) with the
               current epoch and valid ranks but no secret are refused and counted in /metrics,
@@ -83,13 +89,13 @@ def sh(args, timeout, **kw):
 
 
 def write_job(d, name, steps, trace, scale=0.02, notice="120s", unannounced=0,
-              planner="dp: {min: 1, max: 8}", ckpt="600s"):
+              planner="dp: {min: 1, max: 8}", ckpt="600s", extra=""):
     with open(os.path.join(d, "trace.csv"), "w") as f:
         f.write(trace)
     path = os.path.join(d, "job.yaml")
     with open(path, "w") as f:
         f.write(SPEC.format(name=name, steps=steps, scale=scale, notice=notice,
-                            unannounced=unannounced, planner=planner, ckpt=ckpt))
+                            unannounced=unannounced, planner=planner, ckpt=ckpt) + extra)
     return path
 
 
@@ -101,12 +107,16 @@ def reference(d, job, steps):
     return ref
 
 
+LAST_OUT = [""]  # stdout of the latest run()
+
+
 def run(d, job, steps, extra=(), timeout=150):
     save = os.path.join(d, "save")
     summ = os.path.join(d, "summary.json")
     args = [BIN, "run", job, "--steps", str(steps), "--save", save, "--json-summary", summ,
             "--state-dir", os.path.join(d, "state")] + list(extra)
     rc, out, err = sh(args, timeout)
+    LAST_OUT[0] = out
     sys.stdout.write(out[-6000:])
     # What the loop decided and why, and anything a worker complained about.
     sys.stdout.write("".join(l + "\n" for l in err.splitlines()
@@ -125,8 +135,12 @@ def same(ref, save):
     check(rc == 0, "final state differs from the uninterrupted run:\n" + out[-3000:] + err)
 
 
+RECOVERIES = ("checkpoint-restore", "peer-restore", "fresh-start")
+
+
 def kinds(s):
-    return [r for r in s["reconfigurations"] if r["ok"] and r["kind"] != "checkpoint-restore"]
+    """The live migrations (not the recoveries from a loss)."""
+    return [r for r in s["reconfigurations"] if r["ok"] and r["kind"] not in RECOVERIES]
 
 
 def check_bytes(s):
@@ -210,10 +224,134 @@ def test_central():
         save, s = run(d, job, steps, timeout=170)
         check(s["finished"] and s["steps"] == steps, "job did not finish")
         check_bytes(s)
-        print("live migrations: %s, checkpoint restores: %d" % (
-            [r["kind"] for r in kinds(s)], s["checkpoint_restores"]))
+        m = s["migrations"]
+        print("live migrations: %s, peer restores: %d, checkpoint restores: %d" % (
+            [r["kind"] for r in kinds(s)], m["peer-restore"]["count"],
+            s["checkpoint_restores"]))
         check(len(kinds(s)) >= 1, "no live migration happened")
-        check(s["checkpoint_restores"] >= 1, "no checkpoint restore happened")
+        # Unannounced losses recover from peer copies (fault_tolerance's default) or, when no
+        # copy survives, from disk; a restart from scratch would lose steps.
+        check(m["peer-restore"]["count"] + m["checkpoint-restore"]["count"] >= 1,
+              "no restore happened")
+        check(m["fresh-start"]["count"] == 0, "a fresh start: %r" % m["fresh-start"])
+        same(ref, save)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def sim_worker_pids(d):
+    """{instance id: pid} of the sim's worker processes of the job in directory d."""
+    pids = {}
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % p, "rb") as f:
+                args = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if "worker" in args and "--instance-id" in args and any(d in a for a in args):
+            pids[args[args.index("--instance-id") + 1]] = int(p)
+    return pids
+
+
+def test_peer():
+    import signal
+    d = tempfile.mkdtemp(prefix="st-run-")
+    proc = None
+    try:
+        steps, every = 1500, 25
+        # pp is pinned to 2 and dp must divide 4: five instances run a 2x2. Positions go to
+        # instances in launch order: i-...1 to i-...4 hold it (position s*dp + r), i-...5 is
+        # the spare. The test kills workers itself, at steps it chose (it waits on the job's
+        # step, never on the clock): first position 1 (its successor holds its copy), later
+        # positions 2 and 3 together (the second held the first's only copy).
+        job = write_job(d, "peer", steps, "seconds,N\n0,5\n", unannounced=1, planner="pp: 2",
+                        ckpt="20s", extra="  fault_tolerance: {peer_copy_every: %d}\n" % every)
+        ref = reference(d, job, steps)
+        save, summ = os.path.join(d, "save"), os.path.join(d, "summary.json")
+        err = open(os.path.join(d, "run.err"), "w")
+        proc = subprocess.Popen([BIN, "run", job, "--steps", str(steps), "--save", save,
+                                 "--json-summary", summ, "--state-dir",
+                                 os.path.join(d, "state")],
+                                stdout=subprocess.PIPE, stderr=err, text=True)
+
+        def rest():
+            with open(os.path.join(d, "run.err")) as f:
+                for l in f:
+                    if "rest=http://" in l:
+                        return l.split("rest=")[1].split()[0]
+            return None
+        base = wait_for("the REST address", rest, 60)
+
+        def job_at(step, epoch):
+            try:
+                j = json.loads(http_get(base, "/v1/job"))
+            except (OSError, ValueError):
+                return None
+            return j if j["epoch"] >= epoch and j["step"] >= step else None
+
+        def kill(*names):
+            pids = wait_for("the worker processes", lambda: (
+                lambda p: p if all(n in p for n in names) else None)(sim_worker_pids(d)), 30)
+            for n in names:
+                os.kill(pids[n], signal.SIGKILL)
+        j = wait_for("step 3 copies in", lambda: job_at(3 * every + 5, 1), 90)
+        check(j["shape"]["dp"] == 2 and j["shape"]["pp"] == 2, "started as 2x2: %r" % j["shape"])
+        kill("i-00000000000000002")
+        j = wait_for("the peer restore trained on", lambda: job_at(j["step"] + 3 * every, 2), 90)
+        kill("i-00000000000000003", "i-00000000000000004")
+        out, _ = proc.communicate(timeout=150)
+        err.close()
+        sys.stdout.write(out[-4000:])
+        check(proc.returncode == 0, "spottrain run exited %d" % proc.returncode)
+        with open(summ) as f:
+            s = json.load(f)
+        m = s["migrations"]
+        recs = [r for r in s["reconfigurations"] if r["ok"]]
+        print("recoveries: %s" % [(r["kind"], r["at_step"], r["steps_replayed"],
+                                   r["moved_bytes"]) for r in recs if r["kind"] in RECOVERIES])
+        check(s["finished"] and s["steps"] == steps, "job did not finish: %s" % s)
+        check(m["peer-restore"]["count"] == 1, "peer restores: %r" % m["peer-restore"])
+        check(m["checkpoint-restore"]["count"] == 1,
+              "checkpoint restores: %r" % m["checkpoint-restore"])
+        check(m["fresh-start"]["count"] == 0, "fresh starts: %r" % m["fresh-start"])
+        check(s["checkpoint_restores"] == 1, "checkpoint_restores: %d" % s["checkpoint_restores"])
+        check(m["peer-restore"]["bytes"] > 0, "a peer restore moves state: %r" % m["peer-restore"])
+        pr = [r for r in recs if r["kind"] == "peer-restore"][0]
+        check(pr["at_step"] % every == 0 and pr["at_step"] >= 3 * every,
+              "restored from a copy step (a multiple of %d): %d" % (every, pr["at_step"]))
+        # The copy is at most two generations old (a loss during an exchange keeps the older).
+        check(pr["steps_replayed"] <= 2 * every,
+              "steps replayed since the copy: %d" % pr["steps_replayed"])
+        check(m["peer-restore"]["steps_replayed"] == pr["steps_replayed"], "summed replays")
+        check(m["peer-restore"]["stall_seconds"] > 0, "a peer restore stalls training")
+        for k in ("peer-restore", "checkpoint-restore"):
+            check(set(m[k]) == {"count", "bytes", "stall_seconds", "steps_replayed"},
+                  "fields of %s: %s" % (k, sorted(m[k])))
+        same(ref, save)
+    finally:
+        if proc and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_refused():
+    # Copies that do not fit fault_tolerance.peer_copy_memory are refused, said once, and the
+    # job trains on without them.
+    d = tempfile.mkdtemp(prefix="st-run-")
+    try:
+        steps = 60
+        job = write_job(d, "refused", steps, "seconds,N\n0,2\n", planner="pp: 2",
+                        extra="  fault_tolerance: {peer_copy_every: 5, peer_copy_memory: 1KiB}\n")
+        ref = reference(d, job, steps)
+        save, s = run(d, job, steps)
+        out = LAST_OUT[0]
+        check(out.count("peer copies do not fit") == 1,
+              "the refusal is said once: %d" % out.count("peer copies do not fit"))
+        check("fault_tolerance.peer_copy_memory is 1024" in out, "names the field and budget")
+        check(s["finished"] and s["steps"] == steps, "job did not finish")
         same(ref, save)
     finally:
         shutil.rmtree(d, ignore_errors=True)
@@ -586,7 +724,8 @@ def test_auth():
 
 
 TESTS = {"auth": test_auth, "restart": test_restart, "standalone": test_standalone, "central": test_central, "intra": test_intra, "inter": test_inter,
-         "pipeline": test_pipeline, "reshard": test_reshard, "input": test_input}
+         "pipeline": test_pipeline, "reshard": test_reshard, "input": test_input,
+         "peer": test_peer, "refused": test_refused}
 
 if __name__ == "__main__":
     name = sys.argv[1] if len(sys.argv) > 1 else ""

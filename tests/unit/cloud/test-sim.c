@@ -158,7 +158,10 @@ static int test_config_errors(void) {
     struct cloud_config cfg;
     struct cloud_provider *p = NULL;
     base_config(&cfg, &sc, evs, 1);
-    ASSERT_ERR(cloud_provider_new("aws", &cfg, &p), -ENOENT); /* not registered this round */
+    ASSERT_ERR(cloud_provider_new("openstack", &cfg, &p), -ENOENT); /* not registered */
+    ASSERT_ERR(cloud_provider_new("gcp", &cfg, &p), -EINVAL);   /* no job spec */
+    ASSERT_ERR(cloud_provider_new("azure", &cfg, &p), -EINVAL); /* no job spec */
+    ASSERT_ERR(cloud_provider_new("aws", &cfg, &p), -EINVAL); /* no image, no job identity */
     ASSERT_ERR(cloud_provider_new(NULL, &cfg, &p), -EINVAL);
     cfg.spawn = NULL;
     ASSERT_ERR(cloud_provider_new("sim", &cfg, &p), -EINVAL);
@@ -226,7 +229,11 @@ static int test_config_errors(void) {
     ASSERT_TRUE(cloud_provider_free(p) == NULL);
     ASSERT_TRUE(cloud_provider_free(NULL) == NULL);
     ASSERT_STREQ(cloud_provider_names()[0], "sim");
-    ASSERT_TRUE(cloud_provider_names()[1] == NULL);
+    ASSERT_STREQ(cloud_provider_names()[1], "aws");
+    ASSERT_STREQ(cloud_provider_names()[2], "gcp");
+    ASSERT_STREQ(cloud_provider_names()[3], "azure");
+    ASSERT_STREQ(cloud_provider_names()[4], "kubernetes");
+    ASSERT_TRUE(cloud_provider_names()[5] == NULL);
     return 0;
 }
 

@@ -146,11 +146,25 @@ static const struct bad_case bad_cases[] = {
      "missing required key 'data' (training the built-in GPT needs token files)"},
     {HEAD MODEL DATA TRAIN "  fleet: {max: 4}\n", 1, 9, 10, "spec.fleet",
      "missing required key 'trace' (the sim provider replays a trace)"},
-    {HEAD MODEL DATA TRAIN "  fleet: {max: 4, provider: gcp}\n", 1, 9, 10, "spec.fleet",
-     "missing required key 'instance_type' (needed by cloud providers)"},
+    {HEAD MODEL DATA TRAIN "  fleet: {max: 4, provider: gcp, project: p}\n", 1, 9, 10,
+     "spec.fleet", "missing required key 'instance_type' (needed by cloud providers)"},
+    {HEAD MODEL DATA TRAIN "  fleet: {max: 4, provider: gcp, instance_type: n1}\n", 1, 9, 10,
+     "spec.fleet", "missing required key 'project' (the GCP project)"},
+    {HEAD MODEL DATA TRAIN "  fleet: {max: 4, provider: gcp, instance_type: n1, project: ''}\n",
+     1, 9, 62, "spec.fleet.project", "must not be empty: the GCP project"},
+    {HEAD MODEL DATA TRAIN "  fleet: {max: 4, provider: azure, instance_type: D2}\n", 4, 9, 10,
+     "spec.fleet", "missing required key 'subscription' (the Azure subscription id)"},
+    {HEAD MODEL DATA TRAIN "  fleet: {max: 4, provider: azure, instance_type: D2, "
+     "subscription: s, resource_group: g, location: l}\n", 1, 9, 10, "spec.fleet",
+     "missing required key 'azure.subnet' (the subnet resource id the VMs' network interfaces "
+     "join)"},
+    {HEAD MODEL DATA TRAIN "  fleet: {max: 4, provider: azure, instance_type: D2, "
+     "subscription: s, resource_group: g, location: l, azure: {subnet: /x, zone: 1}}\n", 1, 9,
+     124, "spec.fleet.azure", "unknown key 'zone'"},
     {HEAD MODEL DATA TRAIN "  fleet: {max: 4, trace: \"\"}\n", 1, 9, 26, "spec.fleet.trace",
      "must not be empty: the sim provider replays a trace"},
-    {HEAD MODEL DATA TRAIN "  fleet: {max: 4, provider: azure, instance_type: ''}\n", 1, 9, 51,
+    {HEAD MODEL DATA TRAIN "  fleet: {max: 4, provider: azure, instance_type: '', "
+     "subscription: s, resource_group: g, location: l, azure: {subnet: /x}}\n", 1, 9, 51,
      "spec.fleet.instance_type", "must not be empty: needed by cloud providers"},
     {HEAD MODEL TRAIN FLEET "  data: {train: \"\"}\n", 1, 9, 17, "spec.data.train",
      "must not be empty"},
@@ -218,6 +232,44 @@ static const struct bad_case bad_cases[] = {
      "spec.coordinator.tls", "unknown key 'clientca' (did you mean 'client_ca'?)"},
     {BASE "  coordinator: {tls: yes}\n", 1, 10, 22, "spec.coordinator.tls",
      "expected a mapping, found 'yes'"},
+    /* fleet.kubernetes: what the API server would refuse when a pod is created */
+#define KFLEET HEAD MODEL DATA TRAIN "  fleet: {max: 4, provider: kubernetes, kubernetes: "
+    {KFLEET "{node_selector: {'bad key!': x}}}\n", 1, 9, 70, "spec.fleet.kubernetes.node_selector",
+     "invalid name 'bad key!' (an optional DNS-subdomain prefix and '/', then at most 63 "
+     "letters, digits, '-', '_' or '.')"},
+    {KFLEET "{node_selector: {cloud.google.com/gke-spot: 'yes please'}}}\n", 1, 9, 97,
+     "spec.fleet.kubernetes.node_selector",
+     "invalid label value 'yes please' for 'cloud.google.com/gke-spot' (at most 63 letters, "
+     "digits, '-', '_' or '.')"},
+    {KFLEET "{resources: {nvidia.com/gpu: one}}}\n", 1, 9, 82, "spec.fleet.kubernetes.resources",
+     "invalid quantity 'one' for 'nvidia.com/gpu' (expected a number with an optional suffix "
+     "like m, Ki, Mi or Gi)"},
+    {KFLEET "{resources: {memory: 16GB}}}\n", 1, 9, 74, "spec.fleet.kubernetes.resources",
+     "invalid quantity '16GB' for 'memory' (expected a number with an optional suffix like m, "
+     "Ki, Mi or Gi)"},
+    {KFLEET "{resources: [1]}}\n", 1, 9, 65, "spec.fleet.kubernetes.resources",
+     "expected a mapping, found a list"},
+    {KFLEET "{tolerations: {key: a}}}\n", 1, 9, 67, "spec.fleet.kubernetes.tolerations",
+     "expected a list of tolerations, found a mapping"},
+    {KFLEET "{tolerations: [{key: a, operator: Exist}]}}\n", 1, 9, 87,
+     "spec.fleet.kubernetes.tolerations[0].operator",
+     "invalid value 'Exist' (expected one of: Equal, Exists)"},
+    {KFLEET "{tolerations: [{key: a, operator: Exists, value: b}]}}\n", 1, 9, 68,
+     "spec.fleet.kubernetes.tolerations[0]", "operator Exists takes no value (found 'b')"},
+    {KFLEET "{tolerations: [{effect: NoSchedule}]}}\n", 1, 9, 68,
+     "spec.fleet.kubernetes.tolerations[0]", "a toleration without a key needs operator: Exists"},
+    {KFLEET "{tolerations: [{key: a, toleration_seconds: 30}]}}\n", 1, 9, 68,
+     "spec.fleet.kubernetes.tolerations[0]", "toleration_seconds needs effect: NoExecute"},
+    {KFLEET "{tolerations: [{key: a, efect: NoSchedule}]}}\n", 1, 9, 77,
+     "spec.fleet.kubernetes.tolerations[0]",
+     "unknown key 'efect' (expected key, operator, value, effect, toleration_seconds)"},
+    {KFLEET "{priority_class: Spot_Low}}\n", 1, 9, 70, "spec.fleet.kubernetes.priority_class",
+     "invalid PriorityClass name 'Spot_Low' (lower-case letters, digits, '-' and '.', at most "
+     "253)"},
+    {KFLEET "{node_selectors: {}}}\n", 1, 9, 54, "spec.fleet.kubernetes",
+     "unknown key 'node_selectors' (did you mean 'node_selector'?)"},
+    {BASE "  coordinator: {advertise: spottrain}\n", 1, 10, 28, "spec.coordinator.advertise",
+     "expected HOST:PORT with a port from 0 to 65535, found 'spottrain'"},
     {BASE "  coordinator: {events_keep: 10}\n", 1, 10, 30, "spec.coordinator.events_keep",
      "must be between 100 and 100000000, found 10"},
 };
@@ -841,6 +893,52 @@ static int test_tls_fields(void) {
     return 0;
 }
 
+/* fleet.notice defaults to the provider's notice (EC2 two minutes, GCE and Azure thirty
+ * seconds) unless given; the cloud fields round-trip through JSON. */
+static int test_provider_notice(void) {
+    setup();
+    static const struct {
+        const char *fleet;
+        double notice;
+    } cases[] = {
+        {"  fleet: {max: 2, provider: aws, instance_type: p3}\n", 120},
+        {"  fleet: {max: 2, provider: gcp, instance_type: n1, project: p, zones: [z1],\n"
+         "          gcp: {endpoint: 'http://127.0.0.1:1'}}\n", 30},
+        {"  fleet: {max: 2, provider: gcp, instance_type: n1, project: p, notice: 45s}\n", 45},
+        {"  fleet: {max: 2, provider: azure, instance_type: D2, subscription: s,\n"
+         "          resource_group: g, location: l, azure: {subnet: /sub, endpoint: e}}\n", 30},
+        {"  fleet: {max: 2, trace: trace.csv}\n", 120},
+    };
+    for (size_t i = 0; i < ST_ARRAY_SIZE(cases); i++) {
+        char yaml[1024];
+        snprintf(yaml, sizeof(yaml), "%s%s%s%s%s", HEAD, MODEL, DATA, TRAIN, cases[i].fleet);
+        struct st_spec s;
+        struct st_error errs[4];
+        size_t n = 0;
+        ASSERT_OK(st_spec_parse(inline_name, yaml, strlen(yaml), &s, errs, 4, &n));
+        ASSERT_NEAR(s.fleet.notice_seconds, cases[i].notice, 0, 1e-9);
+        if (i == 1) {
+            ASSERT_STREQ(s.fleet.project, "p");
+            ASSERT_STREQ(s.fleet.gcp_endpoint, "http://127.0.0.1:1");
+        }
+        if (i == 3) {
+            ASSERT_STREQ(s.fleet.azure_subnet, "/sub");
+            ASSERT_STREQ(s.fleet.azure_endpoint, "e");
+            char *text = st_spec_to_json(&s);
+            ASSERT_TRUE(text != NULL);
+            json_t *root = json_loads(text, 0, NULL);
+            st_free(text);
+            ASSERT_TRUE(root != NULL);
+            json_t *fl = json_object_get(json_object_get(root, "spec"), "fleet");
+            ASSERT_STREQ(json_string_value(json_object_get(fl, "resource_group")), "g");
+            ASSERT_STREQ(json_string_value(json_object_get(json_object_get(fl, "azure"),
+                                                           "subnet")), "/sub");
+            json_decref(root);
+        }
+    }
+    return 0;
+}
+
 /* Positions kept for checks made after parsing (st_spec_where), and planner.wait_limit. */
 static int test_where(void) {
     static const char yaml[] = BASE "  planner: {dp: 2, wait_limit: 90s}\n";
@@ -881,6 +979,7 @@ static int test_where(void) {
 }
 
 TEST_MAIN(TEST(test_bad_cases), TEST(test_nul_byte), TEST(test_tls_fields),
+          TEST(test_provider_notice),
           TEST(test_all_errors_in_order), TEST(test_billion_laughs), TEST(test_deep_nesting),
           TEST(test_quickstart_valid), TEST(test_defaults), TEST(test_profile_spec), TEST(test_docs_example),
           TEST(test_missing_file), TEST(test_non_utf8_file), TEST(test_too_large),

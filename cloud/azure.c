@@ -1,0 +1,554 @@
+/* azure.c: the `azure` provider — a job's spot fleet from Azure Resource Manager REST.
+ *
+ * The one idea: one virtualMachines create-or-update (PUT) per VM with priority Spot,
+ * evictionPolicy Delete and billingProfile.maxPrice, its network interface created with it
+ * through networkProfile.networkInterfaceConfigurations on fleet.azure.subnet (deleted with
+ * it), so that a VM is one resource and the job's tags (spottrain-job, spottrain-job-id) are
+ * the whole record: the resource group's VM list, kept to the job's tag, is reconciled by the
+ * fleet engine (rest.c), which also sweeps it when the job ends. A create is a long-running
+ * operation followed through its Azure-AsyncOperation URL; SkuNotAvailable or an allocation
+ * failure moves the request to the next zone.
+ *
+ * Credentials, in azure-identity's order: a client secret from the environment
+ * (AZURE_TENANT_ID, AZURE_CLIENT_ID, AZURE_CLIENT_SECRET at AZURE_AUTHORITY_HOST, default
+ * https://login.microsoftonline.com; http:// only on loopback, for tests), else a managed
+ * identity from IMDS (AZURE_POD_IDENTITY_AUTHORITY_HOST or 169.254.169.254; the probe gives up
+ * within 1 s). The endpoint is spec fleet.azure.endpoint (default https://management.azure.com).
+ * The secret, the access token and the join token in customData are never logged nor shown by
+ * a dry run. docs/gcp-azure.md. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"          /* TRY, TRY_GOTO */
+#include "cloud-internal.h" /* cloud__fleet, cloud__rest_call */
+#include "spec.h"           /* struct st_spec: subscription, resource group, subnet */
+
+#define AZ_API "2024-03-01"          /* Microsoft.Compute virtualMachines */
+#define AZ_CUSTOM_DATA_MAX 65535     /* bytes of customData before base64 (Azure: 64 KiB) */
+#define AZ_RESOURCE "https://management.azure.com"
+#define AZ_TRIES 4                   /* tries of one request when throttled or 5xx */
+#define AZ_POLLS 120                 /* Azure-AsyncOperation polls before giving up */
+
+struct az_state {
+    struct cloud_provider *p;
+    struct cloud__fleet fleet;
+    char base[1024];  /* ENDPOINT/subscriptions/S/resourceGroups/RG/providers/Microsoft.Compute/
+                         virtualMachines */
+    char location[48], vm_size[CLOUD_NAME_MAX], image[128], subnet[384];
+    char job_name[128], job_id[40];
+    bool spot;
+    char *custom_data, *custom_data_shown; /* base64 bootstrap with and without the token */
+    cloud_dry_run_fn *dry_run;
+    void *dry_run_userdata;
+    char token[8192];   /* the access token: never logged */
+    double token_expiry;
+};
+
+/* ---- credentials ------------------------------------------------------------------------- */
+
+static double json_seconds(const json_t *v) {
+    if (json_is_integer(v))
+        return (double)json_integer_value(v);
+    if (json_is_string(v))
+        return atof(json_string_value(v)); /* IMDS sends "expires_in": "3599" */
+    return 0;
+}
+
+static void log_token_error(struct az_state *s, const char *where,
+                            const struct cloud__rest_reply *rep) {
+    const char *code = cloud__json_str(rep->json, "error");
+    const char *desc = cloud__json_str(rep->json, "error_description");
+    cloud__log(s->p, ST_LOG_ERR, "azure: %s refused the credentials (HTTP %ld): %s%s%s", where,
+               rep->status, code[0] ? code : "no error code", desc[0] ? ": " : "", desc);
+}
+
+/* The client-credentials grant at the Microsoft identity platform (v2.0 endpoint). */
+static int token_from_secret(struct az_state *s, const char *tenant, const char *client,
+                             const char *secret) {
+    const char *auth = getenv("AZURE_AUTHORITY_HOST");
+    struct cloud__sbuf url = {.max = 2048}, form = {.max = 8192};
+    struct cloud__rest_reply rep = {0};
+    int r;
+    if (!auth || !*auth)
+        auth = "https://login.microsoftonline.com";
+    if (strncmp(auth, "https://", 8) && !(strncmp(auth, "http://", 7) == 0 &&
+                                          cloud__url_is_loopback(auth))) {
+        cloud__log(s->p, ST_LOG_ERR, "azure: AZURE_AUTHORITY_HOST '%s' must be https:// "
+                   "(http:// only on loopback)", auth);
+        return -EINVAL;
+    }
+    size_t al = strlen(auth);
+    while (al > 0 && auth[al - 1] == '/')
+        al--;
+    cloud__sb_add(&url, auth, al);
+    cloud__sb_str(&url, "/");
+    cloud__sb_escape(&url, tenant);
+    cloud__sb_str(&url, "/oauth2/v2.0/token");
+    cloud__sb_str(&form, "grant_type=client_credentials&client_id=");
+    cloud__sb_escape(&form, client);
+    cloud__sb_str(&form, "&client_secret=");
+    cloud__sb_escape(&form, secret);
+    cloud__sb_str(&form, "&scope=");
+    cloud__sb_escape(&form, AZ_RESOURCE "/.default");
+    if (url.fail || form.fail)
+        TRY_GOTO(-ENOMEM, r, out);
+    struct cloud__rest_req req = {.method = "POST", .url = url.p, .body = form.p,
+                                  .content_type = "application/x-www-form-urlencoded"};
+    if ((r = cloud__rest_call(&req, &rep)) < 0) {
+        cloud__log(s->p, ST_LOG_ERR, "azure: token endpoint '%s': %s", url.p, st_strerror(r));
+        goto out;
+    }
+    const char *tok = cloud__json_str(rep.json, "access_token");
+    if (rep.status != 200 || !tok[0]) {
+        log_token_error(s, "the token endpoint", &rep);
+        TRY_GOTO(rep.status >= 500 ? -EIO : -EACCES, r, out);
+    }
+    snprintf(s->token, sizeof(s->token), "%s", tok);
+    double ttl = json_seconds(json_object_get(rep.json, "expires_in"));
+    s->token_expiry = st_now() + (ttl > 0 ? ttl : 3600);
+    r = 0;
+out:
+    cloud__rest_reply_done(&rep);
+    cloud__sb_done(&url);
+    cloud__sb_done(&form);
+    return r;
+}
+
+/* A managed identity's token from the instance metadata service. */
+static int token_from_imds(struct az_state *s) {
+    const char *host = getenv("AZURE_POD_IDENTITY_AUTHORITY_HOST");
+    char url[512];
+    struct cloud__rest_reply rep = {0};
+    int r;
+    if (!host || !*host)
+        host = "http://169.254.169.254";
+    size_t hl = strlen(host);
+    while (hl > 0 && host[hl - 1] == '/')
+        hl--;
+    snprintf(url, sizeof(url), "%.*s/metadata/identity/oauth2/token?api-version=2018-02-01"
+             "&resource=https%%3A%%2F%%2Fmanagement.azure.com%%2F", (int)hl, host);
+    struct cloud__rest_req req = {.method = "GET", .url = url, .header = "Metadata: true",
+                                  .timeout_ms = 1000};
+    if ((r = cloud__rest_call(&req, &rep)) < 0) {
+        cloud__log(s->p, ST_LOG_ERR, "azure: no credentials: AZURE_TENANT_ID, AZURE_CLIENT_ID "
+                   "and AZURE_CLIENT_SECRET are not all set and IMDS at '%.*s' did not answer "
+                   "(%s)", (int)hl, host, st_strerror(r));
+        return -ENOKEY;
+    }
+    const char *tok = cloud__json_str(rep.json, "access_token");
+    if (rep.status != 200 || !tok[0]) {
+        log_token_error(s, "IMDS", &rep);
+        r = rep.status == 400 || rep.status == 404 ? -ENOKEY : -EACCES;
+        goto out;
+    }
+    snprintf(s->token, sizeof(s->token), "%s", tok);
+    double ttl = json_seconds(json_object_get(rep.json, "expires_in"));
+    s->token_expiry = st_now() + (ttl > 0 ? ttl : 300);
+    r = 0;
+out:
+    cloud__rest_reply_done(&rep);
+    return r;
+}
+
+static int az_token(struct az_state *s) {
+    if (s->token[0] && st_now() < s->token_expiry - 60)
+        return 0;
+    const char *t = getenv("AZURE_TENANT_ID"), *c = getenv("AZURE_CLIENT_ID"),
+               *k = getenv("AZURE_CLIENT_SECRET");
+    if (t && *t && c && *c && k && *k)
+        return token_from_secret(s, t, c, k);
+    return token_from_imds(s);
+}
+
+/* ---- calls ------------------------------------------------------------------------------- */
+
+static bool capacity_error(const char *code) {
+    static const char *const codes[] = {"SkuNotAvailable", "ZonalAllocationFailed",
+        "AllocationFailed", "OverconstrainedAllocationRequest",
+        "OverconstrainedZonalAllocationRequest", "QuotaExceeded", "OperationNotAllowed",
+        "SpotVMEvictionPolicyNotSupported"};
+    for (size_t i = 0; i < ST_ARRAY_SIZE(codes); i++)
+        if (!strcmp(code, codes[i]))
+            return true;
+    return false;
+}
+
+/* An ARM error body {"error": {"code", "message"}} into s->fleet.last_error; its errno. */
+static int arm_error(struct az_state *s, const json_t *body, long status) {
+    const json_t *err = json_object_get(body, "error");
+    const char *code = cloud__json_str(err, "code");
+    snprintf(s->fleet.last_error, sizeof(s->fleet.last_error), "%s: %s",
+             code[0] ? code : "no error code", cloud__json_str(err, "message"));
+    if (capacity_error(code))
+        return -EAGAIN;
+    if (status == 401 || status == 403 || !strcmp(code, "AuthorizationFailed") ||
+        !strcmp(code, "AuthenticationFailed") || !strcmp(code, "InvalidAuthenticationToken"))
+        return -EACCES;
+    if (status == 404 || !strcmp(code, "ResourceNotFound") || !strcmp(code, "NotFound"))
+        return -ENOENT;
+    return status == 400 ? -EINVAL : -EPROTO;
+}
+
+/* One authorised ARM call, retried when throttled or 5xx. In a dry run, shows it and returns
+ * 0 with rep->status 0. */
+static int az_call(struct az_state *s, const char *method, const char *url, const json_t *body,
+                   const json_t *shown, struct cloud__rest_reply *rep) {
+    char *text = NULL;
+    int r = 0;
+    memset(rep, 0, sizeof(*rep));
+    if (s->dry_run) {
+        char *t = shown ? json_dumps(shown, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
+        struct cloud__sbuf line = {.max = 1u << 20};
+        cloud__sb_str(&line, method);
+        cloud__sb_str(&line, " ");
+        cloud__sb_str(&line, url);
+        if (t) {
+            cloud__sb_str(&line, "\n");
+            cloud__sb_str(&line, t);
+        }
+        if (!line.fail)
+            s->dry_run(s->dry_run_userdata, line.p);
+        r = line.fail ? -ENOMEM : 0;
+        cloud__sb_done(&line);
+        st_free(t);
+        return r;
+    }
+    TRY(az_token(s));
+    if (body && !(text = json_dumps(body, JSON_COMPACT)))
+        return -ENOMEM;
+    double wait = 0.25;
+    for (int i = 0; i < AZ_TRIES; i++) {
+        cloud__rest_reply_done(rep);
+        struct cloud__rest_req req = {.method = method, .url = url, .bearer = s->token,
+                                      .body = text,
+                                      .content_type = text ? "application/json" : NULL};
+        r = cloud__rest_call(&req, rep);
+        if (r < 0) {
+            cloud__log(s->p, ST_LOG_ERR, "azure: %s %s: %s", method, url, st_strerror(r));
+            break;
+        }
+        if (!(rep->status == 429 || rep->status >= 500))
+            break;
+        if (i + 1 < AZ_TRIES) {
+            cloud__sleep(wait);
+            wait *= 2;
+        }
+    }
+    if (text) {
+        memset(text, 0, strlen(text)); /* customData holds the join token */
+        st_free(text);
+    }
+    if (r < 0)
+        return r;
+    if (rep->status >= 200 && rep->status < 300)
+        return 0;
+    r = arm_error(s, rep->json, rep->status);
+    if (r != -ENOENT && r != -EAGAIN)
+        cloud__log(s->p, ST_LOG_ERR, "azure: %s %s refused (HTTP %ld): %s", method, url,
+                   rep->status, s->fleet.last_error);
+    return r;
+}
+
+/* Polls an Azure-AsyncOperation URL until Succeeded, Failed or Canceled. */
+static int az_follow(struct az_state *s, const char *op_url) {
+    char url[1024];
+    snprintf(url, sizeof(url), "%s", op_url);
+    double wait = 0.1;
+    for (int i = 0; i < AZ_POLLS; i++) {
+        struct cloud__rest_reply rep;
+        int r = az_call(s, "GET", url, NULL, NULL, &rep);
+        if (r < 0) {
+            cloud__rest_reply_done(&rep);
+            return r;
+        }
+        const char *st = cloud__json_str(rep.json, "status");
+        if (!strcmp(st, "Succeeded")) {
+            cloud__rest_reply_done(&rep);
+            return 0;
+        }
+        if (!strcmp(st, "Failed") || !strcmp(st, "Canceled")) {
+            r = arm_error(s, rep.json, 200);
+            if (r != -EAGAIN)
+                cloud__log(s->p, ST_LOG_ERR, "azure: operation %s: %s", st,
+                           s->fleet.last_error);
+            cloud__rest_reply_done(&rep);
+            return r == -ENOENT ? -EPROTO : r;
+        }
+        cloud__rest_reply_done(&rep);
+        cloud__sleep(wait);
+        wait = ST_MIN(wait * 2, 2.0);
+    }
+    return -ETIMEDOUT;
+}
+
+static json_t *image_reference(const char *image) {
+    char pub[128], offer[128], sku[128], ver[128];
+    if (sscanf(image, "%127[^:]:%127[^:]:%127[^:]:%127s", pub, offer, sku, ver) == 4)
+        return json_pack("{s:s, s:s, s:s, s:s}", "publisher", pub, "offer", offer, "sku", sku,
+                         "version", ver);
+    return json_pack("{s:s}", "id", image);
+}
+
+/* The virtualMachines create-or-update body (VirtualMachine in the Compute spec). */
+static json_t *vm_body(const struct az_state *s, const char *zone, const char *name,
+                       const char *custom_data) {
+    char nic[CLOUD_NAME_MAX + 8];
+    snprintf(nic, sizeof(nic), "%s-nic", name);
+    json_t *props = json_pack(
+        "{s:{s:s}, s:{s:o, s:{s:s, s:s, s:{s:s}}},"
+        " s:{s:s, s:s, s:s, s:{s:b, s:b}},"
+        " s:{s:s, s:[{s:s, s:{s:b, s:s, s:[{s:s, s:{s:b, s:{s:s}}}]}}]}}",
+        "hardwareProfile", "vmSize", s->vm_size,
+        "storageProfile", "imageReference", image_reference(s->image), "osDisk", "createOption",
+        "FromImage", "deleteOption", "Delete", "managedDisk", "storageAccountType",
+        "Standard_LRS",
+        "osProfile", "computerName", name, "adminUsername", "spottrain", "customData",
+        custom_data, "linuxConfiguration", "disablePasswordAuthentication", 1,
+        "provisionVMAgent", 1,
+        "networkProfile", "networkApiVersion", "2020-11-01", "networkInterfaceConfigurations",
+        "name", nic, "properties", "primary", 1, "deleteOption", "Delete", "ipConfigurations",
+        "name", "ipconfig1", "properties", "primary", 1, "subnet", "id", s->subnet);
+    if (!props)
+        return NULL;
+    if (s->spot) {
+        /* maxPrice -1: pay up to the on-demand price, never evicted for price, only for
+         * capacity (the eviction the notice announces). */
+        json_object_set_new(props, "priority", json_string("Spot"));
+        json_object_set_new(props, "evictionPolicy", json_string("Delete"));
+        json_object_set_new(props, "billingProfile", json_pack("{s:f}", "maxPrice", -1.0));
+    } else {
+        json_object_set_new(props, "priority", json_string("Regular"));
+    }
+    json_t *vm = json_pack("{s:s, s:{s:s, s:s}, s:o}", "location", s->location, "tags",
+                           "spottrain-job", s->job_name, "spottrain-job-id", s->job_id,
+                           "properties", props);
+    if (vm && zone[0])
+        json_object_set_new(vm, "zones", json_pack("[s]", zone));
+    return vm;
+}
+
+static int az_create(void *backend, const char *zone, const char *name) {
+    struct az_state *s = backend;
+    struct cloud__rest_reply rep = {0};
+    char url[1200];
+    snprintf(url, sizeof(url), "%s/%s?api-version=" AZ_API, s->base, name);
+    json_t *body = vm_body(s, zone, name, s->custom_data);
+    json_t *shown = vm_body(s, zone, name, s->custom_data_shown);
+    int r = body && shown ? az_call(s, "PUT", url, body, shown, &rep) : -ENOMEM;
+    json_decref(body);
+    json_decref(shown);
+    if (r == 0 && !s->dry_run && rep.async_op[0])
+        r = az_follow(s, rep.async_op);
+    if (r == -EAGAIN && !s->dry_run) {
+        /* A VM left in Failed would be swept anyway; delete it now. */
+        struct cloud__rest_reply del;
+        (void)az_call(s, "DELETE", url, NULL, NULL, &del);
+        cloud__rest_reply_done(&del);
+    }
+    cloud__rest_reply_done(&rep);
+    return r;
+}
+
+static int az_destroy(void *backend, const char *name, const char *zone) {
+    (void)zone;
+    struct az_state *s = backend;
+    struct cloud__rest_reply rep;
+    char url[1200];
+    snprintf(url, sizeof(url), "%s/%s?api-version=" AZ_API, s->base, name);
+    int r = az_call(s, "DELETE", url, NULL, NULL, &rep);
+    cloud__rest_reply_done(&rep);
+    return r;
+}
+
+static bool state_alive(const char *st) {
+    return !strcmp(st, "Creating") || !strcmp(st, "Updating") || !strcmp(st, "Succeeded") ||
+           !strcmp(st, "Migrating") || !st[0];
+}
+
+static int az_list(void *backend, cloud__fleet_seen_fn *fn, void *userdata) {
+    struct az_state *s = backend;
+    char url[4096];
+    snprintf(url, sizeof(url), "%s?api-version=" AZ_API, s->base);
+    for (int pages = 0; pages < 1000; pages++) {
+        struct cloud__rest_reply rep;
+        int r = az_call(s, "GET", url, NULL, NULL, &rep);
+        if (r < 0) {
+            cloud__rest_reply_done(&rep);
+            return r;
+        }
+        if (s->dry_run)
+            return 0;
+        const json_t *vms = json_object_get(rep.json, "value");
+        size_t i;
+        const json_t *vm;
+        json_array_foreach(vms, i, vm) {
+            /* The resource group holds other VMs too: the job's tag decides. */
+            if (strcmp(cloud__json_str(json_object_get(vm, "tags"), "spottrain-job-id"),
+                       s->job_id))
+                continue;
+            const char *zone = json_string_value(json_array_get(json_object_get(vm, "zones"),
+                                                                0));
+            const char *st = cloud__json_str(json_object_get(vm, "properties"),
+                                             "provisioningState");
+            if ((r = fn(userdata, cloud__json_str(vm, "name"), zone ? zone : "",
+                        state_alive(st))) < 0)
+                break;
+        }
+        const char *next = cloud__json_str(rep.json, "nextLink");
+        snprintf(url, sizeof(url), "%s", next);
+        cloud__rest_reply_done(&rep);
+        if (r < 0)
+            return r;
+        if (!url[0])
+            break;
+    }
+    return 0;
+}
+
+static const struct cloud__fleet_ops az_fleet_ops = {az_create, az_list, az_destroy};
+
+/* ---- the provider ------------------------------------------------------------------------- */
+
+static void az_free_data(struct az_state *s) {
+    if (s->custom_data)
+        memset(s->custom_data, 0, strlen(s->custom_data));
+    st_free(s->custom_data);
+    st_free(s->custom_data_shown);
+    s->custom_data = s->custom_data_shown = NULL;
+}
+
+/* customData: the bootstrap script, base64. */
+static int custom_data(const struct cloud_config *cfg, const char *coordinator, bool redact,
+                       char **ret) {
+    char *script = NULL;
+    TRY(cloud__bootstrap_script(cfg, coordinator, "azure", redact, AZ_CUSTOM_DATA_MAX,
+                                &script));
+    struct cloud__sbuf b = {.max = AZ_CUSTOM_DATA_MAX * 2};
+    cloud__sb_base64(&b, script, strlen(script), false);
+    memset(script, 0, strlen(script));
+    st_free(script);
+    if (b.fail) {
+        cloud__sb_done(&b);
+        return -E2BIG;
+    }
+    *ret = b.p;
+    return 0;
+}
+
+static int az_init(struct cloud_provider *p, void *state, const struct cloud_config *cfg) {
+    struct az_state *s = state;
+    const struct st_spec *sp = cfg->spec;
+    int r;
+    s->p = p;
+    if (!sp) {
+        cloud__log(p, ST_LOG_ERR, "azure: the provider needs the job spec");
+        return -EINVAL;
+    }
+    const struct st_spec_fleet *f = &sp->fleet;
+    const char *coordinator = sp->coordinator.advertise[0] ? sp->coordinator.advertise
+                                                           : cfg->coordinator;
+    snprintf(s->image, sizeof(s->image), "%s", cfg->image[0] ? cfg->image : f->image);
+    if (!s->image[0] || !f->subscription[0] || !f->resource_group[0] || !f->location[0] ||
+        !f->azure_subnet[0]) {
+        cloud__log(p, ST_LOG_ERR, "azure: fleet.image, fleet.subscription, "
+                   "fleet.resource_group, fleet.location and fleet.azure.subnet are required");
+        return -EINVAL;
+    }
+    if (!cfg->job_name[0] || !cfg->job_id[0] || !coordinator[0]) {
+        cloud__log(p, ST_LOG_ERR, "azure: invalid configuration (job name, job id, "
+                   "coordinator address)");
+        return -EINVAL;
+    }
+    const char *ep = f->azure_endpoint[0] ? f->azure_endpoint : AZ_RESOURCE;
+    if (strncmp(ep, "https://", 8) && !(strncmp(ep, "http://", 7) == 0 &&
+                                        cloud__url_is_loopback(ep))) {
+        cloud__log(p, ST_LOG_ERR, "azure: fleet.azure.endpoint '%s' must be https:// (http:// "
+                   "only on loopback)", ep);
+        return -EINVAL;
+    }
+    size_t el = strlen(ep);
+    while (el > 0 && ep[el - 1] == '/')
+        el--;
+    snprintf(s->base, sizeof(s->base), "%.*s/subscriptions/%s/resourceGroups/%s/providers/"
+             "Microsoft.Compute/virtualMachines", (int)el, ep, f->subscription,
+             f->resource_group);
+    snprintf(s->location, sizeof(s->location), "%s", f->location);
+    snprintf(s->subnet, sizeof(s->subnet), "%s", f->azure_subnet);
+    snprintf(s->vm_size, sizeof(s->vm_size), "%s", cfg->instance_type);
+    snprintf(s->job_name, sizeof(s->job_name), "%s", cfg->job_name);
+    snprintf(s->job_id, sizeof(s->job_id), "%s", cfg->job_id);
+    s->spot = cfg->spot;
+    s->dry_run = cfg->dry_run;
+    s->dry_run_userdata = cfg->dry_run_userdata;
+    if ((r = custom_data(cfg, coordinator, false, &s->custom_data)) < 0 ||
+        (r = custom_data(cfg, coordinator, true, &s->custom_data_shown)) < 0) {
+        if (r == -E2BIG)
+            cloud__log(p, ST_LOG_ERR, "azure: the bootstrap exceeds customData's %d bytes",
+                       AZ_CUSTOM_DATA_MAX);
+        goto out;
+    }
+    /* Zones in a location are "1", "2", "3"; none given = Azure places the VM. */
+    TRY_GOTO(cloud__fleet_init(&s->fleet, p, "azure", &az_fleet_ops, s, cfg, f->nzones), r,
+             out);
+    cloud__log(p, ST_LOG_INFO, "azure: %s/%s in %s, endpoint %s, %d x %s from %s%s",
+               f->subscription, f->resource_group, s->location, ep, s->fleet.target,
+               s->vm_size, s->image, s->spot ? " (spot)" : "");
+    return 0;
+out:
+    az_free_data(s);
+    return r;
+}
+
+static void az_done(struct cloud_provider *p, void *state) {
+    (void)p;
+    struct az_state *s = state;
+    cloud__fleet_done(&s->fleet);
+    az_free_data(s);
+    memset(s->token, 0, sizeof(s->token));
+}
+
+static int az_start(struct cloud_provider *p, void *state, double now) {
+    (void)p;
+    return cloud__fleet_start(&((struct az_state *)state)->fleet, now);
+}
+
+static int az_poll(struct cloud_provider *p, void *state, double now) {
+    (void)p;
+    return cloud__fleet_poll(&((struct az_state *)state)->fleet, now);
+}
+
+static int az_acquire(struct cloud_provider *p, void *state, int n, double now) {
+    (void)p;
+    return cloud__fleet_acquire(&((struct az_state *)state)->fleet, n, now);
+}
+
+static int az_release(struct cloud_provider *p, void *state, const char *instance, double now) {
+    (void)p;
+    return cloud__fleet_release(&((struct az_state *)state)->fleet, instance, now);
+}
+
+static int az_instances(struct cloud_provider *p, void *state, struct cloud_instance *out,
+                        size_t max, size_t *ret_n) {
+    (void)p;
+    return cloud__fleet_instances(&((struct az_state *)state)->fleet, out, max, ret_n);
+}
+
+static double az_next_deadline(struct cloud_provider *p, void *state, double now) {
+    (void)p;
+    (void)now;
+    return cloud__fleet_next_deadline(&((struct az_state *)state)->fleet);
+}
+
+const struct cloud_provider_ops cloud__azure_ops = {
+    .name = "azure",
+    .state_size = sizeof(struct az_state),
+    .init = az_init,
+    .done = az_done,
+    .start = az_start,
+    .poll = az_poll,
+    .acquire = az_acquire,
+    .release = az_release,
+    .instances = az_instances,
+    .next_deadline = az_next_deadline,
+};

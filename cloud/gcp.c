@@ -1,0 +1,582 @@
+/* gcp.c: the `gcp` provider — a job's spot fleet from the Compute Engine v1 REST API.
+ *
+ * The one idea: one instances.insert per instance with scheduling.provisioningModel SPOT and
+ * instanceTerminationAction DELETE, so a preempted instance deletes itself and the job's
+ * labels (spottrain-job, spottrain-job-id) are the whole record: instances.list filtered by
+ * the job-id label is reconciled by the fleet engine (rest.c), which also sweeps it when the
+ * job ends. An insert's Operation is followed with zoneOperations.wait; an operation that
+ * ends in ZONE_RESOURCE_POOL_EXHAUSTED (or another capacity error) moves the request to the
+ * next zone.
+ *
+ * Credentials, in the order Google's libraries look: the service-account key file named by
+ * GOOGLE_APPLICATION_CREDENTIALS (a JWT signed RS256 with OpenSSL, exchanged at the key's
+ * token_uri for an access token), else the metadata server's token (GCE_METADATA_HOST or
+ * metadata.google.internal; its answers carry Metadata-Flavor: Google; the probe gives up
+ * within 1 s). The endpoint is spec fleet.gcp.endpoint (default https://compute.googleapis.com)
+ * with /compute/v1/ appended, as the discovery document's rootUrl + servicePath. The access
+ * token, the key and the join token in the startup-script are never logged nor shown by a
+ * dry run. docs/gcp-azure.md. */
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "check.h"          /* TRY, TRY_GOTO */
+#include "cloud-internal.h" /* cloud__fleet, cloud__rest_call */
+#include "spec.h"           /* struct st_spec: project, endpoint */
+
+#define GCP_SCRIPT_MAX (256u << 10) /* GCE's limit on all metadata values together */
+#define GCP_SCOPE "https://www.googleapis.com/auth/compute"
+#define GCP_TRIES 4      /* tries of one request when throttled or 5xx */
+#define GCP_WAITS 20     /* zoneOperations.wait calls before an operation is given up */
+
+struct gcp_state {
+    struct cloud_provider *p;
+    struct cloud__fleet fleet;
+    char base[CLOUD_URL_MAX + 64];  /* ENDPOINT/compute/v1/projects/PROJECT */
+    char project[64];
+    char machine_type[CLOUD_NAME_MAX], image[128];
+    char label_job[64], job_id[40];
+    bool spot;
+    char *script, *script_shown; /* the startup-script with and without the join token */
+    cloud_dry_run_fn *dry_run;
+    void *dry_run_userdata;
+    char token[4096];   /* the access token: never logged */
+    double token_expiry; /* st_now() seconds */
+};
+
+/* ---- credentials ------------------------------------------------------------------------- */
+
+/* A token endpoint's or metadata server's refusal, as the user must see it. */
+static void log_token_error(struct gcp_state *s, const char *where,
+                            const struct cloud__rest_reply *rep) {
+    const json_t *e = json_object_get(rep->json, "error");
+    const char *code = json_is_string(e) ? json_string_value(e) : "";
+    const char *desc = cloud__json_str(rep->json, "error_description");
+    cloud__log(s->p, ST_LOG_ERR, "gcp: %s refused the credentials (HTTP %ld): %s%s%s", where,
+               rep->status, code[0] ? code : "no error code", desc[0] ? ": " : "", desc);
+}
+
+/* RS256 signature of data with the PEM key, base64url into out. */
+static int jwt_sign(const char *pem, const char *data, struct cloud__sbuf *out) {
+    BIO *bio = BIO_new_mem_buf(pem, -1);
+    EVP_PKEY *key = bio ? PEM_read_bio_PrivateKey(bio, NULL, NULL, NULL) : NULL;
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    unsigned char sig[1024];
+    size_t siglen = sizeof(sig);
+    int r = -EINVAL;
+    if (!bio || !md)
+        TRY_GOTO(-ENOMEM, r, out);
+    if (!key)
+        goto out; /* not a PEM private key */
+    if (EVP_DigestSignInit(md, NULL, EVP_sha256(), NULL, key) != 1 ||
+        EVP_DigestSign(md, sig, &siglen, (const unsigned char *)data, strlen(data)) != 1)
+        goto out;
+    cloud__sb_base64(out, sig, siglen, true);
+    r = 0;
+out:
+    EVP_MD_CTX_free(md);
+    EVP_PKEY_free(key);
+    BIO_free(bio);
+    return r;
+}
+
+/* The service-account flow: a signed JWT exchanged at token_uri (RFC 7523). */
+static int token_from_key(struct gcp_state *s, const char *path) {
+    json_error_t jerr;
+    json_t *key = json_load_file(path, 0, &jerr);
+    struct cloud__sbuf jwt = {.max = 16384}, form = {.max = 32768};
+    struct cloud__rest_reply rep = {0};
+    char *claims = NULL, *header = NULL;
+    int r;
+    if (!key) {
+        cloud__log(s->p, ST_LOG_ERR, "gcp: GOOGLE_APPLICATION_CREDENTIALS '%s': %s", path,
+                   jerr.text);
+        return -EINVAL;
+    }
+    const char *email = cloud__json_str(key, "client_email");
+    const char *pem = cloud__json_str(key, "private_key");
+    const char *uri = cloud__json_str(key, "token_uri");
+    if (!uri[0])
+        uri = "https://oauth2.googleapis.com/token";
+    if (!email[0] || !pem[0]) {
+        cloud__log(s->p, ST_LOG_ERR, "gcp: '%s' is not a service-account key (no client_email "
+                   "or private_key)", path);
+        TRY_GOTO(-EINVAL, r, out);
+    }
+    if (strncmp(uri, "https://", 8) && !(strncmp(uri, "http://", 7) == 0 &&
+                                         cloud__url_is_loopback(uri))) {
+        cloud__log(s->p, ST_LOG_ERR, "gcp: token_uri '%s' must be https:// (http:// only on "
+                   "loopback)", uri);
+        TRY_GOTO(-EINVAL, r, out);
+    }
+    time_t now = time(NULL);
+    json_t *h = json_pack("{s:s, s:s, s:s}", "alg", "RS256", "typ", "JWT", "kid",
+                          cloud__json_str(key, "private_key_id"));
+    json_t *c = json_pack("{s:s, s:s, s:s, s:I, s:I}", "iss", email, "scope", GCP_SCOPE, "aud",
+                          uri, "iat", (json_int_t)now, "exp", (json_int_t)now + 3600);
+    header = h ? json_dumps(h, JSON_COMPACT) : NULL;
+    claims = c ? json_dumps(c, JSON_COMPACT) : NULL;
+    json_decref(h);
+    json_decref(c);
+    if (!header || !claims)
+        TRY_GOTO(-ENOMEM, r, out);
+    cloud__sb_base64(&jwt, header, strlen(header), true);
+    cloud__sb_str(&jwt, ".");
+    cloud__sb_base64(&jwt, claims, strlen(claims), true);
+    if (jwt.fail)
+        TRY_GOTO(-ENOMEM, r, out);
+    if ((r = jwt_sign(pem, jwt.p, &form)) < 0) {
+        cloud__log(s->p, ST_LOG_ERR, "gcp: cannot sign with the private key of '%s'", path);
+        goto out;
+    }
+    cloud__sb_str(&jwt, ".");
+    cloud__sb_add(&jwt, form.p, form.len);
+    form.len = 0;
+    cloud__sb_str(&form, "grant_type=urn%3Aietf%3Aparams%3Aoauth%3Agrant-type%3Ajwt-bearer"
+                         "&assertion=");
+    cloud__sb_escape(&form, jwt.p ? jwt.p : "");
+    if (jwt.fail || form.fail)
+        TRY_GOTO(-ENOMEM, r, out);
+    struct cloud__rest_req req = {.method = "POST", .url = uri, .body = form.p,
+                                  .content_type = "application/x-www-form-urlencoded"};
+    if ((r = cloud__rest_call(&req, &rep)) < 0) {
+        cloud__log(s->p, ST_LOG_ERR, "gcp: token endpoint '%s': %s", uri, st_strerror(r));
+        goto out;
+    }
+    const char *tok = cloud__json_str(rep.json, "access_token");
+    if (rep.status != 200 || !tok[0]) {
+        log_token_error(s, "the token endpoint", &rep);
+        TRY_GOTO(rep.status >= 500 ? -EIO : -EACCES, r, out);
+    }
+    snprintf(s->token, sizeof(s->token), "%s", tok);
+    json_int_t ttl = json_integer_value(json_object_get(rep.json, "expires_in"));
+    s->token_expiry = st_now() + (ttl > 0 ? (double)ttl : 3600);
+    r = 0;
+out:
+    cloud__rest_reply_done(&rep);
+    cloud__sb_done(&jwt);
+    cloud__sb_done(&form);
+    if (claims)
+        st_free(claims);
+    if (header)
+        st_free(header);
+    json_decref(key);
+    return r;
+}
+
+/* The metadata server's token for the instance's service account. */
+static int token_from_metadata(struct gcp_state *s) {
+    const char *host = getenv("GCE_METADATA_HOST");
+    char url[512];
+    struct cloud__rest_reply rep = {0};
+    int r;
+    snprintf(url, sizeof(url), "http://%s/computeMetadata/v1/instance/service-accounts/default/"
+             "token", host && *host ? host : "metadata.google.internal");
+    struct cloud__rest_req req = {.method = "GET", .url = url,
+                                  .header = "Metadata-Flavor: Google", .timeout_ms = 1000};
+    if ((r = cloud__rest_call(&req, &rep)) < 0) {
+        cloud__log(s->p, ST_LOG_ERR, "gcp: no credentials: GOOGLE_APPLICATION_CREDENTIALS is "
+                   "not set and the metadata server at '%s' did not answer (%s)", url,
+                   st_strerror(r));
+        return -ENOKEY;
+    }
+    const char *tok = cloud__json_str(rep.json, "access_token");
+    if (rep.status != 200 || !tok[0]) {
+        log_token_error(s, "the metadata server", &rep);
+        r = rep.status == 404 ? -ENOKEY : -EACCES;
+        goto out;
+    }
+    snprintf(s->token, sizeof(s->token), "%s", tok);
+    json_int_t ttl = json_integer_value(json_object_get(rep.json, "expires_in"));
+    s->token_expiry = st_now() + (ttl > 0 ? (double)ttl : 300);
+    r = 0;
+out:
+    cloud__rest_reply_done(&rep);
+    return r;
+}
+
+/* A valid access token, refreshed a minute before it expires. */
+static int gcp_token(struct gcp_state *s) {
+    if (s->token[0] && st_now() < s->token_expiry - 60)
+        return 0;
+    const char *key = getenv("GOOGLE_APPLICATION_CREDENTIALS");
+    return key && *key ? token_from_key(s, key) : token_from_metadata(s);
+}
+
+/* ---- calls ------------------------------------------------------------------------------- */
+
+/* The reasons of a Compute error or a failed Operation that mean "no capacity here". */
+static bool capacity_error(const char *code) {
+    static const char *const codes[] = {"ZONE_RESOURCE_POOL_EXHAUSTED",
+        "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "QUOTA_EXCEEDED", "RESOURCE_EXHAUSTED",
+        "UNSUPPORTED_OPERATION", "resourceExhausted"};
+    for (size_t i = 0; i < ST_ARRAY_SIZE(codes); i++)
+        if (!strcmp(code, codes[i]))
+            return true;
+    return false;
+}
+
+/* The first error code of an Operation's error.errors[] or an HTTP error's error.errors[]
+ * (reason), into s->fleet.last_error. */
+static void note_error(struct gcp_state *s, const json_t *err) {
+    const json_t *e0 = json_array_get(json_object_get(err, "errors"), 0);
+    const char *code = cloud__json_str(e0, "code");
+    if (!code[0])
+        code = cloud__json_str(e0, "reason");
+    const char *msg = cloud__json_str(e0, "message");
+    if (!msg[0])
+        msg = cloud__json_str(err, "message");
+    snprintf(s->fleet.last_error, sizeof(s->fleet.last_error), "%s%s%s",
+             code[0] ? code : cloud__json_str(err, "status"), msg[0] ? ": " : "", msg);
+}
+
+/* One authorised Compute call, retried when throttled or 5xx. In a dry run, shows it and
+ * returns 0 with rep->status 0. */
+static int gcp_call(struct gcp_state *s, const char *method, const char *url,
+                    const json_t *body, const json_t *shown, struct cloud__rest_reply *rep) {
+    char *text = NULL;
+    int r = 0;
+    memset(rep, 0, sizeof(*rep));
+    if (s->dry_run) {
+        char *t = shown ? json_dumps(shown, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
+        struct cloud__sbuf line = {.max = 1u << 20};
+        cloud__sb_str(&line, method);
+        cloud__sb_str(&line, " ");
+        cloud__sb_str(&line, url);
+        if (t) {
+            cloud__sb_str(&line, "\n");
+            cloud__sb_str(&line, t);
+        }
+        if (!line.fail)
+            s->dry_run(s->dry_run_userdata, line.p);
+        r = line.fail ? -ENOMEM : 0;
+        cloud__sb_done(&line);
+        st_free(t);
+        return r;
+    }
+    TRY(gcp_token(s));
+    if (body && !(text = json_dumps(body, JSON_COMPACT)))
+        return -ENOMEM;
+    double wait = 0.25;
+    for (int i = 0; i < GCP_TRIES; i++) {
+        cloud__rest_reply_done(rep);
+        struct cloud__rest_req req = {.method = method, .url = url, .bearer = s->token,
+                                      .body = text,
+                                      .content_type = text ? "application/json" : NULL};
+        r = cloud__rest_call(&req, rep);
+        if (r < 0) {
+            cloud__log(s->p, ST_LOG_ERR, "gcp: %s %s: %s", method, url, st_strerror(r));
+            break;
+        }
+        if (!(rep->status == 429 || rep->status >= 500))
+            break;
+        if (i + 1 < GCP_TRIES) {
+            cloud__sleep(wait);
+            wait *= 2;
+        }
+    }
+    if (text) {
+        memset(text, 0, strlen(text)); /* the startup-script holds the join token */
+        st_free(text);
+    }
+    if (r < 0)
+        return r;
+    if (rep->status >= 200 && rep->status < 300)
+        return 0;
+    const json_t *err = json_object_get(rep->json, "error");
+    note_error(s, err);
+    const json_t *e0 = json_array_get(json_object_get(err, "errors"), 0);
+    if (rep->status == 401 || rep->status == 403) {
+        if (capacity_error(cloud__json_str(e0, "reason")))
+            return -EAGAIN;
+        cloud__log(s->p, ST_LOG_ERR, "gcp: %s %s refused (HTTP %ld): %s", method, url,
+                   rep->status, s->fleet.last_error);
+        return -EACCES;
+    }
+    if (rep->status == 404)
+        return -ENOENT;
+    if (capacity_error(cloud__json_str(e0, "reason")) ||
+        capacity_error(cloud__json_str(e0, "code")))
+        return -EAGAIN;
+    cloud__log(s->p, ST_LOG_ERR, "gcp: %s %s failed (HTTP %ld): %s", method, url, rep->status,
+               s->fleet.last_error);
+    return rep->status == 400 ? -EINVAL : -EPROTO;
+}
+
+/* Follows an Operation to DONE with zoneOperations.wait. Returns 0 when it succeeded,
+ * -EAGAIN for a capacity error, another negative errno otherwise. Takes the reply's JSON. */
+static int gcp_wait(struct gcp_state *s, const char *zone, struct cloud__rest_reply *rep) {
+    int r = 0;
+    for (int i = 0; i < GCP_WAITS; i++) {
+        const json_t *op = rep->json;
+        if (!json_is_object(op)) {
+            r = -EBADMSG;
+            break;
+        }
+        if (!strcmp(cloud__json_str(op, "status"), "DONE")) {
+            const json_t *err = json_object_get(op, "error");
+            if (!err)
+                return 0;
+            note_error(s, err);
+            const json_t *e0 = json_array_get(json_object_get(err, "errors"), 0);
+            if (capacity_error(cloud__json_str(e0, "code")))
+                return -EAGAIN;
+            cloud__log(s->p, ST_LOG_ERR, "gcp: operation '%s' failed: %s",
+                       cloud__json_str(op, "name"), s->fleet.last_error);
+            return -EPROTO;
+        }
+        char url[CLOUD_URL_MAX + 512];
+        snprintf(url, sizeof(url), "%s/zones/%s/operations/%s/wait", s->base, zone,
+                 cloud__json_str(op, "name"));
+        struct cloud__rest_reply next;
+        r = gcp_call(s, "POST", url, NULL, NULL, &next);
+        cloud__rest_reply_done(rep);
+        *rep = next;
+        if (r < 0)
+            return r;
+    }
+    return r < 0 ? r : -ETIMEDOUT;
+}
+
+/* The instances.insert body (the Instance schema of compute.v1.json). */
+static json_t *instance_body(const struct gcp_state *s, const char *zone, const char *name,
+                             const char *script) {
+    char mt[CLOUD_NAME_MAX * 2 + 32];
+    snprintf(mt, sizeof(mt), "zones/%s/machineTypes/%s", zone, s->machine_type);
+    json_t *sched = s->spot ? json_pack("{s:s, s:s, s:b, s:s}", "provisioningModel", "SPOT",
+                                        "instanceTerminationAction", "DELETE",
+                                        "automaticRestart", 0, "onHostMaintenance", "TERMINATE")
+                            : json_pack("{s:s}", "provisioningModel", "STANDARD");
+    return json_pack(
+        "{s:s, s:s, s:{s:s, s:s}, s:[{s:b, s:b, s:{s:s}}], s:[{s:s, s:[{s:s, s:s}]}],"
+        " s:o, s:{s:[{s:s, s:s}]}}",
+        "name", name, "machineType", mt,
+        "labels", "spottrain-job", s->label_job, "spottrain-job-id", s->job_id,
+        "disks", "boot", 1, "autoDelete", 1, "initializeParams", "sourceImage", s->image,
+        "networkInterfaces", "network", "global/networks/default", "accessConfigs", "type",
+        "ONE_TO_ONE_NAT", "name", "External NAT",
+        "scheduling", sched,
+        "metadata", "items", "key", "startup-script", "value", script);
+}
+
+static int gcp_create(void *backend, const char *zone, const char *name) {
+    struct gcp_state *s = backend;
+    struct cloud__rest_reply rep = {0};
+    char url[CLOUD_URL_MAX + 256];
+    snprintf(url, sizeof(url), "%s/zones/%s/instances", s->base, zone);
+    json_t *body = instance_body(s, zone, name, s->script);
+    json_t *shown = instance_body(s, zone, name, s->script_shown);
+    int r = body && shown ? gcp_call(s, "POST", url, body, shown, &rep) : -ENOMEM;
+    json_decref(body);
+    json_decref(shown);
+    if (r == 0 && !s->dry_run)
+        r = gcp_wait(s, zone, &rep);
+    if (r == -EAGAIN && !s->dry_run) {
+        /* An instance left behind by a failed insert would be swept anyway; delete it now. */
+        snprintf(url, sizeof(url), "%s/zones/%s/instances/%s", s->base, zone, name);
+        struct cloud__rest_reply del;
+        (void)gcp_call(s, "DELETE", url, NULL, NULL, &del);
+        cloud__rest_reply_done(&del);
+    }
+    cloud__rest_reply_done(&rep);
+    return r;
+}
+
+static int gcp_destroy(void *backend, const char *name, const char *zone) {
+    struct gcp_state *s = backend;
+    struct cloud__rest_reply rep;
+    char url[CLOUD_URL_MAX + 256];
+    snprintf(url, sizeof(url), "%s/zones/%s/instances/%s", s->base, zone, name);
+    int r = gcp_call(s, "DELETE", url, NULL, NULL, &rep);
+    cloud__rest_reply_done(&rep);
+    return r;
+}
+
+static bool status_alive(const char *st) {
+    return !strcmp(st, "PROVISIONING") || !strcmp(st, "STAGING") || !strcmp(st, "RUNNING") ||
+           !strcmp(st, "REPAIRING");
+}
+
+static int gcp_list(void *backend, cloud__fleet_seen_fn *fn, void *userdata) {
+    struct gcp_state *s = backend;
+    for (int z = 0; z < s->fleet.nzones; z++) {
+        const char *zone = s->fleet.zones[z];
+        char page[512] = "";
+        for (int pages = 0; pages < 1000; pages++) {
+            struct cloud__sbuf url = {.max = 4096};
+            struct cloud__rest_reply rep;
+            char filter[128];
+            snprintf(filter, sizeof(filter), "labels.spottrain-job-id=\"%s\"", s->job_id);
+            cloud__sb_str(&url, s->base);
+            cloud__sb_str(&url, "/zones/");
+            cloud__sb_str(&url, zone);
+            cloud__sb_str(&url, "/instances?filter=");
+            cloud__sb_escape(&url, filter);
+            if (page[0]) {
+                cloud__sb_str(&url, "&pageToken=");
+                cloud__sb_escape(&url, page);
+            }
+            int r = url.fail ? -ENOMEM : gcp_call(s, "GET", url.p, NULL, NULL, &rep);
+            cloud__sb_done(&url);
+            if (r < 0)
+                return r;
+            if (s->dry_run)
+                break;
+            const json_t *items = json_object_get(rep.json, "items");
+            size_t i;
+            const json_t *it;
+            json_array_foreach(items, i, it) {
+                const json_t *labels = json_object_get(it, "labels");
+                /* The filter is the server's; the label is checked again here. */
+                if (strcmp(cloud__json_str(labels, "spottrain-job-id"), s->job_id))
+                    continue;
+                if ((r = fn(userdata, cloud__json_str(it, "name"), zone,
+                            status_alive(cloud__json_str(it, "status")))) < 0)
+                    break;
+            }
+            snprintf(page, sizeof(page), "%s", cloud__json_str(rep.json, "nextPageToken"));
+            cloud__rest_reply_done(&rep);
+            if (r < 0)
+                return r;
+            if (!page[0])
+                break;
+        }
+    }
+    return 0;
+}
+
+static const struct cloud__fleet_ops gcp_fleet_ops = {gcp_create, gcp_list, gcp_destroy};
+
+/* ---- the provider ------------------------------------------------------------------------- */
+
+/* GCE label values: lower case letters, digits, '_' and '-', at most 63. */
+static void label_value(const char *in, char *out, size_t size) {
+    size_t n = 0;
+    for (; *in && n + 1 < size && n < 63; in++) {
+        char c = *in;
+        if (c >= 'A' && c <= 'Z')
+            c = (char)(c - 'A' + 'a');
+        out[n++] = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-'
+                       ? c : '-';
+    }
+    out[n] = '\0';
+}
+
+static void gcp_free_scripts(struct gcp_state *s) {
+    if (s->script)
+        memset(s->script, 0, strlen(s->script));
+    st_free(s->script);
+    st_free(s->script_shown);
+    s->script = s->script_shown = NULL;
+}
+
+static int gcp_init(struct cloud_provider *p, void *state, const struct cloud_config *cfg) {
+    struct gcp_state *s = state;
+    const struct st_spec *sp = cfg->spec;
+    int r;
+    s->p = p;
+    if (!sp) {
+        cloud__log(p, ST_LOG_ERR, "gcp: the provider needs the job spec");
+        return -EINVAL;
+    }
+    const char *coordinator = sp->coordinator.advertise[0] ? sp->coordinator.advertise
+                                                           : cfg->coordinator;
+    snprintf(s->image, sizeof(s->image), "%s", cfg->image[0] ? cfg->image : sp->fleet.image);
+    snprintf(s->project, sizeof(s->project), "%s", sp->fleet.project);
+    if (!s->image[0] || !s->project[0] || sp->fleet.nzones == 0) {
+        cloud__log(p, ST_LOG_ERR, "gcp: fleet.image, fleet.project and fleet.zones are "
+                   "required");
+        return -EINVAL;
+    }
+    if (!cfg->job_name[0] || !cfg->job_id[0] || !coordinator[0]) {
+        cloud__log(p, ST_LOG_ERR, "gcp: invalid configuration (job name, job id, coordinator "
+                   "address)");
+        return -EINVAL;
+    }
+    const char *ep = sp->fleet.gcp_endpoint[0] ? sp->fleet.gcp_endpoint
+                                               : "https://compute.googleapis.com";
+    if (strncmp(ep, "https://", 8) && !(strncmp(ep, "http://", 7) == 0 &&
+                                        cloud__url_is_loopback(ep))) {
+        cloud__log(p, ST_LOG_ERR, "gcp: fleet.gcp.endpoint '%s' must be https:// (http:// only "
+                   "on loopback)", ep);
+        return -EINVAL;
+    }
+    size_t el = strlen(ep);
+    while (el > 0 && ep[el - 1] == '/')
+        el--;
+    snprintf(s->base, sizeof(s->base), "%.*s/compute/v1/projects/%s", (int)el, ep, s->project);
+    snprintf(s->machine_type, sizeof(s->machine_type), "%s", cfg->instance_type);
+    label_value(cfg->job_id, s->job_id, sizeof(s->job_id));
+    label_value(cfg->job_name, s->label_job, sizeof(s->label_job));
+    s->spot = cfg->spot;
+    s->dry_run = cfg->dry_run;
+    s->dry_run_userdata = cfg->dry_run_userdata;
+    TRY_GOTO(cloud__bootstrap_script(cfg, coordinator, "gcp", false, GCP_SCRIPT_MAX,
+                                     &s->script), r, out);
+    TRY_GOTO(cloud__bootstrap_script(cfg, coordinator, "gcp", true, GCP_SCRIPT_MAX,
+                                     &s->script_shown), r, out);
+    TRY_GOTO(cloud__fleet_init(&s->fleet, p, "gcp", &gcp_fleet_ops, s, cfg, sp->fleet.nzones),
+             r, out);
+    cloud__log(p, ST_LOG_INFO, "gcp: project %s, endpoint %s, %d x %s from %s%s", s->project,
+               ep, s->fleet.target, s->machine_type, s->image, s->spot ? " (spot)" : "");
+    return 0;
+out:
+    gcp_free_scripts(s);
+    return r;
+}
+
+static void gcp_done(struct cloud_provider *p, void *state) {
+    (void)p;
+    struct gcp_state *s = state;
+    cloud__fleet_done(&s->fleet);
+    gcp_free_scripts(s);
+    memset(s->token, 0, sizeof(s->token));
+}
+
+static int gcp_start(struct cloud_provider *p, void *state, double now) {
+    (void)p;
+    return cloud__fleet_start(&((struct gcp_state *)state)->fleet, now);
+}
+
+static int gcp_poll(struct cloud_provider *p, void *state, double now) {
+    (void)p;
+    return cloud__fleet_poll(&((struct gcp_state *)state)->fleet, now);
+}
+
+static int gcp_acquire(struct cloud_provider *p, void *state, int n, double now) {
+    (void)p;
+    return cloud__fleet_acquire(&((struct gcp_state *)state)->fleet, n, now);
+}
+
+static int gcp_release(struct cloud_provider *p, void *state, const char *instance, double now) {
+    (void)p;
+    return cloud__fleet_release(&((struct gcp_state *)state)->fleet, instance, now);
+}
+
+static int gcp_instances(struct cloud_provider *p, void *state, struct cloud_instance *out,
+                         size_t max, size_t *ret_n) {
+    (void)p;
+    return cloud__fleet_instances(&((struct gcp_state *)state)->fleet, out, max, ret_n);
+}
+
+static double gcp_next_deadline(struct cloud_provider *p, void *state, double now) {
+    (void)p;
+    (void)now;
+    return cloud__fleet_next_deadline(&((struct gcp_state *)state)->fleet);
+}
+
+const struct cloud_provider_ops cloud__gcp_ops = {
+    .name = "gcp",
+    .state_size = sizeof(struct gcp_state),
+    .init = gcp_init,
+    .done = gcp_done,
+    .start = gcp_start,
+    .poll = gcp_poll,
+    .acquire = gcp_acquire,
+    .release = gcp_release,
+    .instances = gcp_instances,
+    .next_deadline = gcp_next_deadline,
+};

@@ -1,0 +1,555 @@
+/* rest.c: what the JSON-over-HTTPS providers (gcp, azure) share — one bounded HTTP call with
+ * its answer parsed as JSON, base64, the worker bootstrap script, and the fleet engine that
+ * keeps a target number of instances alive over zones.
+ *
+ * The one idea of the fleet engine: a cloud's own labels or tags are the fleet's record, as
+ * in aws.c. The backend only knows how to create one named instance in a zone, list the
+ * job's instances (by label or tag) and delete one; the engine spreads what is missing over
+ * the zones (a zone without capacity passes its share to the next), reconciles the listing
+ * against what it believes (losses, adoption after a restart) and sweeps everything the
+ * listing shows when the provider ends, unless it was detached. */
+#include <curl/curl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "check.h"          /* TRY, TRY_GOTO */
+#include "cloud-internal.h" /* cloud__emit, cloud__log, cloud__rest_* */
+#include "spec.h"           /* struct st_spec: the spec file embedded in the bootstrap */
+
+#define REST_REPLY_MAX (8u << 20) /* larger answers are refused */
+
+/* ---- bounded string -------------------------------------------------------------------- */
+
+void cloud__sb_add(struct cloud__sbuf *b, const char *s, size_t n) {
+    if (b->fail)
+        return;
+    if (b->len + n + 1 > b->max) {
+        b->fail = true;
+        return;
+    }
+    if (b->len + n + 1 > b->cap) {
+        size_t nc = b->cap ? b->cap : 256;
+        while (nc < b->len + n + 1)
+            nc *= 2;
+        char *np = st_realloc(b->p, nc);
+        if (!np) {
+            b->fail = true;
+            return;
+        }
+        b->p = np;
+        b->cap = nc;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+void cloud__sb_str(struct cloud__sbuf *b, const char *s) {
+    cloud__sb_add(b, s, strlen(s));
+}
+
+void cloud__sb_done(struct cloud__sbuf *b) {
+    if (b->p) {
+        volatile unsigned char *q = (unsigned char *)b->p;
+        for (size_t i = 0; i < b->cap; i++)
+            q[i] = 0; /* bodies carry tokens and secrets */
+    }
+    st_free(b->p);
+    memset(b, 0, sizeof(*b));
+}
+
+void cloud__sb_base64(struct cloud__sbuf *b, const void *data, size_t n, bool url) {
+    static const char std[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    static const char web[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    const char *tab = url ? web : std;
+    const unsigned char *u = data;
+    for (size_t i = 0; i < n; i += 3) {
+        unsigned v = (unsigned)u[i] << 16;
+        if (i + 1 < n)
+            v |= (unsigned)u[i + 1] << 8;
+        if (i + 2 < n)
+            v |= u[i + 2];
+        char o[4] = {tab[(v >> 18) & 63], tab[(v >> 12) & 63],
+                     i + 1 < n ? tab[(v >> 6) & 63] : '=', i + 2 < n ? tab[v & 63] : '='};
+        /* base64url in a JWT has no padding (RFC 7515). */
+        size_t k = url ? (i + 2 < n ? 4 : i + 1 < n ? 3 : 2) : 4;
+        cloud__sb_add(b, o, k);
+    }
+}
+
+void cloud__sb_escape(struct cloud__sbuf *b, const char *s) {
+    static const char hex[] = "0123456789ABCDEF";
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+            c == '-' || c == '_' || c == '.' || c == '~') {
+            cloud__sb_add(b, (const char *)&c, 1);
+        } else {
+            char e[3] = {'%', hex[c >> 4], hex[c & 15]};
+            cloud__sb_add(b, e, 3);
+        }
+    }
+}
+
+/* ---- HTTP -------------------------------------------------------------------------------- */
+
+bool cloud__url_is_loopback(const char *url) {
+    const char *h = strstr(url, "://");
+    if (!h)
+        return false;
+    h += 3;
+    return !strncmp(h, "127.", 4) || !strncmp(h, "localhost:", 10) ||
+           !strcmp(h, "localhost") || !strncmp(h, "localhost/", 10) || !strncmp(h, "[::1]", 5);
+}
+
+static int curl_errno(CURLcode c) {
+    switch (c) {
+    case CURLE_OK: return 0;
+    case CURLE_COULDNT_CONNECT: return -ECONNREFUSED;
+    case CURLE_OPERATION_TIMEDOUT: return -ETIMEDOUT;
+    case CURLE_COULDNT_RESOLVE_HOST: return -EHOSTUNREACH;
+    case CURLE_OUT_OF_MEMORY: return -ENOMEM;
+    case CURLE_WRITE_ERROR: return -EFBIG;
+    case CURLE_GOT_NOTHING:
+    case CURLE_RECV_ERROR:
+    case CURLE_SEND_ERROR: return -ECONNRESET;
+    default: return -EIO;
+    }
+}
+
+static size_t on_body(char *ptr, size_t size, size_t nmemb, void *userdata) {
+    struct cloud__sbuf *b = userdata;
+    cloud__sb_add(b, ptr, size * nmemb);
+    return b->fail ? 0 : size * nmemb;
+}
+
+/* Keeps the headers a long-running operation is followed by. */
+static size_t on_header(char *ptr, size_t size, size_t nmemb, void *userdata) {
+    struct cloud__rest_reply *rep = userdata;
+    size_t n = size * nmemb;
+    static const char key[] = "azure-asyncoperation:";
+    if (n > sizeof(key) - 1 && !strncasecmp(ptr, key, sizeof(key) - 1)) {
+        const char *v = ptr + sizeof(key) - 1;
+        while (v < ptr + n && *v == ' ')
+            v++;
+        size_t m = (size_t)(ptr + n - v);
+        while (m > 0 && (v[m - 1] == '\r' || v[m - 1] == '\n' || v[m - 1] == ' '))
+            m--;
+        if (m < sizeof(rep->async_op)) {
+            memcpy(rep->async_op, v, m);
+            rep->async_op[m] = '\0';
+        }
+    }
+    return n;
+}
+
+int cloud__rest_call(const struct cloud__rest_req *req, struct cloud__rest_reply *rep) {
+    memset(rep, 0, sizeof(*rep));
+    CURL *c = curl_easy_init();
+    struct curl_slist *h = NULL;
+    struct cloud__sbuf body = {.max = REST_REPLY_MAX};
+    char auth[8192 + 32];
+    int r = 0;
+    if (!c)
+        return -ENOMEM;
+    if (req->bearer) {
+        snprintf(auth, sizeof(auth), "Authorization: Bearer %s", req->bearer);
+        h = curl_slist_append(h, auth);
+        memset(auth, 0, sizeof(auth));
+    }
+    if (req->content_type) {
+        char ct[128];
+        snprintf(ct, sizeof(ct), "Content-Type: %s", req->content_type);
+        h = curl_slist_append(h, ct);
+    }
+    if (req->header)
+        h = curl_slist_append(h, req->header);
+    h = curl_slist_append(h, "Accept: application/json");
+    if (!h)
+        TRY_GOTO(-ENOMEM, r, out);
+    curl_easy_setopt(c, CURLOPT_URL, req->url);
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, req->method);
+    if (req->body) {
+        curl_easy_setopt(c, CURLOPT_POSTFIELDS, req->body);
+        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)strlen(req->body));
+    } else if (!strcmp(req->method, "POST") || !strcmp(req->method, "PUT")) {
+        curl_easy_setopt(c, CURLOPT_POSTFIELDS, "");
+        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, 0L);
+    } else if (!strcmp(req->method, "GET")) {
+        curl_easy_setopt(c, CURLOPT_HTTPGET, 1L);
+    } else {
+        curl_easy_setopt(c, CURLOPT_NOBODY, 0L);
+    }
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &body);
+    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(c, CURLOPT_HEADERDATA, rep);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_NOPROXY, "*"); /* metadata servers are never behind a proxy */
+    long tmo = req->timeout_ms > 0 ? req->timeout_ms : 30000;
+    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, ST_MIN(tmo, 5000L));
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, tmo);
+    CURLcode cc = curl_easy_perform(c);
+    if (cc != CURLE_OK) {
+        r = body.fail ? -EFBIG : curl_errno(cc);
+        goto out;
+    }
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &rep->status);
+    if (body.len > 0) {
+        rep->json = json_loadb(body.p, body.len, 0, NULL);
+    }
+out:
+    curl_slist_free_all(h);
+    curl_easy_cleanup(c);
+    cloud__sb_done(&body);
+    return r;
+}
+
+void cloud__rest_reply_done(struct cloud__rest_reply *rep) {
+    if (rep->json)
+        json_decref(rep->json);
+    memset(rep, 0, sizeof(*rep));
+}
+
+const char *cloud__json_str(const json_t *o, const char *key) {
+    const char *s = json_string_value(json_object_get(o, key));
+    return s ? s : "";
+}
+
+void cloud__sleep(double s) {
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+}
+
+/* ---- the bootstrap ----------------------------------------------------------------------- */
+
+int cloud__bootstrap_script(const struct cloud_config *cfg, const char *coordinator,
+                            const char *cloud, bool redact, size_t max, char **ret) {
+    struct cloud__sbuf b = {.max = max};
+    char *spec_text = NULL;
+    size_t spec_len = 0;
+    if (cfg->spec && cfg->spec->path[0] &&
+        st_read_file(cfg->spec->path, max / 2, &spec_text, &spec_len) < 0)
+        spec_text = NULL;
+    cloud__sb_str(&b, "#!/bin/sh\n# spottrain bootstrap: job '");
+    cloud__sb_str(&b, cfg->job_name);
+    cloud__sb_str(&b, "' (");
+    cloud__sb_str(&b, cfg->job_id);
+    cloud__sb_str(&b, "). Runs once at first boot; the image has spottrain on PATH.\n"
+                      "set -eu\ndir=/var/lib/spottrain\nmkdir -p \"$dir\"\nchmod 700 \"$dir\"\n"
+                      "umask 077\n");
+    if (cfg->token) {
+        cloud__sb_str(&b, "printf '%s\\n' '");
+        cloud__sb_str(&b, redact ? "<redacted>" : cfg->token);
+        cloud__sb_str(&b, "' >\"$dir/token\"\n");
+    }
+    bool job = spec_text && !strstr(spec_text, "SPOTTRAIN_JOB_EOF");
+    if (job) {
+        cloud__sb_str(&b, "cat >\"$dir/job.yaml\" <<'SPOTTRAIN_JOB_EOF'\n");
+        cloud__sb_add(&b, spec_text, spec_len);
+        if (spec_len && spec_text[spec_len - 1] != '\n')
+            cloud__sb_str(&b, "\n");
+        cloud__sb_str(&b, "SPOTTRAIN_JOB_EOF\n");
+    }
+    /* The instance's own name from its metadata service (curl is on the image), so the
+     * coordinator ties the worker to the instance the listing reports; the data plane listens
+     * on the instance's first address, where its peers reach it. */
+    if (!strcmp(cloud, "gcp"))
+        cloud__sb_str(&b, "md=${GCE_METADATA_HOST:-metadata.google.internal}\n"
+                          "iid=$(curl -fsS -H 'Metadata-Flavor: Google' "
+                          "\"http://$md/computeMetadata/v1/instance/name\")\n");
+    else
+        cloud__sb_str(&b, "md=${AZURE_POD_IDENTITY_AUTHORITY_HOST:-http://169.254.169.254}\n"
+                          "iid=$(curl -fsS -H 'Metadata: true' \"$md/metadata/instance/compute/"
+                          "name?api-version=2021-02-01&format=text\")\n");
+    cloud__sb_str(&b, "ip=$(hostname -I 2>/dev/null | cut -d' ' -f1)\n");
+    cloud__sb_str(&b, "exec spottrain worker --coordinator ");
+    cloud__sb_str(&b, coordinator);
+    cloud__sb_str(&b, " --job-id ");
+    cloud__sb_str(&b, cfg->job_id);
+    if (cfg->token)
+        cloud__sb_str(&b, " --token-file \"$dir/token\"");
+    if (job)
+        cloud__sb_str(&b, " --job \"$dir/job.yaml\"");
+    cloud__sb_str(&b, " --instance-id \"$iid\" --data-addr \"${ip:-127.0.0.1}:0\" --state-dir "
+                      "\"$dir\"\n");
+    st_free(spec_text);
+    if (b.fail) {
+        cloud__sb_done(&b);
+        return -E2BIG;
+    }
+    *ret = b.p;
+    return 0;
+}
+
+/* ---- the fleet engine --------------------------------------------------------------------- */
+
+static struct cloud__fleet_inst *inst_find(struct cloud__fleet *f, const char *name) {
+    for (size_t i = 0; i < f->ninsts; i++)
+        if (f->insts[i].used && !strcmp(f->insts[i].pub.name, name))
+            return &f->insts[i];
+    return NULL;
+}
+
+static int alive_count(const struct cloud__fleet *f) {
+    int n = 0;
+    for (size_t i = 0; i < f->ninsts; i++)
+        n += f->insts[i].used && !f->insts[i].dead;
+    return n;
+}
+
+static int inst_add(struct cloud__fleet *f, const char *name, const char *zone, double now,
+                    const char *how) {
+    size_t slot = 0;
+    while (slot < f->ninsts && f->insts[slot].used)
+        slot++;
+    if (slot == CLOUD_MAX_INSTANCES)
+        return -E2BIG;
+    struct cloud__fleet_inst *in = &f->insts[slot];
+    memset(in, 0, sizeof(*in));
+    in->used = true;
+    snprintf(in->pub.name, sizeof(in->pub.name), "%s", name);
+    snprintf(in->pub.zone, sizeof(in->pub.zone), "%s", zone);
+    snprintf(in->pub.node, sizeof(in->pub.node), "%s", zone[0] ? zone : f->name);
+    in->pub.state = CLOUD_INSTANCE_RUNNING;
+    in->pub.started = now;
+    in->pub.price_per_hour = f->price;
+    if (slot == f->ninsts)
+        f->ninsts++;
+    cloud__log(f->p, ST_LOG_INFO, "%s: %s %s in '%s'", f->name, how, name, zone);
+    struct cloud_signal sig = {.kind = CLOUD_SIG_GRANTED, .at = now};
+    memcpy(sig.instance, in->pub.name, sizeof(sig.instance));
+    memcpy(sig.node, in->pub.node, sizeof(sig.node));
+    return cloud__emit(f->p, &sig);
+}
+
+static int inst_lost(struct cloud__fleet *f, struct cloud__fleet_inst *in,
+                     enum cloud_loss_reason why, double now) {
+    in->dead = true;
+    in->pub.state = CLOUD_INSTANCE_DEAD;
+    cloud__log(f->p, ST_LOG_INFO, "%s: %s in '%s' is gone (%s)", f->name, in->pub.name,
+               in->pub.zone, cloud_loss_reason_name(why));
+    struct cloud_signal sig = {.kind = CLOUD_SIG_LOST, .at = now, .reason = why};
+    memcpy(sig.instance, in->pub.name, sizeof(sig.instance));
+    memcpy(sig.node, in->pub.node, sizeof(sig.node));
+    return cloud__emit(f->p, &sig);
+}
+
+int cloud__fleet_init(struct cloud__fleet *f, struct cloud_provider *p, const char *name,
+                      const struct cloud__fleet_ops *ops, void *backend,
+                      const struct cloud_config *cfg, int nzones) {
+    memset(f, 0, sizeof(*f));
+    f->p = p;
+    f->name = name;
+    f->ops = ops;
+    f->backend = backend;
+    f->nzones = nzones;
+    memcpy(f->zones, cfg->zones, sizeof(f->zones));
+    f->price = cfg->price_per_hour;
+    f->interval = cfg->reconcile_interval > 0 ? cfg->reconcile_interval : 5.0;
+    f->target = cfg->max_instances > 0 ? cfg->max_instances : 1;
+    f->dry_run = cfg->dry_run != NULL;
+    snprintf(f->job_id, sizeof(f->job_id), "%s", cfg->job_id);
+    snprintf(f->job_name, sizeof(f->job_name), "%s", cfg->job_name);
+    f->insts = st_calloc(CLOUD_MAX_INSTANCES, sizeof(*f->insts));
+    return f->insts ? 0 : -ENOMEM;
+}
+
+/* A fresh instance name both clouds accept: lower case, starts with a letter, <= 63. */
+static void new_name(const struct cloud__fleet *f, char *out, size_t size) {
+    char u[ST_UUID_STR_LEN];
+    st_uuid_new(u);
+    snprintf(out, size, "st-%.8s-%.8s", f->job_id, u);
+    for (char *c = out; *c; c++)
+        if (*c >= 'A' && *c <= 'Z')
+            *c = (char)(*c - 'A' + 'a');
+}
+
+/* Creates what is missing below the target, spread over the zones from the rotation point.
+ * Returns how many were created or negative errno for a hard error. */
+static int fleet_fill(struct cloud__fleet *f, double now) {
+    int want = f->target - alive_count(f);
+    if (want <= 0)
+        return 0;
+    int nz = f->nzones > 0 ? f->nzones : 1, made = 0;
+    for (int i = 0; i < nz && want > 0; i++) {
+        int zi = (f->zone_next + i) % nz;
+        const char *zone = f->nzones > 0 ? f->zones[zi] : "";
+        int share = (want + (nz - i) - 1) / (nz - i), got = 0;
+        for (int k = 0; k < share; k++) {
+            char name[CLOUD_NAME_MAX];
+            new_name(f, name, sizeof(name));
+            int r = f->ops->create(f->backend, zone, name);
+            if (r == -EAGAIN) {
+                cloud__log(f->p, ST_LOG_WARN, "%s: no capacity in '%s' (%s); trying %s",
+                           f->name, zone[0] ? zone : "the location", f->last_error,
+                           i + 1 < nz ? "the next zone" : "later");
+                break;
+            }
+            if (r < 0)
+                return r;
+            got++;
+            if (!f->dry_run)
+                TRY(inst_add(f, name, zone, now, "created"));
+        }
+        made += got;
+        want -= got;
+    }
+    f->zone_next = (f->zone_next + 1) % nz;
+    if (want > 0)
+        cloud__log(f->p, ST_LOG_WARN, "%s: %d instance(s) not granted yet; asking again in "
+                   "%.0f s", f->name, want, f->interval);
+    return made;
+}
+
+struct seen_ctx {
+    struct cloud__fleet *f;
+    double now;
+    bool *seen;
+    bool sweep;
+    int n;
+};
+
+static int on_listed(void *userdata, const char *name, const char *zone, bool alive) {
+    struct seen_ctx *sc = userdata;
+    struct cloud__fleet *f = sc->f;
+    if (sc->sweep) {
+        if (!alive)
+            return 0;
+        int r = f->ops->destroy(f->backend, name, zone);
+        if (r < 0 && r != -ENOENT)
+            return r;
+        sc->n += r == 0;
+        return 0;
+    }
+    struct cloud__fleet_inst *in = inst_find(f, name);
+    if (in) {
+        sc->seen[in - f->insts] = true;
+        if (!in->dead && !alive)
+            TRY(inst_lost(f, in, CLOUD_LOSS_UNANNOUNCED, sc->now));
+        return 0;
+    }
+    if (!alive)
+        return 0;
+    /* Ours by label but not known: started by an earlier run of this job. Adopt it. */
+    return inst_add(f, name, zone, sc->now, "adopted");
+}
+
+static int fleet_reconcile(struct cloud__fleet *f, double now) {
+    bool *seen = st_calloc(CLOUD_MAX_INSTANCES, sizeof(*seen));
+    if (!seen)
+        return -ENOMEM;
+    size_t known = f->ninsts;
+    struct seen_ctx sc = {f, now, seen, false, 0};
+    int r = f->ops->list(f->backend, on_listed, &sc);
+    if (r == 0 && !f->dry_run) {
+        for (size_t i = 0; i < known && r == 0; i++) {
+            struct cloud__fleet_inst *in = &f->insts[i];
+            if (in->used && !in->dead && !seen[i])
+                r = inst_lost(f, in, CLOUD_LOSS_UNANNOUNCED, now);
+        }
+    }
+    st_free(seen);
+    return r;
+}
+
+int cloud__fleet_sweep(struct cloud__fleet *f) {
+    struct seen_ctx sc = {f, 0, NULL, true, 0};
+    int r = f->ops->list(f->backend, on_listed, &sc);
+    return r < 0 ? r : sc.n;
+}
+
+void cloud__fleet_done(struct cloud__fleet *f) {
+    if (!f->insts)
+        return;
+    if (!f->dry_run && f->started) {
+        int n = alive_count(f);
+        if (cloud_provider_detached(f->p)) {
+            cloud__log(f->p, ST_LOG_NOTICE, "%s: leaving %d instance(s) of job '%s' running "
+                       "for a restart to adopt", f->name, n, f->job_name);
+        } else {
+            /* Everything the listing shows, known to us or not (a create whose answer was
+             * lost still labelled its instance). */
+            int r = cloud__fleet_sweep(f);
+            if (r < 0)
+                cloud__log(f->p, ST_LOG_ERR, "%s: could not delete the instances of job '%s' "
+                           "(%s): delete them by their label spottrain-job-id=%s", f->name,
+                           f->job_name, st_strerror(r), f->job_id);
+            else
+                cloud__log(f->p, ST_LOG_INFO, "%s: deleted %d instance(s) of job '%s'",
+                           f->name, r, f->job_name);
+        }
+    }
+    st_free(f->insts);
+    f->insts = NULL;
+}
+
+int cloud__fleet_start(struct cloud__fleet *f, double now) {
+    TRY(fleet_reconcile(f, now)); /* adopt what an earlier run of this job left */
+    f->started = true;
+    int r = fleet_fill(f, now);
+    if (r < 0)
+        return r;
+    f->next_reconcile = now + f->interval;
+    f->next_fill = now + f->interval;
+    return 0;
+}
+
+int cloud__fleet_poll(struct cloud__fleet *f, double now) {
+    if (now >= f->next_reconcile) {
+        int r = fleet_reconcile(f, now);
+        if (r == -ENOMEM || r == -ENOBUFS)
+            return r;
+        if (r < 0)
+            cloud__log(f->p, ST_LOG_WARN, "%s: reconcile failed (%s), ignoring until the next "
+                       "one", f->name, st_strerror(r));
+        f->next_reconcile = now + f->interval;
+    }
+    if (now >= f->next_fill && alive_count(f) < f->target) {
+        int r = fleet_fill(f, now);
+        if (r < 0)
+            cloud__log(f->p, ST_LOG_WARN, "%s: asking for instances failed (%s), ignoring "
+                       "until %.0f s from now", f->name, st_strerror(r), f->interval);
+        f->next_fill = now + f->interval;
+    }
+    return 0;
+}
+
+int cloud__fleet_acquire(struct cloud__fleet *f, int n, double now) {
+    f->target = ST_MIN(f->target + n, CLOUD_MAX_INSTANCES);
+    return fleet_fill(f, now);
+}
+
+int cloud__fleet_release(struct cloud__fleet *f, const char *instance, double now) {
+    struct cloud__fleet_inst *in = inst_find(f, instance);
+    if (!in || in->dead)
+        return -ENOENT;
+    int r = f->ops->destroy(f->backend, in->pub.name, in->pub.zone);
+    /* Forgotten either way: a failed delete is retried by the sweep in done(). */
+    f->target = ST_MAX(0, f->target - 1);
+    TRY(inst_lost(f, in, CLOUD_LOSS_RELEASED, now));
+    return r == -ENOENT ? 0 : r;
+}
+
+int cloud__fleet_instances(struct cloud__fleet *f, struct cloud_instance *out, size_t max,
+                           size_t *ret_n) {
+    size_t n = 0;
+    for (size_t i = 0; i < f->ninsts; i++) {
+        if (!f->insts[i].used || f->insts[i].dead)
+            continue;
+        if (n < max)
+            out[n] = f->insts[i].pub;
+        n++;
+    }
+    *ret_n = n;
+    return 0;
+}
+
+double cloud__fleet_next_deadline(const struct cloud__fleet *f) {
+    return ST_MIN(f->next_reconcile, f->next_fill); /* always something: a cloud keeps going */
+}

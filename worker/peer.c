@@ -1,0 +1,228 @@
+/* peer.c: in-memory peer copies of training state (worker-peer.h).
+ *
+ * The one idea: every worker can compute, from the layout alone, what any position's state
+ * looks like (its layers, their sizes, its moment shards), so a copy travels as one bare
+ * message per direction, without a header, and the receiver knows where each layer sits in
+ * it. Positions form a ring (successor = next position): with a loss of one worker, its state
+ * survives at its successor and everyone else's at its owner. */
+#include <string.h>
+
+#include "check.h" /* TRY, TRY_GOTO */
+#include "common.h"
+#include "kernels.h" /* kern_layer_param_count */
+#include "worker-peer.h"
+
+static int npos(const struct worker_layout *lay) { return lay->dp * lay->pp; }
+
+/* Fills p's layer table (no data) for position pos of lay. Caller frees p->l. */
+static int part_describe(const struct worker_train_config *tc, const struct worker_layout *lay,
+                         int pos, struct worker_peer_part *p) {
+    int s = pos / lay->dp, rep = pos % lay->dp;
+    int lo = lay->stage_lo[s], hi = lay->stage_lo[s + 1];
+    bool tied = s == lay->pp - 1 && lo > 0;
+    memset(p, 0, sizeof(*p));
+    p->pos = pos;
+    p->nl = hi - lo + (tied ? 1 : 0);
+    p->l = st_calloc((size_t)p->nl, sizeof(*p->l));
+    if (!p->l)
+        return -ENOMEM;
+    uint64_t off = 0;
+    int k = 0;
+    for (int l = lo; l < hi; l++, k++) {
+        struct worker_peer_layer *x = &p->l[k];
+        size_t a, b;
+        x->layer = (uint64_t)l;
+        x->n = kern_layer_param_count(&tc->model, l);
+        worker_shard((size_t)x->n, lay->dp, rep, &a, &b);
+        x->lo = a;
+        x->hi = b;
+        x->off = off;
+        off += x->n + 2 * (x->hi - x->lo);
+    }
+    if (tied) {
+        struct worker_peer_layer *x = &p->l[k];
+        x->layer = 0;
+        x->n = kern_layer_param_count(&tc->model, 0);
+        x->lo = x->hi = 0;
+        x->off = off;
+        off += x->n;
+    }
+    p->nfloats = off;
+    return 0;
+}
+
+static void part_done(struct worker_peer_part *p) {
+    st_free(p->l);
+    st_free(p->data);
+    memset(p, 0, sizeof(*p));
+}
+
+static void gen_done(struct worker_peer_gen *g) {
+    part_done(&g->own);
+    part_done(&g->held);
+    memset(g, 0, sizeof(*g));
+}
+
+static uint64_t part_floats(const struct worker_train_config *tc, const struct worker_layout *lay,
+                            int pos) {
+    struct worker_peer_part p;
+    if (part_describe(tc, lay, pos, &p) < 0)
+        return UINT64_MAX / 16;
+    uint64_t n = p.nfloats;
+    part_done(&p);
+    return n;
+}
+
+/* See worker-peer.h. */
+uint64_t worker__peer_need(const struct worker_train_config *tc, const struct worker_layout *lay,
+                           int pos) {
+    int n = npos(lay), pred = (pos + n - 1) % n;
+    return WORKER_PEER_GENS * (part_floats(tc, lay, pos) + part_floats(tc, lay, pred)) *
+           sizeof(float);
+}
+
+/* See worker-peer.h. */
+uint64_t worker__peer_need_max(const struct worker_train_config *tc,
+                               const struct worker_layout *lay) {
+    uint64_t m = 0;
+    for (int p = 0; p < npos(lay); p++)
+        m = ST_MAX(m, worker__peer_need(tc, lay, p));
+    return m;
+}
+
+/* Copies between the engine's current view and a part laid out by part_describe(). */
+static int part_copy(struct worker_peer_part *p, struct worker_engine *eng, bool to_engine) {
+    for (int k = 0; k < p->nl; k++) {
+        const struct worker_peer_layer *x = &p->l[k];
+        struct worker_layer_bufs b;
+        TRY(worker_engine_layer(eng, WORKER_VIEW_CURRENT, (int)x->layer, &b));
+        if (b.n != x->n || b.shard_lo != x->lo || b.shard_hi != x->hi)
+            return -EINVAL;
+        float *d = p->data + x->off;
+        size_t sh = (size_t)(x->hi - x->lo);
+        if (to_engine) {
+            memcpy(b.param, d, (size_t)x->n * sizeof(float));
+            if (sh) {
+                memcpy(b.adam_m, d + x->n, sh * sizeof(float));
+                memcpy(b.adam_v, d + x->n + sh, sh * sizeof(float));
+            }
+        } else {
+            memcpy(d, b.param, (size_t)x->n * sizeof(float));
+            if (sh) {
+                memcpy(d + x->n, b.adam_m, sh * sizeof(float));
+                memcpy(d + x->n + sh, b.adam_v, sh * sizeof(float));
+            }
+        }
+    }
+    return 0;
+}
+
+/* See worker-peer.h. */
+int worker__peer_exchange(struct worker_peer_store *s, const struct worker_train_config *tc,
+                          struct worker_engine *eng, struct mig_comm *comm, uint64_t epoch,
+                          uint64_t step) {
+    struct worker_peer_gen g;
+    int r = 0;
+    if (!s || !tc || !eng || !comm)
+        return -EINVAL;
+    memset(&g, 0, sizeof(g));
+    const struct worker_layout *lay = worker_engine_layout(eng);
+    int n = npos(lay), st = worker_engine_stage(eng), rep = worker_engine_replica(eng);
+    if (st < 0 || n < 2)
+        return -EINVAL;
+    int pos = st * lay->dp + rep, succ = (pos + 1) % n, pred = (pos + n - 1) % n;
+    g.epoch = epoch;
+    g.step = step;
+    g.opt_step = worker_engine_opt_step(eng);
+    g.layout = *lay;
+    g.stage = st;
+    g.replica = rep;
+    TRY_GOTO(part_describe(tc, lay, pos, &g.own), r, out);
+    TRY_GOTO(part_describe(tc, lay, pred, &g.held), r, out);
+    g.own.data = st_malloc(ST_MAX(g.own.nfloats, 1) * sizeof(float));
+    g.held.data = st_malloc(ST_MAX(g.held.nfloats, 1) * sizeof(float));
+    if (!g.own.data || !g.held.data)
+        TRY_GOTO(-ENOMEM, r, out);
+    TRY_GOTO(part_copy(&g.own, eng, false), r, out);
+    struct mig_op ops[2] = {
+        {.peer = lay->ranks[succ], .send = true, .buf = g.own.data,
+         .bytes = (size_t)g.own.nfloats * sizeof(float)},
+        {.peer = lay->ranks[pred], .send = false, .buf = g.held.data,
+         .bytes = (size_t)g.held.nfloats * sizeof(float)},
+    };
+    TRY_GOTO(mig_batch(comm, ops, 2), r, out);
+    g.valid = true;
+    /* Replace the oldest (or an empty) generation. */
+    int k = !s->gen[0].valid ? 0 : !s->gen[1].valid ? 1 : s->gen[0].step <= s->gen[1].step ? 0 : 1;
+    gen_done(&s->gen[k]);
+    s->gen[k] = g;
+    memset(&g, 0, sizeof(g));
+out:
+    gen_done(&g);
+    return r;
+}
+
+static bool same_layout(const struct worker_layout *a, const struct worker_layout *b) {
+    if (a->dp != b->dp || a->pp != b->pp)
+        return false;
+    for (int i = 0; i <= a->pp; i++)
+        if (a->stage_lo[i] != b->stage_lo[i])
+            return false;
+    return true;
+}
+
+/* See worker-peer.h. */
+const struct worker_peer_gen *worker__peer_find(const struct worker_peer_store *s,
+                                                struct worker_engine *eng, uint64_t step) {
+    for (int k = 0; s && k < WORKER_PEER_GENS; k++) {
+        const struct worker_peer_gen *g = &s->gen[k];
+        if (!g->valid || g->step != step)
+            continue;
+        if (eng && (!same_layout(&g->layout, worker_engine_layout(eng)) ||
+                    g->stage != worker_engine_stage(eng) ||
+                    g->replica != worker_engine_replica(eng)))
+            continue;
+        return g;
+    }
+    return NULL;
+}
+
+/* See worker-peer.h. */
+int worker__peer_rollback(const struct worker_peer_gen *g, struct worker_engine *eng) {
+    if (!g || !eng || !g->valid)
+        return -EINVAL;
+    struct worker_peer_part p = g->own; /* part_copy only reads the table and the data */
+    TRY(part_copy(&p, eng, true));
+    return worker_engine_set_opt_step(eng, g->opt_step);
+}
+
+/* See worker-peer.h. */
+int worker__peer_held_buf(const struct worker_peer_gen *g, const struct mig_xfer *x,
+                          float **ret) {
+    if (!g || !x || !ret || !g->valid)
+        return -EINVAL;
+    for (int k = 0; k < g->held.nl; k++) {
+        const struct worker_peer_layer *L = &g->held.l[k];
+        if (L->layer != x->layer)
+            continue;
+        float *d = g->held.data + L->off;
+        if (x->kind == MIG_PARAM) {
+            if (x->offset + x->count > L->n)
+                return -ERANGE;
+            *ret = d + x->offset;
+            return 0;
+        }
+        if (x->offset < L->lo || x->offset + x->count > L->hi)
+            return -ERANGE;
+        d += L->n + (x->kind == MIG_ADAM_V ? L->hi - L->lo : 0);
+        *ret = d + (x->offset - L->lo);
+        return 0;
+    }
+    return -ERANGE;
+}
+
+/* See worker-peer.h. */
+void worker__peer_store_done(struct worker_peer_store *s) {
+    for (int k = 0; s && k < WORKER_PEER_GENS; k++)
+        gen_done(&s->gen[k]);
+}

@@ -1,0 +1,91 @@
+/* worker-peer.h: in-memory peer copies of training state (runner.c and peer.c only).
+ *
+ * Every `fault_tolerance.peer_copy_every` steps each positioned worker of an epoch snapshots
+ * its own state (the parameters of its stage's layers, its ZeRO-1 moment shards, the AdamW
+ * step) and sends that snapshot to its successor in position order, receiving its
+ * predecessor's. A generation (own + held, same step) is committed only when both the send
+ * and the receive completed; the two newest generations are kept, so a loss in the middle of
+ * an exchange still leaves one step that every survivor holds. docs/live-migration.md,
+ * "Peer copies", has the protocol. */
+#ifndef ST_WORKER_PEER_H
+#define ST_WORKER_PEER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "migrate.h"
+#include "migrate-execute.h"
+#include "worker.h"
+
+#define WORKER_PEER_GENS 2
+
+/* One layer of a part: whole parameters and one moment shard, carved from the part's data as
+ * param (n) | m (hi - lo) | v (hi - lo). A tied extra (layer 0 on a last stage without it)
+ * has lo == hi. */
+struct worker_peer_layer {
+    uint64_t layer, n, lo, hi;
+    uint64_t off;              /* floats from the start of the part's data */
+};
+
+/* The state of one position at one step. */
+struct worker_peer_part {
+    int pos;                   /* stage * dp + replica in the generation's layout */
+    int nl;
+    struct worker_peer_layer *l; /* nl entries */
+    float *data;               /* one allocation */
+    uint64_t nfloats;
+};
+
+struct worker_peer_gen {
+    bool valid;
+    uint64_t epoch, step;
+    int opt_step;
+    struct worker_layout layout;
+    int stage, replica;
+    struct worker_peer_part own, held; /* held: the predecessor's part */
+};
+
+struct worker_peer_store {
+    struct worker_peer_gen gen[WORKER_PEER_GENS];
+};
+
+/* Bytes a worker of position pos needs for WORKER_PEER_GENS generations of its own state and
+ * its predecessor's, in layout lay for the model of tc. Pure. */
+uint64_t worker__peer_need(const struct worker_train_config *tc, const struct worker_layout *lay,
+                           int pos);
+
+/* Largest worker__peer_need() over the layout's positions: the same on every worker, so every
+ * worker of an epoch takes the same decision about the memory budget. */
+uint64_t worker__peer_need_max(const struct worker_train_config *tc,
+                               const struct worker_layout *lay);
+
+/* Takes a generation at `step` of `epoch`: snapshots eng's current view, exchanges with the
+ * ring neighbours on comm (collective over the layout's positions; every position calls it at
+ * the same step). On success the oldest generation is replaced. On failure nothing changes
+ * but the half-built generation is freed; the comm may be unusable. Returns 0 or negative
+ * errno. */
+int worker__peer_exchange(struct worker_peer_store *s, const struct worker_train_config *tc,
+                          struct worker_engine *eng, struct mig_comm *comm, uint64_t epoch,
+                          uint64_t step);
+
+/* The generation at `step` whose layout and position are those of eng's current view, or
+ * NULL. */
+const struct worker_peer_gen *worker__peer_find(const struct worker_peer_store *s,
+                                                struct worker_engine *eng, uint64_t step);
+
+/* Writes the own part of generation g back into eng's current view and sets the AdamW step:
+ * the engine is then exactly as it was after step g->step. Returns 0, -EINVAL (g does not
+ * fit eng). */
+int worker__peer_rollback(const struct worker_peer_gen *g, struct worker_engine *eng);
+
+/* The held part's range for transfer x (x->kind: MIG_PARAM, MIG_ADAM_M, MIG_ADAM_V; offsets
+ * of the whole layer as the migration planner writes them) in generation g. Returns 0, or
+ * -ERANGE when the held copy does not cover it. */
+int worker__peer_held_buf(const struct worker_peer_gen *g, const struct mig_xfer *x,
+                          float **ret);
+
+/* Frees every generation. */
+void worker__peer_store_done(struct worker_peer_store *s);
+
+#endif
