@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h> /* TIOCGWINSZ */
 #include <unistd.h>
 
 #include "check.h" /* TRY */
@@ -186,15 +187,41 @@ void cli_job_ui_draw(struct cli_job_ui *u, const struct coord_loop_status *st) {
              st->forecast);
     snprintf(line[3], sizeof(line[3]), "last: %.200s", st->last_event);
     if (u->tty) {
+        /* Each line is cut to the terminal's width: a line that wrapped would take two rows
+         * while the redraw moves up one per line, leaving a stale copy of the block's top. */
+        struct winsize ws;
+        int cols = ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 1 ? ws.ws_col : 80;
         if (u->drawn)
             printf("\033[%dA", u->drawn);
         for (int i = 0; i < 4; i++)
-            printf("\033[2K%s\n", line[i]);
+            printf("\033[2K%.*s\n", cols - 1, line[i]);
         u->drawn = 4;
     } else {
-        printf("%sprogress: %s | %s | %s\n", u->prefix, line[0], line[1], line[2]);
+        /* Without the epoch: each event line ("epoch 2: ...") is printed once, and a log
+         * searched for an epoch finds its event, not every progress line after it. */
+        char shape[64];
+        if (st->dp > 0)
+            snprintf(shape, sizeof(shape), "shape %dx%d (dp x pp) %s", st->dp, st->pp,
+                     st->phase);
+        else
+            snprintf(shape, sizeof(shape), "shape - %s", st->phase);
+        printf("%sprogress: %s | %s | %s\n", u->prefix, line[0], shape, line[2]);
     }
     fflush(stdout);
+}
+
+/* See cli.h. */
+void cli_job_ui_finish(struct cli_job_ui *u) {
+    if (u->tty) {
+        /* The summary that follows says it all: a stale block above it would only repeat
+         * the last epoch's line. */
+        if (u->drawn)
+            printf("\033[%dA\033[J", u->drawn);
+        u->drawn = 0;
+        fflush(stdout);
+    } else if (u->have_status) {
+        cli_job_ui_draw(u, &u->last);
+    }
 }
 
 /* See cli.h. */
