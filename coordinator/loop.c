@@ -589,10 +589,12 @@ static void cm_account(const struct coord_loop *L, struct coord_loop_summary *S)
 /* The running epoch ends (a reconfiguration is ordered): account and feed its steps. */
 static void cm_epoch_end(struct coord_loop *L) {
     cm_feed(L);
+    /* A figure, not an event: the summary's cost_model tabulates it (events stay one line
+     * each per epoch). */
     if (L->ep_epoch && L->ep_steps > 0)
-        set_event(L, "epoch %" PRIu64 " (%dx%d): step time %.4f s predicted when decided, "
-                  "%.4f s measured over %" PRIu64 " worker-steps", L->ep_epoch, L->dp, L->pp,
-                  L->ep_pred, L->ep_step_sum / (double)L->ep_steps, L->ep_steps);
+        st_log(ST_LOG_INFO, "loop", "Epoch %" PRIu64 " (%dx%d): step time %.4f s predicted "
+               "when decided, %.4f s measured over %" PRIu64 " worker-steps", L->ep_epoch, L->dp,
+               L->pp, L->ep_pred, L->ep_step_sum / (double)L->ep_steps, L->ep_steps);
     pthread_mutex_lock(&L->lock);
     cm_account(L, &L->sum);
     L->ep_epoch = 0;
