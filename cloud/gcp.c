@@ -422,10 +422,13 @@ static int gcp_list(void *backend, cloud__fleet_seen_fn *fn, void *userdata) {
                 cloud__sb_str(&url, "&pageToken=");
                 cloud__sb_escape(&url, page);
             }
+            memset(&rep, 0, sizeof(rep));
             int r = url.fail ? -ENOMEM : gcp_call(s, "GET", url.p, NULL, NULL, &rep);
             cloud__sb_done(&url);
-            if (r < 0)
+            if (r < 0) {
+                cloud__rest_reply_done(&rep); /* a refusal's error body */
                 return r;
+            }
             if (s->dry_run)
                 break;
             const json_t *items = json_object_get(rep.json, "items");

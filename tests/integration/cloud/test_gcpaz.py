@@ -1214,7 +1214,7 @@ def train(tmp, cloud, refuse_ack=False):
             failx("want exactly one notice relayed")
         # The noticed worker's state moved live to the survivor: one intra-stage migration
         # (2x1 -> 1x1), nothing restored, nothing lost.
-        migs = re.findall(r"^epoch \d+: (.*) \(a worker was noticed\)$", out, re.M)
+        migs = re.findall(r"^epoch \d+: (.*), because .* was noticed$", out, re.M)
         if len(migs) != 1 or not migs[0].startswith("intra-stage migration 2x1 -> 1x1 at step "):
             failx("want one intra-stage migration 2x1 -> 1x1 for the notice: %s" % migs)
         if "  restores           0 from peer copies, 0 from checkpoints (0 and 0 steps " \
