@@ -29,6 +29,7 @@
 #include <strings.h>
 #include <time.h>
 
+#include "aws-creds.h"      /* st_aws_creds_find, st_aws_region_find, st_aws_endpoint_find */
 #include "check.h"          /* TRY, TRY_GOTO */
 #include "cloud-internal.h" /* cloud__emit, cloud__log */
 #include "spec.h"           /* struct st_spec: advertise, image, the spec file */
@@ -39,11 +40,7 @@
 #define AWS_USER_DATA_MAX 16384   /* EC2's limit on raw user-data */
 #define AWS_SPEC_EMBED_MAX 12288  /* the job spec copied into the user-data */
 
-struct aws_creds {
-    char key_id[128];
-    char secret[256];   /* never logged */
-    char session[4096]; /* never logged */
-};
+#define aws_creds st_aws_creds /* common/aws-creds.h */
 
 struct aws_inst {
     bool used;
@@ -225,123 +222,25 @@ static void trim(char *s) {
     memmove(s, s + k, strlen(s + k) + 1);
 }
 
-/* Reads one profile of an AWS shared credentials file (INI: [profile], key = value). */
-static int creds_from_file(const char *path, const char *profile, struct aws_creds *c) {
-    char *data = NULL;
-    size_t len = 0;
-    int r = st_read_file(path, 1u << 20, &data, &len);
-    if (r < 0)
-        return r;
-    bool in = false, found = false;
-    for (char *line = data, *next; line && *line; line = next) {
-        next = strchr(line, '\n');
-        if (next)
-            *next++ = '\0';
-        trim(line);
-        if (line[0] == '#' || line[0] == ';' || !line[0])
-            continue;
-        if (line[0] == '[') {
-            char *end = strchr(line, ']');
-            if (end)
-                *end = '\0';
-            char *name = line + 1;
-            trim(name);
-            in = strcmp(name, profile) == 0;
-            found |= in;
-            continue;
-        }
-        char *eq = strchr(line, '=');
-        if (!in || !eq)
-            continue;
-        *eq = '\0';
-        char *k = line, *v = eq + 1;
-        trim(k);
-        trim(v);
-        if (!strcmp(k, "aws_access_key_id"))
-            snprintf(c->key_id, sizeof(c->key_id), "%s", v);
-        else if (!strcmp(k, "aws_secret_access_key"))
-            snprintf(c->secret, sizeof(c->secret), "%s", v);
-        else if (!strcmp(k, "aws_session_token"))
-            snprintf(c->session, sizeof(c->session), "%s", v);
-    }
-    wipe(data, len);
-    st_free(data);
-    if (!found)
-        return -ESRCH; /* no such profile */
-    return c->key_id[0] && c->secret[0] ? 0 : -ENOKEY;
-}
-
-/* Environment first, then the shared credentials file (as the AWS CLI does). */
+/* Credentials: the lookup shared with S3 checkpoints (common/aws-creds.c). */
 static int creds_find(struct cloud_provider *p, struct aws_creds *c) {
-    memset(c, 0, sizeof(*c));
-    const char *k = getenv("AWS_ACCESS_KEY_ID"), *s = getenv("AWS_SECRET_ACCESS_KEY");
-    if (k && *k && s && *s) {
-        snprintf(c->key_id, sizeof(c->key_id), "%s", k);
-        snprintf(c->secret, sizeof(c->secret), "%s", s);
-        const char *t = getenv("AWS_SESSION_TOKEN");
-        if (t && *t)
-            snprintf(c->session, sizeof(c->session), "%s", t);
-        return 0;
-    }
-    const char *profile = getenv("AWS_PROFILE");
-    if (!profile || !*profile)
-        profile = "default";
-    char path[4096];
-    const char *f = getenv("AWS_SHARED_CREDENTIALS_FILE"), *home = getenv("HOME");
-    if (f && *f)
-        snprintf(path, sizeof(path), "%s", f);
-    else
-        snprintf(path, sizeof(path), "%s/.aws/credentials", home && *home ? home : "");
-    int r = creds_from_file(path, profile, c);
-    if (r == 0)
-        return 0;
-    char why[64];
-    if (r == -ESRCH || r == -ENOKEY)
-        snprintf(why, sizeof(why), "%s", r == -ESRCH ? "no such profile there"
-                                                     : "the profile lacks a key id or secret");
-    else
-        snprintf(why, sizeof(why), "cannot read it: %s", st_strerror(r));
-    aws_log(p, ST_LOG_ERR, "no AWS credentials: set AWS_ACCESS_KEY_ID and "
-            "AWS_SECRET_ACCESS_KEY, or a profile '%s' in '%s' (%s)", profile, path, why);
-    memset(c, 0, sizeof(*c));
-    return -ENOKEY;
-}
-
-/* The region: AWS_REGION, AWS_DEFAULT_REGION, else the first zone minus its letter. */
-static void region_find(char *out, size_t sz, const char *zone) {
-    const char *r = getenv("AWS_REGION");
-    if (!r || !*r)
-        r = getenv("AWS_DEFAULT_REGION");
-    if (r && *r) {
-        snprintf(out, sz, "%s", r);
-        return;
-    }
-    size_t n = zone ? strlen(zone) : 0;
-    if (n > 1 && zone[n - 1] >= 'a' && zone[n - 1] <= 'z' && zone[n - 2] >= '0' &&
-        zone[n - 2] <= '9') {
-        snprintf(out, sz, "%.*s", (int)(n - 1), zone);
-        return;
-    }
-    snprintf(out, sz, "us-east-1");
+    char why[4500];
+    int r = st_aws_creds_find(c, why, sizeof(why));
+    if (r < 0)
+        aws_log(p, ST_LOG_ERR, "%s", why);
+    return r;
 }
 
 static int ctx_init(struct cloud_provider *p, struct aws_ctx *x, const char *zone,
                     cloud_dry_run_fn *dry_run, void *dry_ud) {
-    region_find(x->region, sizeof(x->region), zone);
-    const char *e = getenv("AWS_ENDPOINT_URL_EC2");
-    if (!e || !*e)
-        e = getenv("AWS_ENDPOINT_URL");
-    int w = e && *e ? snprintf(x->endpoint, sizeof(x->endpoint), "%s", e)
-                    : snprintf(x->endpoint, sizeof(x->endpoint), "https://ec2.%s.amazonaws.com",
-                               x->region);
-    if (w < 0 || (size_t)w >= sizeof(x->endpoint) ||
-        (strncmp(x->endpoint, "http://", 7) && strncmp(x->endpoint, "https://", 8))) {
+    st_aws_region_find(x->region, sizeof(x->region), zone);
+    int e = st_aws_endpoint_find("EC2", x->endpoint, sizeof(x->endpoint));
+    if (e < 0) {
         aws_log(p, ST_LOG_ERR, "bad EC2 endpoint '%s' (want http:// or https://)", x->endpoint);
         return -EINVAL;
     }
-    size_t n = strlen(x->endpoint);
-    if (n > 8 && x->endpoint[n - 1] == '/')
-        x->endpoint[n - 1] = '\0';
+    if (e == 0)
+        snprintf(x->endpoint, sizeof(x->endpoint), "https://ec2.%s.amazonaws.com", x->region);
     x->dry_run = dry_run;
     x->dry_run_userdata = dry_ud;
     if (dry_run)
