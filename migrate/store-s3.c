@@ -1,8 +1,8 @@
 /* store-s3.c: the s3 checkpoint store — objects in S3 (or any S3-compatible endpoint) over
  * libcurl, signed with SigV4 (CURLOPT_AWS_SIGV4, service s3), answers parsed with libxml2.
  *
- * The one idea: every request body is in memory when it is sent, so libcurl hashes and signs
- * the payload itself, and a large layer file goes up as a multipart upload of bounded parts
+ * The one idea: every request body is in memory when it is sent, so its SHA-256 goes into
+ * x-amz-content-sha256 (S3 wants the header; libcurl 7.88 signs it but does not add it), and a large layer file goes up as a multipart upload of bounded parts
  * (CreateMultipartUpload, UploadPart, CompleteMultipartUpload; AbortMultipartUpload on any
  * failure) instead of one huge buffer. An object appears whole or not at all, which is what
  * lets ckpt.c keep "the manifest is written last" as the commit point.
@@ -16,6 +16,7 @@
 #include <fcntl.h>
 #include <libxml/parser.h>
 #include <libxml/tree.h>
+#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -230,11 +231,24 @@ struct s3_req {
     bool quiet_404;            /* a missing object is an answer, not an error to log */
 };
 
+/* "x-amz-content-sha256: <hex SHA-256 of the body>" into out (at least 100 bytes). */
+static int payload_hash_header(const void *body, size_t len, char *out, size_t sz) {
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int mdlen = 0;
+    if (!EVP_Digest(body ? body : "", len, md, &mdlen, EVP_sha256(), NULL) || mdlen != 32)
+        return -EIO;
+    int n = snprintf(out, sz, "x-amz-content-sha256: ");
+    for (unsigned i = 0; i < mdlen; i++)
+        n += snprintf(out + n, sz - (size_t)n, "%02x", md[i]);
+    return 0;
+}
+
 /* One signed request, retried on throttling, 5xx and dropped connections. Returns 0 on 2xx,
  * else negative errno with the S3 error code logged (what, code, message, HTTP status). */
 static int s3_request(struct s3_target *t, const struct s3_req *q) {
-    char sigv4[128], range[96], tok[sizeof(t->creds.session) + 32];
+    char sigv4[128], range[96], tok[sizeof(t->creds.session) + 32], sha[128];
     int r = -EIO;
+    TRY(payload_hash_header(q->body, q->body_len, sha, sizeof(sha)));
     CURL *c = curl_easy_init();
     if (!c)
         return -ENOMEM;
@@ -256,6 +270,7 @@ static int s3_request(struct s3_target *t, const struct s3_req *q) {
             h = curl_slist_append(h, range);
         }
         h = curl_slist_append(h, "Content-Type: application/octet-stream");
+        h = curl_slist_append(h, sha);
         if (!h) {
             r = -ENOMEM;
             break;

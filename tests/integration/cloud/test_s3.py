@@ -5,7 +5,7 @@ Usage: test_s3.py SCENARIO
   contract    train --local --steps 5 --save s3://BUCKET/run, and the same run saved locally:
               `ckpt diff DIR s3://BUCKET/run` gives max_rel 0; `ckpt info` and `ckpt verify`
               read the S3 copy; a layer file larger than the part size went up as a multipart
-              upload (its ETag says 2 parts) and the manifest is the one object written last
+              upload (its ETag says 2 parts); no staging directory is left behind
   torn-prune  under one root, a committed step-5 and a newer step-9 whose manifest never
               arrived (a torn upload): the restore lookup picks step 5; retention (keep 1)
               with a newer committed step-7 removes step-5's objects and keeps step-9's
@@ -13,7 +13,8 @@ Usage: test_s3.py SCENARIO
               "checksum mismatch"
   bad-secret  signature checking on: a wrong secret key makes `train --save s3://` exit 2
               before training, naming the S3 error code, with nothing written; `ckpt verify`
-              exits 2 the same way; the secret is never printed
+              exits 2 the same way; the secret is never printed; the right secret works
+              (single and multipart uploads signed as S3 checks them)
 
 moto (PyPI, test-time only) runs in this process (ThreadedMotoServer on 127.0.0.1, port 0);
 every wait is a subprocess with a timeout. Needs SPOTTRAIN_BIN and SPOTTRAIN_S3_TOOL.
@@ -224,7 +225,7 @@ def t_bad_secret(d, url):
     ak = iam.create_access_key(UserName="spottrain")["AccessKey"]
     key, secret = ak["AccessKeyId"], ak["SecretAccessKey"]
     s3(url, key=key, secret=secret).create_bucket(Bucket=BUCKET)
-    spec = write_spec(d)
+    spec = write_spec(d, hidden=256)  # multipart too, so its query strings are signed right
     env = env_for(url, d, key=key, secret=secret + "-wrong")
     rc, o, e = train(spec, "s3://%s/run" % BUCKET, env)
     lines = [l for l in e.splitlines() if "SignatureDoesNotMatch" in l]
