@@ -245,6 +245,9 @@ void cli_job_print_summary(FILE *f, const struct coord_loop_summary *s,
     fprintf(f, "  fleet              %.3f instance-hours: $%.2f spot, $%.2f on demand "
                "(%.2f/%.2f $/h)\n", s->instance_hours, s->spot_dollars, s->on_demand_dollars,
             sp->fleet.spot_price, sp->fleet.on_demand_price);
+    if (s->spot_price_live > 0)
+        fprintf(f, "  spot price         $%.4f/h live from the cloud (spec says $%.4f/h)\n",
+                s->spot_price_live, sp->fleet.spot_price);
     fflush(f);
 }
 

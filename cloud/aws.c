@@ -39,6 +39,7 @@
 #define AWS_TRIES 4               /* tries of one request when throttled or 5xx */
 #define AWS_USER_DATA_MAX 16384   /* EC2's limit on raw user-data */
 #define AWS_SPEC_EMBED_MAX 12288  /* the job spec copied into the user-data */
+#define AWS_PRICE_EVERY 300.0     /* caller-clock seconds between DescribeSpotPriceHistory */
 
 #define aws_creds st_aws_creds /* common/aws-creds.h */
 
@@ -77,6 +78,13 @@ struct aws_state {
     struct aws_inst *insts;
     size_t ninsts;
     double next_reconcile, next_fill;
+    /* live spot prices, newest per zone (DescribeSpotPriceHistory) */
+    int nprices;
+    char price_zone[CLOUD_MAX_ZONES][CLOUD_NAME_MAX];
+    char price_when[CLOUD_MAX_ZONES][32]; /* RFC 3339, compares as text */
+    double zone_price[CLOUD_MAX_ZONES];   /* dollars per instance-hour */
+    double next_price;
+    bool price_off; /* the endpoint does not offer it: asked once, not again */
 };
 
 /* ---- small helpers ------------------------------------------------------------------------- */
@@ -707,6 +715,14 @@ static int alive_count(const struct aws_state *s) {
     return n;
 }
 
+/* The live price of zone, or the configured price when none is known. */
+static double zone_price(const struct aws_state *s, const char *zone) {
+    for (int i = 0; i < s->nprices; i++)
+        if (!strcmp(s->price_zone[i], zone))
+            return s->zone_price[i];
+    return s->price;
+}
+
 /* Records a granted or adopted instance and says so. */
 static int inst_add(struct cloud_provider *p, struct aws_state *s, const struct ec2_inst *e,
                     double now, const char *how) {
@@ -723,7 +739,7 @@ static int inst_add(struct cloud_provider *p, struct aws_state *s, const struct 
     snprintf(in->pub.node, sizeof(in->pub.node), "%s", e->zone[0] ? e->zone : "ec2");
     in->pub.state = CLOUD_INSTANCE_RUNNING;
     in->pub.started = now;
-    in->pub.price_per_hour = s->price;
+    in->pub.price_per_hour = zone_price(s, in->pub.zone);
     if (slot == s->ninsts)
         s->ninsts++;
     aws_log(p, ST_LOG_INFO, "%s %s in '%s'", how, e->id, e->zone);
@@ -987,8 +1003,81 @@ static void aws_done(struct cloud_provider *p, void *state) {
     st_free(s->insts);
 }
 
+/* Refreshes the live spot prices of the instance type (DescribeSpotPriceHistory from now:
+ * EC2 answers the price in force in each zone) and re-prices the instances. An endpoint that
+ * does not offer the call (an error answer) leaves the configured price in place: it is a
+ * signal we use where we get it, never a reason to stop. */
+static void spot_prices(struct cloud_provider *p, struct aws_state *s) {
+    struct aws_query q;
+    xmlDoc *doc = NULL;
+    char now[32];
+    time_t t = time(NULL);
+    struct tm tm;
+    if (!s->spot || s->price_off || s->ctx.dry_run)
+        return;
+    gmtime_r(&t, &tm);
+    strftime(now, sizeof(now), "%Y-%m-%dT%H:%M:%SZ", &tm);
+    q_init(&q, "DescribeSpotPriceHistory");
+    q_param(&q, "InstanceType.1", s->instance_type);
+    q_param(&q, "ProductDescription.1", "Linux/UNIX");
+    q_param(&q, "StartTime", now);
+    for (int z = 0; z < s->nzones; z++) {
+        char k[64];
+        snprintf(k, sizeof(k), "Filter.1.Value.%d", z + 1);
+        if (z == 0)
+            q_param(&q, "Filter.1.Name", "availability-zone");
+        q_param(&q, k, s->zones[z]);
+    }
+    int r = aws_call(p, &s->ctx, "DescribeSpotPriceHistory", &q, &doc);
+    q_done(&q);
+    if (r < 0) {
+        if (r != -ENOMEM) {
+            s->price_off = true;
+            aws_log(p, ST_LOG_NOTICE, "spot price history not offered by %s (%s): using the "
+                    "configured $%.4f/h", s->ctx.endpoint, st_strerror(r), s->price);
+        }
+        return;
+    }
+    xmlNode *set = xml_find(xmlDocGetRootElement(doc), "spotPriceHistorySet");
+    for (xmlNode *it = set ? set->children : NULL; it; it = it->next) {
+        char zone[CLOUD_NAME_MAX], price[32], when[32];
+        if (!xml_is(it, "item"))
+            continue;
+        xml_text(xml_child(it, "availabilityZone"), zone, sizeof(zone));
+        xml_text(xml_child(it, "spotPrice"), price, sizeof(price));
+        xml_text(xml_child(it, "timestamp"), when, sizeof(when));
+        char *end;
+        double v = strtod(price, &end);
+        if (!zone[0] || end == price || *end || !(v >= 0 && v < 1e6))
+            continue;
+        int i = 0;
+        while (i < s->nprices && strcmp(s->price_zone[i], zone))
+            i++;
+        if (i == s->nprices) {
+            if (i == CLOUD_MAX_ZONES)
+                continue;
+            s->nprices++;
+            snprintf(s->price_zone[i], sizeof(s->price_zone[i]), "%s", zone);
+            s->price_when[i][0] = '\0';
+        } else if (strcmp(when, s->price_when[i]) < 0) {
+            continue; /* an older entry of a zone we have */
+        }
+        snprintf(s->price_when[i], sizeof(s->price_when[i]), "%s", when);
+        s->zone_price[i] = v;
+    }
+    xmlFreeDoc(doc);
+    for (size_t i = 0; i < s->ninsts; i++)
+        if (s->insts[i].used && !s->insts[i].dead)
+            s->insts[i].pub.price_per_hour = zone_price(s, s->insts[i].pub.zone);
+    for (int i = 0; i < s->nprices; i++)
+        aws_log(p, ST_LOG_INFO, "spot price of %s in %s: $%.4f/h", s->instance_type,
+                s->price_zone[i], s->zone_price[i]);
+}
+
 static int aws_start(struct cloud_provider *p, void *state, double now) {
     struct aws_state *s = state;
+    spot_prices(p, s);
+    s->next_price = now + AWS_PRICE_EVERY;
     TRY(aws_reconcile(p, s, now)); /* adopt what an earlier run of this job left */
     int r = aws_fill(p, s, now);
     if (r < 0)
@@ -1000,6 +1089,10 @@ static int aws_start(struct cloud_provider *p, void *state, double now) {
 
 static int aws_poll(struct cloud_provider *p, void *state, double now) {
     struct aws_state *s = state;
+    if (now >= s->next_price) {
+        spot_prices(p, s);
+        s->next_price = now + AWS_PRICE_EVERY;
+    }
     if (now >= s->next_reconcile) {
         int r = aws_reconcile(p, s, now);
         if (r < 0 && r != -ENOMEM && r != -ENOBUFS)
@@ -1054,6 +1147,26 @@ static int aws_instances(struct cloud_provider *p, void *state, struct cloud_ins
     return 0;
 }
 
+/* The fleet's live $/instance-hour: the mean over running instances of their zone's price,
+ * else the cheapest known zone; -ENODATA when no price was ever answered. */
+static int aws_price(struct cloud_provider *p, void *state, double *ret) {
+    (void)p;
+    struct aws_state *s = state;
+    double sum = 0, lo = -1;
+    int n = 0;
+    if (s->nprices == 0)
+        return -ENODATA;
+    for (size_t i = 0; i < s->ninsts; i++)
+        if (s->insts[i].used && !s->insts[i].dead) {
+            sum += s->insts[i].pub.price_per_hour;
+            n++;
+        }
+    for (int i = 0; i < s->nprices; i++)
+        lo = lo < 0 || s->zone_price[i] < lo ? s->zone_price[i] : lo;
+    *ret = n ? sum / n : lo;
+    return 0;
+}
+
 static double aws_next_deadline(struct cloud_provider *p, void *state, double now) {
     (void)p;
     struct aws_state *s = state;
@@ -1072,4 +1185,5 @@ const struct cloud_provider_ops cloud__aws_ops = {
     .release = aws_release,
     .instances = aws_instances,
     .next_deadline = aws_next_deadline,
+    .price = aws_price,
 };
