@@ -1038,6 +1038,7 @@ static void spot_prices(struct cloud_provider *p, struct aws_state *s) {
         }
         return;
     }
+    bool first = s->nprices == 0;
     xmlNode *set = xml_find(xmlDocGetRootElement(doc), "spotPriceHistorySet");
     for (xmlNode *it = set ? set->children : NULL; it; it = it->next) {
         char zone[CLOUD_NAME_MAX], price[32], when[32];
@@ -1070,8 +1071,8 @@ static void spot_prices(struct cloud_provider *p, struct aws_state *s) {
         if (s->insts[i].used && !s->insts[i].dead)
             s->insts[i].pub.price_per_hour = zone_price(s, s->insts[i].pub.zone);
     for (int i = 0; i < s->nprices; i++)
-        aws_log(p, ST_LOG_INFO, "spot price of %s in %s: $%.4f/h", s->instance_type,
-                s->price_zone[i], s->zone_price[i]);
+        aws_log(p, first ? ST_LOG_NOTICE : ST_LOG_INFO, "spot price of %s in %s: $%.6g/h",
+                s->instance_type, s->price_zone[i], s->zone_price[i]);
 }
 
 static int aws_start(struct cloud_provider *p, void *state, double now) {

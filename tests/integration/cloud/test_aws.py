@@ -22,6 +22,8 @@ Usage: test_aws.py SCENARIO
                   the fleet is granted
   bad-xml         a proxy answers 200 with a body that is not XML: exit 1, one clear error line
   dead-endpoint   nothing listens: exit 1 naming the endpoint, no hang
+  spot-price      DescribeSpotPriceHistory: the zone's live price in GET /v1/job, /metrics and
+                  the --json summary
 
 moto (PyPI, test-time only) runs in this process (ThreadedMotoServer on 127.0.0.1, port 0).
 Every wait is bounded polling on moto's state or on launch's output; nothing sleeps to
@@ -109,7 +111,7 @@ def running(url, **kw):
 
 
 def write_spec(d, zones=("us-east-1a", "us-east-1b"), fleet_max=3, coord="127.0.0.1:0",
-               advertise="10.1.2.3:7070", steps=20, fallback=False):
+               advertise="10.1.2.3:7070", steps=20, fallback=False, status=""):
     path = os.path.join(d, "job.yaml")
     with open(path, "w") as f:
         f.write("""apiVersion: spottrain/v1
@@ -133,11 +135,11 @@ spec:
     listen: %s
     advertise: %s
   status:
-    listen: ""
+    listen: "%s"
   checkpoint:
     interval: 0
 """ % (JOB, d, steps, ", ".join(zones), fleet_max, "true" if fallback else "false", coord,
-       advertise))
+       advertise, status))
     return path
 
 
@@ -257,6 +259,46 @@ def t_launch_sigterm(d, url):
     states = collections.Counter(v[0] for v in job_instances(url).values())
     check(states == {"terminated": 3}, "the 3 instances are terminated: %s" % dict(states))
     check("launch stopped" in output(p), "launch says it stopped")
+
+
+def t_spot_price(d, url):
+    import json
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    spec = write_spec(d, zones=("us-east-1a",), fleet_max=2, status="127.0.0.1:%d" % port)
+    hist = ec2(url).describe_spot_price_history(
+        InstanceTypes=["t3.micro"], ProductDescriptions=["Linux/UNIX"],
+        Filters=[{"Name": "availability-zone", "Values": ["us-east-1a"]}])["SpotPriceHistory"]
+    check(hist, "moto has a t3.micro spot price history in us-east-1a")
+    price = float(max(hist, key=lambda h: h["Timestamp"])["SpotPrice"])
+    p = launch(spec, env_for(url, d), "--state-dir", os.path.join(d, "state"), "--json",
+               os.path.join(d, "sum.json"))
+    granted_fleet(url, p, n=2)
+    base = "http://127.0.0.1:%d" % port
+
+    def job():
+        try:
+            with urllib.request.urlopen(base + "/v1/job", timeout=5) as r:
+                j = json.load(r)
+        except OSError:
+            return None
+        return j if j.get("spot_price_live") else None
+    j = wait_until(job, "GET /v1/job with the live spot price")
+    check(j["spot_price_per_hour"] == price, "GET /v1/job spot_price_per_hour is the zone's "
+          "live price: %r" % j["spot_price_per_hour"])
+    with urllib.request.urlopen(base + "/metrics", timeout=5) as r:
+        m = r.read().decode()
+    check("\nspottrain_spot_price_dollars_per_hour %.6f\n" % price in m,
+          "/metrics spottrain_spot_price_dollars_per_hour is the live price")
+    rc = stop(p)
+    check(rc == 0, "launch exits 0 after SIGTERM (rc %d)" % rc)
+    with open(os.path.join(d, "sum.json")) as f:
+        summary = json.load(f)
+    check(summary["spot_price_live"] == price, "the --json summary holds the live price: %r"
+          % summary["spot_price_live"])
 
 
 def t_keep_down(d, url):
@@ -613,7 +655,7 @@ def t_train(d, url):
           (o + e).strip()[-300:])
 
 
-SCENARIOS = {"train": t_train, "launch-sigterm": t_launch_sigterm, "keep-down": t_keep_down, "adopt": t_adopt,
+SCENARIOS = {"spot-price": t_spot_price, "train": t_train, "launch-sigterm": t_launch_sigterm, "keep-down": t_keep_down, "adopt": t_adopt,
              "bad-secret": t_bad_secret, "credentials": t_credentials, "dry-run": t_dry_run, "capacity": t_capacity, "fallback": t_fallback,
              "throttled": t_throttled, "bad-xml": t_bad_xml, "dead-endpoint": t_dead_endpoint}
 
