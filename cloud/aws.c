@@ -1077,9 +1077,10 @@ static void spot_prices(struct cloud_provider *p, struct aws_state *s) {
 
 static int aws_start(struct cloud_provider *p, void *state, double now) {
     struct aws_state *s = state;
+    TRY(aws_reconcile(p, s, now)); /* adopt what an earlier run of this job left */
+    /* After the first call, so an endpoint that answers nothing right fails there, once. */
     spot_prices(p, s);
     s->next_price = now + AWS_PRICE_EVERY;
-    TRY(aws_reconcile(p, s, now)); /* adopt what an earlier run of this job left */
     int r = aws_fill(p, s, now);
     if (r < 0)
         return r;
