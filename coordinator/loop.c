@@ -1637,7 +1637,7 @@ int coord_loop_tick(struct coord_loop *L, double now) {
         }
     }
     L->last_tick = now;
-    if (L->run_epoch == 0 && L->phase != PH_RESYNC)
+    if (L->cfg.hold_trace && L->run_epoch == 0 && L->phase != PH_RESYNC)
         L->hold = now - ST_MIN(L->prov_t0 > 0 ? L->prov_t0 : L->t0, now); /* time 0 fires */
     TRY(poll_provider(L, now));
     TRY(view_get(L, &v, &nv));
