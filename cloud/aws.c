@@ -59,6 +59,7 @@ struct aws_ctx {
     void *dry_run_userdata;
     void *curl; /* CURL *, reused so connections stay alive */
     char last_code[96]; /* the last AWS error code ("" = none) */
+    bool optional;      /* the call is a signal we do without: its failure logs at INFO */
     bool refused;       /* AWS refused the credentials: every later request would fail too */
 };
 
@@ -406,7 +407,8 @@ static int aws_post_once(struct cloud_provider *p, struct aws_ctx *x, const char
     CURLcode cc = curl_easy_perform(c);
     if (cc != CURLE_OK) {
         r = rep.b.fail ? -EFBIG : curl_errno(cc);
-        aws_log(p, ST_LOG_ERR, "%s: %s: %s", action, x->endpoint, curl_easy_strerror(cc));
+        aws_log(p, x->optional ? ST_LOG_INFO : ST_LOG_ERR, "%s: %s: %s", action, x->endpoint,
+                curl_easy_strerror(cc));
         goto out;
     }
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
@@ -428,14 +430,15 @@ static int aws_post_once(struct cloud_provider *p, struct aws_ctx *x, const char
         xml_text(xml_child(err, "Message"), msg, sizeof(msg));
         snprintf(x->last_code, sizeof(x->last_code), "%s", code[0] ? code : "Unknown");
         r = code_errno(code, status);
-        x->refused |= r == -EACCES;
-        aws_log(p, r == -EBUSY || r == -EAGAIN ? ST_LOG_WARN : ST_LOG_ERR,
+        x->refused |= r == -EACCES && !x->optional; /* a permission we do without */
+        aws_log(p, x->optional ? ST_LOG_INFO
+                   : r == -EBUSY || r == -EAGAIN ? ST_LOG_WARN : ST_LOG_ERR,
                 "%s refused: %s: %s (HTTP %ld)", action, x->last_code, msg, status);
         goto out;
     }
     snprintf(x->last_code, sizeof(x->last_code), "HTTP %ld", status);
     r = status == 429 || status >= 500 ? -EBUSY : -EBADMSG;
-    aws_log(p, r == -EBUSY ? ST_LOG_WARN : ST_LOG_ERR,
+    aws_log(p, x->optional ? ST_LOG_INFO : r == -EBUSY ? ST_LOG_WARN : ST_LOG_ERR,
             "%s: %s answered HTTP %ld with %s", action, x->endpoint, status,
             rep.b.len ? "a body that is not EC2 XML" : "no body");
 out:
@@ -1028,7 +1031,9 @@ static void spot_prices(struct cloud_provider *p, struct aws_state *s) {
             q_param(&q, "Filter.1.Name", "availability-zone");
         q_param(&q, k, s->zones[z]);
     }
+    s->ctx.optional = true;
     int r = aws_call(p, &s->ctx, "DescribeSpotPriceHistory", &q, &doc);
+    s->ctx.optional = false;
     q_done(&q);
     if (r < 0) {
         if (r != -ENOMEM) {
@@ -1075,12 +1080,99 @@ static void spot_prices(struct cloud_provider *p, struct aws_state *s) {
                 s->instance_type, s->price_zone[i], s->zone_price[i]);
 }
 
+/* GetSpotPlacementScores as a prior over fleet.zones: the zones are reordered best score first
+ * (stable: equal scores keep the spec's order), so the first spread asks most where EC2 says
+ * spot capacity is likeliest. The answer names zone ids (use1-az4), which DescribeAvailability
+ * Zones maps to the names the spec uses. One try, no retry: an endpoint that does not offer it
+ * (moto answers 500) leaves the order as it is and says so once. */
+static void placement_scores(struct cloud_provider *p, struct aws_state *s) {
+    struct aws_query q;
+    xmlDoc *doc = NULL, *zdoc = NULL;
+    char tgt[16];
+    int score[CLOUD_MAX_ZONES] = {0};
+    if (!s->spot || s->ctx.dry_run || s->nzones < 2)
+        return; /* a prior only matters when there is a choice */
+    snprintf(tgt, sizeof(tgt), "%d", s->target);
+    q_init(&q, "GetSpotPlacementScores");
+    q_param(&q, "InstanceTypes.1", s->instance_type);
+    q_param(&q, "TargetCapacity", tgt);
+    q_param(&q, "SingleAvailabilityZone", "true");
+    q_param(&q, "RegionNames.1", s->ctx.region);
+    s->ctx.optional = true;
+    int r = q.body.fail ? -ENOMEM : aws_post_once(p, &s->ctx, "GetSpotPlacementScores", &q, &doc);
+    q_done(&q);
+    if (r >= 0) {
+        q_init(&q, "DescribeAvailabilityZones");
+        r = q.body.fail ? -ENOMEM : aws_post_once(p, &s->ctx, "DescribeAvailabilityZones", &q,
+                                                    &zdoc);
+        q_done(&q);
+    }
+    s->ctx.optional = false;
+    if (r < 0) {
+        aws_log(p, ST_LOG_NOTICE, "spot placement scores not offered by %s (%s): zones keep "
+                "the spec's order", s->ctx.endpoint, s->ctx.last_code[0] ? s->ctx.last_code
+                                                                         : st_strerror(r));
+        goto out;
+    }
+    xmlNode *zset = xml_find(xmlDocGetRootElement(zdoc), "availabilityZoneInfo");
+    xmlNode *set = xml_find(xmlDocGetRootElement(doc), "spotPlacementScoreSet");
+    int scored = 0;
+    for (xmlNode *it = set ? set->children : NULL; it; it = it->next) {
+        char id[CLOUD_NAME_MAX], sc[16], zid[CLOUD_NAME_MAX], zname[CLOUD_NAME_MAX];
+        if (!xml_is(it, "item"))
+            continue;
+        xml_text(xml_child(it, "availabilityZoneId"), id, sizeof(id));
+        xml_text(xml_child(it, "score"), sc, sizeof(sc));
+        int v = atoi(sc);
+        for (xmlNode *z = zset ? zset->children : NULL; z && id[0]; z = z->next) {
+            if (!xml_is(z, "item"))
+                continue;
+            xml_text(xml_child(z, "zoneId"), zid, sizeof(zid));
+            xml_text(xml_child(z, "zoneName"), zname, sizeof(zname));
+            if (strcmp(zid, id))
+                continue;
+            for (int i = 0; i < s->nzones; i++)
+                if (!strcmp(s->zones[i], zname) && v >= 1 && v <= 10) {
+                    score[i] = v;
+                    scored++;
+                }
+        }
+    }
+    if (!scored) {
+        aws_log(p, ST_LOG_NOTICE, "spot placement scores name none of fleet.zones: zones keep "
+                "the spec's order");
+        goto out;
+    }
+    for (int i = 1; i < s->nzones; i++) /* insertion sort: stable, and at most a few zones */
+        for (int j = i; j > 0 && score[j] > score[j - 1]; j--) {
+            char t[CLOUD_NAME_MAX];
+            int ts = score[j];
+            memcpy(t, s->zones[j], sizeof(t));
+            memcpy(s->zones[j], s->zones[j - 1], sizeof(t));
+            memcpy(s->zones[j - 1], t, sizeof(t));
+            score[j] = score[j - 1];
+            score[j - 1] = ts;
+        }
+    char line[512];
+    size_t at = 0;
+    for (int i = 0; i < s->nzones && at < sizeof(line); i++)
+        at += (size_t)snprintf(line + at, sizeof(line) - at, "%s%s (%d)", i ? ", " : "",
+                               s->zones[i], score[i]);
+    aws_log(p, ST_LOG_NOTICE, "zones by spot placement score: %s", line);
+out:
+    if (doc)
+        xmlFreeDoc(doc);
+    if (zdoc)
+        xmlFreeDoc(zdoc);
+}
+
 static int aws_start(struct cloud_provider *p, void *state, double now) {
     struct aws_state *s = state;
     TRY(aws_reconcile(p, s, now)); /* adopt what an earlier run of this job left */
     /* After the first call, so an endpoint that answers nothing right fails there, once. */
     spot_prices(p, s);
     s->next_price = now + AWS_PRICE_EVERY;
+    placement_scores(p, s);
     int r = aws_fill(p, s, now);
     if (r < 0)
         return r;

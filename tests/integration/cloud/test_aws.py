@@ -22,6 +22,8 @@ Usage: test_aws.py SCENARIO
                   the fleet is granted
   bad-xml         a proxy answers 200 with a body that is not XML: exit 1, one clear error line
   dead-endpoint   nothing listens: exit 1 naming the endpoint, no hang
+  placement       GetSpotPlacementScores (moto: 500, "not offered"; here a proxy answers it):
+                  the better-scored zone gets the larger share of the first spread
   spot-price      DescribeSpotPriceHistory: the zone's live price in GET /v1/job, /metrics and
                   the --json summary
 
@@ -299,6 +301,46 @@ def t_spot_price(d, url):
         summary = json.load(f)
     check(summary["spot_price_live"] == price, "the --json summary holds the live price: %r"
           % summary["spot_price_live"])
+
+
+def t_placement(d, url):
+    try:
+        ec2(url).get_spot_placement_scores(InstanceTypes=["t3.micro"], TargetCapacity=3,
+                                           SingleAvailabilityZone=True,
+                                           RegionNames=["us-east-1"])
+        fail("moto answered GetSpotPlacementScores: the other scenarios no longer cover "
+             "'not offered'")
+    except Exception as e:  # botocore ClientError with moto's 500
+        check("500" in str(e) or "InternalError" in str(e) or "Internal" in str(e),
+              "moto does not offer GetSpotPlacementScores (%s): every other launch scenario "
+              "runs with it not offered" % str(e)[:80])
+    ids = {z["ZoneName"]: z["ZoneId"] for z in
+           ec2(url).describe_availability_zones()["AvailabilityZones"]}
+    asked = {"n": 0}
+
+    def rule(body):
+        if "Action=GetSpotPlacementScores" not in body:
+            return None
+        asked["n"] += 1
+        return (200, '<?xml version="1.0" encoding="UTF-8"?>\n<GetSpotPlacementScoresResponse '
+                'xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>t</requestId>'
+                '<spotPlacementScoreSet>'
+                '<item><region>us-east-1</region><availabilityZoneId>%s</availabilityZoneId>'
+                '<score>2</score></item>'
+                '<item><region>us-east-1</region><availabilityZoneId>%s</availabilityZoneId>'
+                '<score>9</score></item>'
+                '</spotPlacementScoreSet></GetSpotPlacementScoresResponse>'
+                % (ids["us-east-1a"], ids["us-east-1b"]))
+    srv, purl = start_proxy(url, rule)
+    spec = write_spec(d)  # zones [us-east-1a, us-east-1b], 3 instances
+    p = launch(spec, env_for(purl, d), "--state-dir", os.path.join(d, "state"))
+    fleet = granted_fleet(url, p)
+    zones = collections.Counter(v[1] for v in fleet.values())
+    check(asked["n"] == 1, "GetSpotPlacementScores asked once")
+    check(zones == {"us-east-1b": 2, "us-east-1a": 1}, "the better-scored zone us-east-1b gets "
+          "the larger share (without scores: 1a 2, 1b 1): %s" % dict(zones))
+    check(stop(p) == 0 and not running(url), "SIGTERM ends the fleet")
+    srv.shutdown()
 
 
 def t_keep_down(d, url):
@@ -655,7 +697,7 @@ def t_train(d, url):
           (o + e).strip()[-300:])
 
 
-SCENARIOS = {"spot-price": t_spot_price, "train": t_train, "launch-sigterm": t_launch_sigterm, "keep-down": t_keep_down, "adopt": t_adopt,
+SCENARIOS = {"spot-price": t_spot_price, "placement": t_placement, "train": t_train, "launch-sigterm": t_launch_sigterm, "keep-down": t_keep_down, "adopt": t_adopt,
              "bad-secret": t_bad_secret, "credentials": t_credentials, "dry-run": t_dry_run, "capacity": t_capacity, "fallback": t_fallback,
              "throttled": t_throttled, "bad-xml": t_bad_xml, "dead-endpoint": t_dead_endpoint}
 
