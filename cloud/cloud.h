@@ -321,6 +321,12 @@ int cloud_imds_server_endpoint(const struct cloud_imds_server *s, char *buf, siz
 int cloud_imds_server_set_notice(struct cloud_imds_server *s, const char *action, double time);
 /* Posts a rebalance recommendation emitted at epoch seconds notice_time. */
 int cloud_imds_server_set_rebalance(struct cloud_imds_server *s, double notice_time);
+/* Gives the instance an instance-profile role: iam/security-credentials/ lists role and
+ * iam/security-credentials/<role> answers the credentials document EC2 serves (Code, Type
+ * AWS-HMAC, AccessKeyId, SecretAccessKey, Token, Expiration at epoch seconds expiration).
+ * Until called those paths are 404, as on an instance without a role. */
+int cloud_imds_server_set_role(struct cloud_imds_server *s, const char *role, const char *key_id,
+                               const char *secret, const char *token, double expiration);
 /* The next count requests (any path) get HTTP status (429, 500 or 503) instead of an answer. */
 int cloud_imds_server_inject(struct cloud_imds_server *s, int status, int count);
 /* Requests answered so far: token PUTs and everything else. */

@@ -2,7 +2,7 @@
  *
  * Shared by cloud/aws.c (EC2) and migrate/store-s3.c (S3 checkpoints): both need the same
  * answer, and migrate/ may not use cloud/ (DESIGN.md), so the lookup lives here. Only libc:
- * the instance role from IMDSv2 needs HTTP and is the caller's fallback, not this file's. */
+ * the instance role from IMDSv2 is asked with a few lines of HTTP on a plain socket. */
 #ifndef SPOTTRAIN_AWS_CREDS_H
 #define SPOTTRAIN_AWS_CREDS_H
 
@@ -15,10 +15,13 @@ struct st_aws_creds {
 };
 
 /* Environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN) first, then the
- * profile AWS_PROFILE (default "default") of AWS_SHARED_CREDENTIALS_FILE or ~/.aws/credentials.
+ * profile AWS_PROFILE (default "default") of AWS_SHARED_CREDENTIALS_FILE or ~/.aws/credentials,
+ * then the instance role from IMDSv2 (AWS_EC2_METADATA_SERVICE_ENDPOINT, else 169.254.169.254
+ * only on a machine that says it is EC2; AWS_EC2_METADATA_DISABLED=true skips it).
  * Returns 0 with *c filled, or -ENOKEY with c zeroed and why (if non-NULL) holding one line a
  * caller can log: which profile and file were tried and what was wrong (no secret in it).
- * Non-logging. */
+ * Non-logging; may block up to a few seconds on IMDS. Callers hold the result only as long as
+ * they need it: role credentials expire (hours), so long-lived users call again. */
 int st_aws_creds_find(struct st_aws_creds *c, char *why, size_t whysz);
 
 /* Overwrites *c so the secret does not linger in memory. */

@@ -151,7 +151,9 @@ def env_for(url, d, secret=SECRET, session=None):
         if k.startswith("AWS_"):
             del e[k]
     e.update({"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": KEY,
-              "AWS_SECRET_ACCESS_KEY": secret, "AWS_REGION": "us-east-1", "HOME": d})
+              "AWS_SECRET_ACCESS_KEY": secret, "AWS_REGION": "us-east-1", "HOME": d,
+              # Never the machine's own metadata service, even where the tests run on EC2.
+              "AWS_EC2_METADATA_DISABLED": "true"})
     if session:
         e["AWS_SESSION_TOKEN"] = session
     return e

@@ -11,6 +11,10 @@ Usage: test_s3.py SCENARIO
               with a newer committed step-7 removes step-5's objects and keeps step-9's
   corrupt     one byte of a layer object flipped: `ckpt verify` exits 1 naming the object and
               "checksum mismatch"
+  imds-role   signature checking on, no keys in the environment or a credentials file: the
+              instance role served by the sim's loopback IMDSv2 server (an IAM user's key
+              and secret; moto checks those) signs the checkpoint upload; a role whose secret is
+              wrong gives exit 2 naming the S3 error code
   bad-secret  signature checking on: a wrong secret key makes `train --save s3://` exit 2
               before training, naming the S3 error code, with nothing written; `ckpt verify`
               exits 2 the same way; the secret is never printed; the right secret works
@@ -25,7 +29,7 @@ import sys
 import tempfile
 
 SCENARIO = sys.argv[1] if len(sys.argv) > 1 else ""
-if SCENARIO == "bad-secret":
+if SCENARIO in ("bad-secret", "imds-role"):
     # Signature checking on after the three IAM calls that make the user (read at import).
     os.environ["INITIAL_NO_AUTH_ACTION_COUNT"] = "3"
 
@@ -103,7 +107,9 @@ def env_for(url, d, secret=SECRET, key=KEY):
             del e[k]
     e.update({"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": key,
               "AWS_SECRET_ACCESS_KEY": secret, "AWS_REGION": "us-east-1", "HOME": d,
-              "TMPDIR": d, "SPOTTRAIN_S3_PART_BYTES": str(PART)})
+              "TMPDIR": d, "SPOTTRAIN_S3_PART_BYTES": str(PART),
+              # Never the machine's own metadata service, even where the tests run on EC2.
+              "AWS_EC2_METADATA_DISABLED": "true"})
     return e
 
 
@@ -244,7 +250,67 @@ def t_bad_secret(d, url):
     check(rc == 0, "and the checkpoint verifies: %s%s" % (o, e))
 
 
-SCENARIOS = {"contract": t_contract, "torn-prune": t_torn_prune, "corrupt": t_corrupt,
+def iam_user(url):
+    iam = boto3.client("iam", endpoint_url=url, region_name="us-east-1",
+                       aws_access_key_id="x", aws_secret_access_key="x")
+    iam.create_user(UserName="spottrain")
+    iam.put_user_policy(UserName="spottrain", PolicyName="all", PolicyDocument=(
+        '{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Action":"*","Resource":"*"}]}'))
+    ak = iam.create_access_key(UserName="spottrain")["AccessKey"]
+    return ak["AccessKeyId"], ak["SecretAccessKey"]
+
+
+def imds(key, secret, token):
+    p = subprocess.Popen([TOOL, "imds", key, secret, token], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    line = p.stdout.readline().split()
+    if len(line) != 2 or line[0] != "imds":
+        p.kill()
+        fail("the IMDS helper did not start: %r" % line)
+    return p, line[1]
+
+
+def imds_stop(p):
+    p.stdin.close()
+    out = p.stdout.read()
+    p.wait(timeout=30)
+    return out
+
+
+def t_imds_role(d, url):
+    key, secret = iam_user(url)
+    # The role serves the IAM user's key and secret: moto checks signatures against IAM
+    # users' keys, and its STS AssumeRole answers 500 with signature checking on, so the
+    # document's Token is empty here (real roles carry one; it travels as
+    # X-Amz-Security-Token exactly as AWS_SESSION_TOKEN does).
+    st = {"AccessKeyId": key, "SecretAccessKey": secret, "SessionToken": ""}
+    s3(url, key=key, secret=secret).create_bucket(Bucket=BUCKET)
+    spec = write_spec(d)
+    env = env_for(url, d)
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        del env[k]
+    rc, o, e = train(spec, "s3://%s/run" % BUCKET, env)
+    check(rc == 2 and "no AWS credentials" in e, "no keys and no IMDS: exit 2 (%s)" % e.strip())
+    del env["AWS_EC2_METADATA_DISABLED"]
+    p, ep = imds(st["AccessKeyId"], st["SecretAccessKey"], st["SessionToken"])
+    env["AWS_EC2_METADATA_SERVICE_ENDPOINT"] = ep
+    rc, o, e = train(spec, "s3://%s/run" % BUCKET, env)
+    check(rc == 0, "train --save s3:// signs with the instance role (%s)" % e.strip()[-300:])
+    rc, o, e = run(["ckpt", "verify", "s3://%s/run" % BUCKET], env)
+    check(rc == 0, "ckpt verify reads with the instance role: %s%s" % (o, e))
+    check(st["SecretAccessKey"] not in o + e, "the role's secret is not printed")
+    served = imds_stop(p)
+    check(served.startswith("served ") and " 0 token PUTs" not in served,
+          "the credentials came from IMDSv2 with a token: %s" % served.strip())
+    p, ep = imds(st["AccessKeyId"], st["SecretAccessKey"] + "-wrong", st["SessionToken"])
+    env["AWS_EC2_METADATA_SERVICE_ENDPOINT"] = ep
+    rc, o, e = train(spec, "s3://%s/run2" % BUCKET, env)
+    imds_stop(p)
+    check(rc == 2 and "refused: SignatureDoesNotMatch" in e,
+          "a role with a wrong secret: exit 2 naming the S3 error code (%s)" % e.strip())
+
+
+SCENARIOS = {"imds-role": t_imds_role, "contract": t_contract, "torn-prune": t_torn_prune, "corrupt": t_corrupt,
              "bad-secret": t_bad_secret}
 
 
