@@ -14,6 +14,7 @@
  * log line. */
 #include <curl/curl.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <libxml/parser.h>
 #include <libxml/tree.h>
 #include <openssl/evp.h>
@@ -31,6 +32,8 @@
 #define S3_PART_MIN (5u << 20)      /* S3's minimum for every part but the last */
 #define S3_REPLY_MAX (16u << 20)    /* XML answers larger than this are refused */
 #define S3_TRIES 4                  /* tries of one request on 5xx / 429 / connection reset */
+#define S3_CREDS_TTL 300.0          /* seconds a credential lookup is reused (IMDS rotates role
+                                     * credentials well before they expire) */
 
 /* A parsed s3://BUCKET/KEY and where to send it. */
 struct s3_target {
@@ -68,6 +71,29 @@ static int escape(char *out, size_t sz, const char *s, bool keep_slash) {
     }
     out[o] = '\0';
     return 0;
+}
+
+/* The last credential lookup, shared by the threads of this process (a background checkpoint
+ * writer and the training loop), so a checkpoint of many objects asks IMDS once, not per
+ * object. Failures are not cached: the next call tries again. */
+static struct {
+    pthread_mutex_t lock;
+    struct st_aws_creds creds;
+    double at; /* st_now() of the lookup; 0 = none */
+} creds_cache = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static int creds_get(struct st_aws_creds *c, char *why, size_t whysz) {
+    int r = 0;
+    pthread_mutex_lock(&creds_cache.lock);
+    double now = st_now();
+    if (creds_cache.at == 0 || now - creds_cache.at > S3_CREDS_TTL) {
+        r = st_aws_creds_find(&creds_cache.creds, why, whysz);
+        creds_cache.at = r == 0 ? now : 0;
+    }
+    if (r == 0)
+        *c = creds_cache.creds;
+    pthread_mutex_unlock(&creds_cache.lock);
+    return r;
 }
 
 /* Parses url into t and finds credentials. Logs (once) why it cannot. */
@@ -108,7 +134,7 @@ static int target_init(const char *url, struct s3_target *t) {
         (size_t)w2 >= sizeof(t->base))
         return st_log_errno(-ENAMETOOLONG, "S3 URL '%s' too long", url);
     char why[1024];
-    if (st_aws_creds_find(&t->creds, why, sizeof(why)) < 0)
+    if (creds_get(&t->creds, why, sizeof(why)) < 0)
         return st_log_errno(-ENOKEY, "Cannot reach '%s': %s", url, why);
     return 0;
 }
