@@ -14,6 +14,7 @@
 #include "cloud.h"
 #include "common.h"
 #include "coordinator.h" /* coord_token_read */
+#include "kernels.h"     /* kern_blas_load */
 #include "run-worker.h"
 #include "worker.h"
 #include "worker-runner.h"
@@ -274,6 +275,13 @@ int cli_worker_job_main(int argc, char **argv) {
             cfg->poll_notice = poll_notices;
             cfg->notice_userdata = &ns;
         }
+    }
+    char blas_why[512];
+    r = kern_blas_load(cfg->threads > 0 ? cfg->threads : 1, blas_why, sizeof(blas_why));
+    if (r < 0) {
+        fprintf(stderr, "spottrain worker: %s\n", blas_why);
+        ret = CLI_EXIT_FAILURE;
+        goto out;
     }
     r = worker_runner_run(cfg);
     if (r < 0) {
