@@ -1894,9 +1894,16 @@ int coord_loop_tick(struct coord_loop *L, double now) {
     if (L->last_tick > 0 && alive > 0) {
         double hours = (now - L->last_tick) / L->cfg.time_scale / 3600.0 * alive;
         L->sum.instance_hours += hours;
-        L->sum.spot_dollars += hours * L->cfg.spec.fleet.spot_price;
+        double live;
         L->sum.on_demand_dollars += hours * L->cfg.spec.fleet.on_demand_price;
-        coord_metrics_add_spend(L->c, hours * L->cfg.spec.fleet.spot_price);
+        if (cloud_provider_price(L->cfg.provider, &live) == 0 && live > 0) {
+            L->sum.spot_price_live = live;
+            L->sum.spot_dollars += hours * live;
+            coord_metrics_add_spend_live(L->c, hours, live);
+        } else {
+            L->sum.spot_dollars += hours * L->cfg.spec.fleet.spot_price;
+            coord_metrics_add_spend(L->c, hours * L->cfg.spec.fleet.spot_price);
+        }
     }
     L->last_tick = now;
     if (L->cfg.hold_trace && L->run_epoch == 0 && L->phase != PH_RESYNC)
