@@ -68,12 +68,18 @@ static int cmd_verify(const char *dir) {
     struct mig_ckpt *c;
     struct st_error err = {0};
     struct stat sb;
-    /* No directory at all is bad input (2); a directory that fails a check is the finding (1). */
-    if (stat(dir, &sb) < 0 || !S_ISDIR(sb.st_mode)) {
+    /* No directory at all is bad input (2); a directory that fails a check is the finding (1).
+     * For a store URL, a store that refuses us (credentials, bucket) is bad input too. */
+    int r = mig_ckpt_check_root(dir);
+    if (r < 0) {
+        fprintf(stderr, "spottrain ckpt: cannot use '%s': %s\n", dir, st_strerror(r));
+        return CLI_EXIT_INPUT;
+    }
+    if (!strstr(dir, "://") && (stat(dir, &sb) < 0 || !S_ISDIR(sb.st_mode))) {
         fprintf(stderr, "spottrain ckpt: '%s' is not a directory\n", dir);
         return CLI_EXIT_INPUT;
     }
-    int r = mig_ckpt_open(dir, &c, &err);
+    r = mig_ckpt_open(dir, &c, &err);
     if (r < 0) {
         print_err("invalid checkpoint", r, &err);
         return CLI_EXIT_FAILURE;

@@ -469,6 +469,13 @@ int cli_cmd_train(int argc, char **argv) {
         return CLI_EXIT_FAILURE;
     }
 
+    /* A checkpoint store that refuses us is bad input, found before any step is trained. */
+    r = o->save ? mig_ckpt_check_root(o->save) : 0;
+    if (r < 0) {
+        fprintf(stderr, "spottrain train: cannot use --save '%s': %s\n", o->save,
+                st_strerror(r));
+        return r == -ENOMEM ? CLI_EXIT_FAILURE : CLI_EXIT_INPUT;
+    }
     int code = cli_ensure_data("train", &spec, false);
     if (code != 0)
         return code;

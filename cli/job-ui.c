@@ -272,6 +272,9 @@ void cli_job_print_summary(FILE *f, const struct coord_loop_summary *s,
     fprintf(f, "  fleet              %.3f instance-hours: $%.2f spot, $%.2f on demand "
                "(%.2f/%.2f $/h)\n", s->instance_hours, s->spot_dollars, s->on_demand_dollars,
             sp->fleet.spot_price, sp->fleet.on_demand_price);
+    if (s->spot_price_live > 0)
+        fprintf(f, "  spot price         $%.6g/h live from the cloud (spec says $%.6g/h)\n",
+                s->spot_price_live, sp->fleet.spot_price);
     fflush(f);
 }
 
@@ -351,8 +354,8 @@ int cli_job_write_json(const char *path, const struct coord_loop_summary *s) {
     }
     fprintf(f, "}},");
     fprintf(f, "\n  \"instance_hours\": %.6f,\n  \"spot_dollars\": %.6f,\n"
-               "  \"on_demand_dollars\": %.6f\n}\n", s->instance_hours, s->spot_dollars,
-            s->on_demand_dollars);
+               "  \"on_demand_dollars\": %.6f,\n  \"spot_price_live\": %.17g\n}\n",
+            s->instance_hours, s->spot_dollars, s->on_demand_dollars, s->spot_price_live);
     int r = ferror(f) ? -EIO : 0;
     if (fclose(f) != 0 && r == 0)
         r = -errno;

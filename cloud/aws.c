@@ -29,6 +29,7 @@
 #include <strings.h>
 #include <time.h>
 
+#include "aws-creds.h"      /* st_aws_creds_find, st_aws_region_find, st_aws_endpoint_find */
 #include "check.h"          /* TRY, TRY_GOTO */
 #include "cloud-internal.h" /* cloud__emit, cloud__log */
 #include "spec.h"           /* struct st_spec: advertise, image, the spec file */
@@ -38,12 +39,9 @@
 #define AWS_TRIES 4               /* tries of one request when throttled or 5xx */
 #define AWS_USER_DATA_MAX 16384   /* EC2's limit on raw user-data */
 #define AWS_SPEC_EMBED_MAX 12288  /* the job spec copied into the user-data */
+#define AWS_PRICE_EVERY 300.0     /* caller-clock seconds between DescribeSpotPriceHistory */
 
-struct aws_creds {
-    char key_id[128];
-    char secret[256];   /* never logged */
-    char session[4096]; /* never logged */
-};
+#define aws_creds st_aws_creds /* common/aws-creds.h */
 
 struct aws_inst {
     bool used;
@@ -61,6 +59,7 @@ struct aws_ctx {
     void *dry_run_userdata;
     void *curl; /* CURL *, reused so connections stay alive */
     char last_code[96]; /* the last AWS error code ("" = none) */
+    bool optional;      /* the call is a signal we do without: its failure logs at INFO */
     bool refused;       /* AWS refused the credentials: every later request would fail too */
 };
 
@@ -80,6 +79,13 @@ struct aws_state {
     struct aws_inst *insts;
     size_t ninsts;
     double next_reconcile, next_fill;
+    /* live spot prices, newest per zone (DescribeSpotPriceHistory) */
+    int nprices;
+    char price_zone[CLOUD_MAX_ZONES][CLOUD_NAME_MAX];
+    char price_when[CLOUD_MAX_ZONES][32]; /* RFC 3339, compares as text */
+    double zone_price[CLOUD_MAX_ZONES];   /* dollars per instance-hour */
+    double next_price;
+    bool price_off; /* the endpoint does not offer it: asked once, not again */
 };
 
 /* ---- small helpers ------------------------------------------------------------------------- */
@@ -225,123 +231,25 @@ static void trim(char *s) {
     memmove(s, s + k, strlen(s + k) + 1);
 }
 
-/* Reads one profile of an AWS shared credentials file (INI: [profile], key = value). */
-static int creds_from_file(const char *path, const char *profile, struct aws_creds *c) {
-    char *data = NULL;
-    size_t len = 0;
-    int r = st_read_file(path, 1u << 20, &data, &len);
-    if (r < 0)
-        return r;
-    bool in = false, found = false;
-    for (char *line = data, *next; line && *line; line = next) {
-        next = strchr(line, '\n');
-        if (next)
-            *next++ = '\0';
-        trim(line);
-        if (line[0] == '#' || line[0] == ';' || !line[0])
-            continue;
-        if (line[0] == '[') {
-            char *end = strchr(line, ']');
-            if (end)
-                *end = '\0';
-            char *name = line + 1;
-            trim(name);
-            in = strcmp(name, profile) == 0;
-            found |= in;
-            continue;
-        }
-        char *eq = strchr(line, '=');
-        if (!in || !eq)
-            continue;
-        *eq = '\0';
-        char *k = line, *v = eq + 1;
-        trim(k);
-        trim(v);
-        if (!strcmp(k, "aws_access_key_id"))
-            snprintf(c->key_id, sizeof(c->key_id), "%s", v);
-        else if (!strcmp(k, "aws_secret_access_key"))
-            snprintf(c->secret, sizeof(c->secret), "%s", v);
-        else if (!strcmp(k, "aws_session_token"))
-            snprintf(c->session, sizeof(c->session), "%s", v);
-    }
-    wipe(data, len);
-    st_free(data);
-    if (!found)
-        return -ESRCH; /* no such profile */
-    return c->key_id[0] && c->secret[0] ? 0 : -ENOKEY;
-}
-
-/* Environment first, then the shared credentials file (as the AWS CLI does). */
+/* Credentials: the lookup shared with S3 checkpoints (common/aws-creds.c). */
 static int creds_find(struct cloud_provider *p, struct aws_creds *c) {
-    memset(c, 0, sizeof(*c));
-    const char *k = getenv("AWS_ACCESS_KEY_ID"), *s = getenv("AWS_SECRET_ACCESS_KEY");
-    if (k && *k && s && *s) {
-        snprintf(c->key_id, sizeof(c->key_id), "%s", k);
-        snprintf(c->secret, sizeof(c->secret), "%s", s);
-        const char *t = getenv("AWS_SESSION_TOKEN");
-        if (t && *t)
-            snprintf(c->session, sizeof(c->session), "%s", t);
-        return 0;
-    }
-    const char *profile = getenv("AWS_PROFILE");
-    if (!profile || !*profile)
-        profile = "default";
-    char path[4096];
-    const char *f = getenv("AWS_SHARED_CREDENTIALS_FILE"), *home = getenv("HOME");
-    if (f && *f)
-        snprintf(path, sizeof(path), "%s", f);
-    else
-        snprintf(path, sizeof(path), "%s/.aws/credentials", home && *home ? home : "");
-    int r = creds_from_file(path, profile, c);
-    if (r == 0)
-        return 0;
-    char why[64];
-    if (r == -ESRCH || r == -ENOKEY)
-        snprintf(why, sizeof(why), "%s", r == -ESRCH ? "no such profile there"
-                                                     : "the profile lacks a key id or secret");
-    else
-        snprintf(why, sizeof(why), "cannot read it: %s", st_strerror(r));
-    aws_log(p, ST_LOG_ERR, "no AWS credentials: set AWS_ACCESS_KEY_ID and "
-            "AWS_SECRET_ACCESS_KEY, or a profile '%s' in '%s' (%s)", profile, path, why);
-    memset(c, 0, sizeof(*c));
-    return -ENOKEY;
-}
-
-/* The region: AWS_REGION, AWS_DEFAULT_REGION, else the first zone minus its letter. */
-static void region_find(char *out, size_t sz, const char *zone) {
-    const char *r = getenv("AWS_REGION");
-    if (!r || !*r)
-        r = getenv("AWS_DEFAULT_REGION");
-    if (r && *r) {
-        snprintf(out, sz, "%s", r);
-        return;
-    }
-    size_t n = zone ? strlen(zone) : 0;
-    if (n > 1 && zone[n - 1] >= 'a' && zone[n - 1] <= 'z' && zone[n - 2] >= '0' &&
-        zone[n - 2] <= '9') {
-        snprintf(out, sz, "%.*s", (int)(n - 1), zone);
-        return;
-    }
-    snprintf(out, sz, "us-east-1");
+    char why[4500];
+    int r = st_aws_creds_find(c, why, sizeof(why));
+    if (r < 0)
+        aws_log(p, ST_LOG_ERR, "%s", why);
+    return r;
 }
 
 static int ctx_init(struct cloud_provider *p, struct aws_ctx *x, const char *zone,
                     cloud_dry_run_fn *dry_run, void *dry_ud) {
-    region_find(x->region, sizeof(x->region), zone);
-    const char *e = getenv("AWS_ENDPOINT_URL_EC2");
-    if (!e || !*e)
-        e = getenv("AWS_ENDPOINT_URL");
-    int w = e && *e ? snprintf(x->endpoint, sizeof(x->endpoint), "%s", e)
-                    : snprintf(x->endpoint, sizeof(x->endpoint), "https://ec2.%s.amazonaws.com",
-                               x->region);
-    if (w < 0 || (size_t)w >= sizeof(x->endpoint) ||
-        (strncmp(x->endpoint, "http://", 7) && strncmp(x->endpoint, "https://", 8))) {
+    st_aws_region_find(x->region, sizeof(x->region), zone);
+    int e = st_aws_endpoint_find("EC2", x->endpoint, sizeof(x->endpoint));
+    if (e < 0) {
         aws_log(p, ST_LOG_ERR, "bad EC2 endpoint '%s' (want http:// or https://)", x->endpoint);
         return -EINVAL;
     }
-    size_t n = strlen(x->endpoint);
-    if (n > 8 && x->endpoint[n - 1] == '/')
-        x->endpoint[n - 1] = '\0';
+    if (e == 0)
+        snprintf(x->endpoint, sizeof(x->endpoint), "https://ec2.%s.amazonaws.com", x->region);
     x->dry_run = dry_run;
     x->dry_run_userdata = dry_ud;
     if (dry_run)
@@ -499,7 +407,8 @@ static int aws_post_once(struct cloud_provider *p, struct aws_ctx *x, const char
     CURLcode cc = curl_easy_perform(c);
     if (cc != CURLE_OK) {
         r = rep.b.fail ? -EFBIG : curl_errno(cc);
-        aws_log(p, ST_LOG_ERR, "%s: %s: %s", action, x->endpoint, curl_easy_strerror(cc));
+        aws_log(p, x->optional ? ST_LOG_INFO : ST_LOG_ERR, "%s: %s: %s", action, x->endpoint,
+                curl_easy_strerror(cc));
         goto out;
     }
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
@@ -521,14 +430,15 @@ static int aws_post_once(struct cloud_provider *p, struct aws_ctx *x, const char
         xml_text(xml_child(err, "Message"), msg, sizeof(msg));
         snprintf(x->last_code, sizeof(x->last_code), "%s", code[0] ? code : "Unknown");
         r = code_errno(code, status);
-        x->refused |= r == -EACCES;
-        aws_log(p, r == -EBUSY || r == -EAGAIN ? ST_LOG_WARN : ST_LOG_ERR,
+        x->refused |= r == -EACCES && !x->optional; /* a permission we do without */
+        aws_log(p, x->optional ? ST_LOG_INFO
+                   : r == -EBUSY || r == -EAGAIN ? ST_LOG_WARN : ST_LOG_ERR,
                 "%s refused: %s: %s (HTTP %ld)", action, x->last_code, msg, status);
         goto out;
     }
     snprintf(x->last_code, sizeof(x->last_code), "HTTP %ld", status);
     r = status == 429 || status >= 500 ? -EBUSY : -EBADMSG;
-    aws_log(p, r == -EBUSY ? ST_LOG_WARN : ST_LOG_ERR,
+    aws_log(p, x->optional ? ST_LOG_INFO : r == -EBUSY ? ST_LOG_WARN : ST_LOG_ERR,
             "%s: %s answered HTTP %ld with %s", action, x->endpoint, status,
             rep.b.len ? "a body that is not EC2 XML" : "no body");
 out:
@@ -808,6 +718,14 @@ static int alive_count(const struct aws_state *s) {
     return n;
 }
 
+/* The live price of zone, or the configured price when none is known. */
+static double zone_price(const struct aws_state *s, const char *zone) {
+    for (int i = 0; i < s->nprices; i++)
+        if (!strcmp(s->price_zone[i], zone))
+            return s->zone_price[i];
+    return s->price;
+}
+
 /* Records a granted or adopted instance and says so. */
 static int inst_add(struct cloud_provider *p, struct aws_state *s, const struct ec2_inst *e,
                     double now, const char *how) {
@@ -824,7 +742,7 @@ static int inst_add(struct cloud_provider *p, struct aws_state *s, const struct 
     snprintf(in->pub.node, sizeof(in->pub.node), "%s", e->zone[0] ? e->zone : "ec2");
     in->pub.state = CLOUD_INSTANCE_RUNNING;
     in->pub.started = now;
-    in->pub.price_per_hour = s->price;
+    in->pub.price_per_hour = zone_price(s, in->pub.zone);
     if (slot == s->ninsts)
         s->ninsts++;
     aws_log(p, ST_LOG_INFO, "%s %s in '%s'", how, e->id, e->zone);
@@ -1088,9 +1006,173 @@ static void aws_done(struct cloud_provider *p, void *state) {
     st_free(s->insts);
 }
 
+/* Refreshes the live spot prices of the instance type (DescribeSpotPriceHistory from now:
+ * EC2 answers the price in force in each zone) and re-prices the instances. An endpoint that
+ * does not offer the call (an error answer) leaves the configured price in place: it is a
+ * signal we use where we get it, never a reason to stop. */
+static void spot_prices(struct cloud_provider *p, struct aws_state *s) {
+    struct aws_query q;
+    xmlDoc *doc = NULL;
+    char now[32];
+    time_t t = time(NULL);
+    struct tm tm;
+    if (!s->spot || s->price_off || s->ctx.dry_run)
+        return;
+    gmtime_r(&t, &tm);
+    strftime(now, sizeof(now), "%Y-%m-%dT%H:%M:%SZ", &tm);
+    q_init(&q, "DescribeSpotPriceHistory");
+    q_param(&q, "InstanceType.1", s->instance_type);
+    q_param(&q, "ProductDescription.1", "Linux/UNIX");
+    q_param(&q, "StartTime", now);
+    for (int z = 0; z < s->nzones; z++) {
+        char k[64];
+        snprintf(k, sizeof(k), "Filter.1.Value.%d", z + 1);
+        if (z == 0)
+            q_param(&q, "Filter.1.Name", "availability-zone");
+        q_param(&q, k, s->zones[z]);
+    }
+    s->ctx.optional = true;
+    int r = aws_call(p, &s->ctx, "DescribeSpotPriceHistory", &q, &doc);
+    s->ctx.optional = false;
+    q_done(&q);
+    if (r < 0) {
+        if (r != -ENOMEM) {
+            s->price_off = true;
+            aws_log(p, ST_LOG_NOTICE, "spot price history not offered by %s (%s): using the "
+                    "configured $%.4f/h", s->ctx.endpoint, st_strerror(r), s->price);
+        }
+        return;
+    }
+    bool first = s->nprices == 0;
+    xmlNode *set = xml_find(xmlDocGetRootElement(doc), "spotPriceHistorySet");
+    for (xmlNode *it = set ? set->children : NULL; it; it = it->next) {
+        char zone[CLOUD_NAME_MAX], price[32], when[32];
+        if (!xml_is(it, "item"))
+            continue;
+        xml_text(xml_child(it, "availabilityZone"), zone, sizeof(zone));
+        xml_text(xml_child(it, "spotPrice"), price, sizeof(price));
+        xml_text(xml_child(it, "timestamp"), when, sizeof(when));
+        char *end;
+        double v = strtod(price, &end);
+        if (!zone[0] || end == price || *end || !(v >= 0 && v < 1e6))
+            continue;
+        int i = 0;
+        while (i < s->nprices && strcmp(s->price_zone[i], zone))
+            i++;
+        if (i == s->nprices) {
+            if (i == CLOUD_MAX_ZONES)
+                continue;
+            s->nprices++;
+            snprintf(s->price_zone[i], sizeof(s->price_zone[i]), "%s", zone);
+            s->price_when[i][0] = '\0';
+        } else if (strcmp(when, s->price_when[i]) < 0) {
+            continue; /* an older entry of a zone we have */
+        }
+        snprintf(s->price_when[i], sizeof(s->price_when[i]), "%s", when);
+        s->zone_price[i] = v;
+    }
+    xmlFreeDoc(doc);
+    for (size_t i = 0; i < s->ninsts; i++)
+        if (s->insts[i].used && !s->insts[i].dead)
+            s->insts[i].pub.price_per_hour = zone_price(s, s->insts[i].pub.zone);
+    for (int i = 0; i < s->nprices; i++)
+        aws_log(p, first ? ST_LOG_NOTICE : ST_LOG_INFO, "spot price of %s in %s: $%.6g/h",
+                s->instance_type, s->price_zone[i], s->zone_price[i]);
+}
+
+/* GetSpotPlacementScores as a prior over fleet.zones: the zones are reordered best score first
+ * (stable: equal scores keep the spec's order), so the first spread asks most where EC2 says
+ * spot capacity is likeliest. The answer names zone ids (use1-az4), which DescribeAvailability
+ * Zones maps to the names the spec uses. One try, no retry: an endpoint that does not offer it
+ * (moto answers 500) leaves the order as it is and says so once. */
+static void placement_scores(struct cloud_provider *p, struct aws_state *s) {
+    struct aws_query q;
+    xmlDoc *doc = NULL, *zdoc = NULL;
+    char tgt[16];
+    int score[CLOUD_MAX_ZONES] = {0};
+    if (!s->spot || s->ctx.dry_run || s->nzones < 2)
+        return; /* a prior only matters when there is a choice */
+    snprintf(tgt, sizeof(tgt), "%d", s->target);
+    q_init(&q, "GetSpotPlacementScores");
+    q_param(&q, "InstanceTypes.1", s->instance_type);
+    q_param(&q, "TargetCapacity", tgt);
+    q_param(&q, "SingleAvailabilityZone", "true");
+    q_param(&q, "RegionNames.1", s->ctx.region);
+    s->ctx.optional = true;
+    int r = q.body.fail ? -ENOMEM : aws_post_once(p, &s->ctx, "GetSpotPlacementScores", &q, &doc);
+    q_done(&q);
+    if (r >= 0) {
+        q_init(&q, "DescribeAvailabilityZones");
+        r = q.body.fail ? -ENOMEM : aws_post_once(p, &s->ctx, "DescribeAvailabilityZones", &q,
+                                                    &zdoc);
+        q_done(&q);
+    }
+    s->ctx.optional = false;
+    if (r < 0) {
+        aws_log(p, ST_LOG_NOTICE, "spot placement scores not offered by %s (%s): zones keep "
+                "the spec's order", s->ctx.endpoint, s->ctx.last_code[0] ? s->ctx.last_code
+                                                                         : st_strerror(r));
+        goto out;
+    }
+    xmlNode *zset = xml_find(xmlDocGetRootElement(zdoc), "availabilityZoneInfo");
+    xmlNode *set = xml_find(xmlDocGetRootElement(doc), "spotPlacementScoreSet");
+    int scored = 0;
+    for (xmlNode *it = set ? set->children : NULL; it; it = it->next) {
+        char id[CLOUD_NAME_MAX], sc[16], zid[CLOUD_NAME_MAX], zname[CLOUD_NAME_MAX];
+        if (!xml_is(it, "item"))
+            continue;
+        xml_text(xml_child(it, "availabilityZoneId"), id, sizeof(id));
+        xml_text(xml_child(it, "score"), sc, sizeof(sc));
+        int v = atoi(sc);
+        for (xmlNode *z = zset ? zset->children : NULL; z && id[0]; z = z->next) {
+            if (!xml_is(z, "item"))
+                continue;
+            xml_text(xml_child(z, "zoneId"), zid, sizeof(zid));
+            xml_text(xml_child(z, "zoneName"), zname, sizeof(zname));
+            if (strcmp(zid, id))
+                continue;
+            for (int i = 0; i < s->nzones; i++)
+                if (!strcmp(s->zones[i], zname) && v >= 1 && v <= 10) {
+                    score[i] = v;
+                    scored++;
+                }
+        }
+    }
+    if (!scored) {
+        aws_log(p, ST_LOG_NOTICE, "spot placement scores name none of fleet.zones: zones keep "
+                "the spec's order");
+        goto out;
+    }
+    for (int i = 1; i < s->nzones; i++) /* insertion sort: stable, and at most a few zones */
+        for (int j = i; j > 0 && score[j] > score[j - 1]; j--) {
+            char t[CLOUD_NAME_MAX];
+            int ts = score[j];
+            memcpy(t, s->zones[j], sizeof(t));
+            memcpy(s->zones[j], s->zones[j - 1], sizeof(t));
+            memcpy(s->zones[j - 1], t, sizeof(t));
+            score[j] = score[j - 1];
+            score[j - 1] = ts;
+        }
+    char line[512];
+    size_t at = 0;
+    for (int i = 0; i < s->nzones && at < sizeof(line); i++)
+        at += (size_t)snprintf(line + at, sizeof(line) - at, "%s%s (%d)", i ? ", " : "",
+                               s->zones[i], score[i]);
+    aws_log(p, ST_LOG_NOTICE, "zones by spot placement score: %s", line);
+out:
+    if (doc)
+        xmlFreeDoc(doc);
+    if (zdoc)
+        xmlFreeDoc(zdoc);
+}
+
 static int aws_start(struct cloud_provider *p, void *state, double now) {
     struct aws_state *s = state;
     TRY(aws_reconcile(p, s, now)); /* adopt what an earlier run of this job left */
+    /* After the first call, so an endpoint that answers nothing right fails there, once. */
+    spot_prices(p, s);
+    s->next_price = now + AWS_PRICE_EVERY;
+    placement_scores(p, s);
     int r = aws_fill(p, s, now);
     if (r < 0)
         return r;
@@ -1101,6 +1183,10 @@ static int aws_start(struct cloud_provider *p, void *state, double now) {
 
 static int aws_poll(struct cloud_provider *p, void *state, double now) {
     struct aws_state *s = state;
+    if (now >= s->next_price) {
+        spot_prices(p, s);
+        s->next_price = now + AWS_PRICE_EVERY;
+    }
     if (now >= s->next_reconcile) {
         int r = aws_reconcile(p, s, now);
         if (r < 0 && r != -ENOMEM && r != -ENOBUFS)
@@ -1155,6 +1241,26 @@ static int aws_instances(struct cloud_provider *p, void *state, struct cloud_ins
     return 0;
 }
 
+/* The fleet's live $/instance-hour: the mean over running instances of their zone's price,
+ * else the cheapest known zone; -ENODATA when no price was ever answered. */
+static int aws_price(struct cloud_provider *p, void *state, double *ret) {
+    (void)p;
+    struct aws_state *s = state;
+    double sum = 0, lo = -1;
+    int n = 0;
+    if (s->nprices == 0)
+        return -ENODATA;
+    for (size_t i = 0; i < s->ninsts; i++)
+        if (s->insts[i].used && !s->insts[i].dead) {
+            sum += s->insts[i].pub.price_per_hour;
+            n++;
+        }
+    for (int i = 0; i < s->nprices; i++)
+        lo = lo < 0 || s->zone_price[i] < lo ? s->zone_price[i] : lo;
+    *ret = n ? sum / n : lo;
+    return 0;
+}
+
 static double aws_next_deadline(struct cloud_provider *p, void *state, double now) {
     (void)p;
     struct aws_state *s = state;
@@ -1173,4 +1279,5 @@ const struct cloud_provider_ops cloud__aws_ops = {
     .release = aws_release,
     .instances = aws_instances,
     .next_deadline = aws_next_deadline,
+    .price = aws_price,
 };

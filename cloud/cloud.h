@@ -199,6 +199,8 @@ struct cloud_provider_ops {
     int (*instances)(struct cloud_provider *p, void *state, struct cloud_instance *out,
                      size_t max, size_t *ret_n);
     double (*next_deadline)(struct cloud_provider *p, void *state, double now);
+    /* Optional (NULL: not offered): the live $/instance-hour of the fleet, or -ENODATA. */
+    int (*price)(struct cloud_provider *p, void *state, double *ret_per_hour);
 };
 
 /* Fills cfg with defaults: no events, time_scale 1, notice 120 s, nothing unannounced,
@@ -223,6 +225,11 @@ int cloud_provider_new(const char *name, const struct cloud_config *cfg,
 /* Kills every process the provider started, reaps them and frees everything. NULL-safe;
  * returns NULL. */
 struct cloud_provider *cloud_provider_free(struct cloud_provider *p);
+
+/* The live price of the fleet's instances in dollars per instance-hour, as the cloud answers
+ * it (aws: DescribeSpotPriceHistory). Returns 0, or -ENODATA when the provider has none (sim,
+ * or an endpoint that does not offer it): callers then use the configured fleet price. */
+int cloud_provider_price(struct cloud_provider *p, double *ret_per_hour);
 
 /* Marks the provider so that cloud_provider_free() leaves its instances running (a
  * coordinator that stops for a restart to adopt its fleet). Backends whose instances cannot
@@ -314,6 +321,12 @@ int cloud_imds_server_endpoint(const struct cloud_imds_server *s, char *buf, siz
 int cloud_imds_server_set_notice(struct cloud_imds_server *s, const char *action, double time);
 /* Posts a rebalance recommendation emitted at epoch seconds notice_time. */
 int cloud_imds_server_set_rebalance(struct cloud_imds_server *s, double notice_time);
+/* Gives the instance an instance-profile role: iam/security-credentials/ lists role and
+ * iam/security-credentials/<role> answers the credentials document EC2 serves (Code, Type
+ * AWS-HMAC, AccessKeyId, SecretAccessKey, Token, Expiration at epoch seconds expiration).
+ * Until called those paths are 404, as on an instance without a role. */
+int cloud_imds_server_set_role(struct cloud_imds_server *s, const char *role, const char *key_id,
+                               const char *secret, const char *token, double expiration);
 /* The next count requests (any path) get HTTP status (429, 500 or 503) instead of an answer. */
 int cloud_imds_server_inject(struct cloud_imds_server *s, int status, int count);
 /* Requests answered so far: token PUTs and everything else. */

@@ -6,6 +6,7 @@
  * (400 outside 1..21600, 403 with X-Forwarded-For or on a versioned path), errors carry the
  * XHTML pages AEMM serves, and the spot notice is a 404 until the provider posts it.
  * libmicrohttpd answers from its own thread; the small state is behind one mutex. */
+#include <jansson.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -14,6 +15,7 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "check.h" /* TRY */
 #include "cloud-internal.h"
 
 #define IMDS_MAX_TOKENS 64
@@ -74,6 +76,8 @@ struct cloud_imds_server {
     int inject_status;
     int inject_count;
     unsigned puts, gets;
+    char role[64];   /* instance profile role name; "" = no role (iam paths are 404) */
+    char *role_json; /* its security-credentials document */
 };
 
 static double server_now(struct cloud_imds_server *s) {
@@ -211,6 +215,7 @@ static enum MHD_Result handle_get(struct cloud_imds_server *s, struct MHD_Connec
         return reply_error(conn, 404);
     const char *item = url + sizeof(prefix) - 1;
     char buf[512];
+    static const char creds[] = "iam/security-credentials/";
     const char *body = NULL;
     if (strcmp(item, "") == 0) {
         snprintf(buf, sizeof(buf), "%sinstance-id\ninstance-life-cycle\ninstance-type\n"
@@ -238,6 +243,13 @@ static enum MHD_Result handle_get(struct cloud_imds_server *s, struct MHD_Connec
         body = buf;
     } else if (strcmp(item, "spot/termination-time") == 0 && s->notice) {
         body = s->notice_time;
+    } else if (strcmp(item, "iam/") == 0 && s->role[0]) {
+        body = "info\nsecurity-credentials/";
+    } else if (strcmp(item, creds) == 0 && s->role[0]) {
+        body = s->role;
+    } else if (strncmp(item, creds, sizeof(creds) - 1) == 0 && s->role[0] &&
+               strcmp(item + sizeof(creds) - 1, s->role) == 0) {
+        return reply(conn, 200, s->role_json, "text/plain", ttl);
     } else if (strcmp(item, "events/") == 0 && s->rebalance) {
         body = "recommendations/";
     } else if (strcmp(item, "events/recommendations/") == 0 && s->rebalance) {
@@ -331,6 +343,9 @@ struct cloud_imds_server *cloud_imds_server_free(struct cloud_imds_server *s) {
         return NULL;
     MHD_stop_daemon(s->daemon);
     pthread_mutex_destroy(&s->lock);
+    if (s->role_json)
+        memset(s->role_json, 0, strlen(s->role_json)); /* a secret */
+    st_free(s->role_json);
     st_free(s);
     return NULL;
 }
@@ -372,6 +387,37 @@ int cloud_imds_server_set_rebalance(struct cloud_imds_server *s, double notice_t
     pthread_mutex_lock(&s->lock);
     s->rebalance = true;
     memcpy(s->rebalance_time, t, sizeof(t));
+    pthread_mutex_unlock(&s->lock);
+    return 0;
+}
+
+/* See cloud.h. */
+int cloud_imds_server_set_role(struct cloud_imds_server *s, const char *role, const char *key_id,
+                               const char *secret, const char *token, double expiration) {
+    char exp[32], now[32];
+    if (!s || !role || !*role || strlen(role) >= sizeof(s->role) || strchr(role, '/') ||
+        !key_id || !secret || !token)
+        return -EINVAL;
+    TRY(cloud_format_rfc3339(expiration, exp, sizeof(exp)));
+    TRY(cloud_format_rfc3339(st_wall(), now, sizeof(now)));
+    json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:s}", "Code", "Success",
+                          "LastUpdated", now, "Type", "AWS-HMAC", "AccessKeyId", key_id,
+                          "SecretAccessKey", secret, "Token", token, "Expiration", exp);
+    char *text = j ? json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(j);
+    char *copy = text ? st_strdup(text) : NULL;
+    if (text) {
+        memset(text, 0, strlen(text));
+        free(text);
+    }
+    if (!copy)
+        return -ENOMEM;
+    pthread_mutex_lock(&s->lock);
+    snprintf(s->role, sizeof(s->role), "%s", role);
+    if (s->role_json)
+        memset(s->role_json, 0, strlen(s->role_json));
+    st_free(s->role_json);
+    s->role_json = copy;
     pthread_mutex_unlock(&s->lock);
     return 0;
 }

@@ -230,6 +230,18 @@ int cloud_provider_instances(struct cloud_provider *p, struct cloud_instance *ou
     return p->ops->instances(p, p->state, out, max, ret_n);
 }
 
+/* See cloud.h. */
+int cloud_provider_price(struct cloud_provider *p, double *ret_per_hour) {
+    if (!provider_ok(p) || !ret_per_hour)
+        return -EINVAL;
+    if (!p->ops->price || !p->started)
+        return -ENODATA;
+    double v;
+    TRY(p->ops->price(p, p->state, &v));
+    *ret_per_hour = v;
+    return 0;
+}
+
 double cloud_provider_next_deadline(struct cloud_provider *p, double now) {
     if (!provider_ok(p) || !p->started)
         return -1;

@@ -78,6 +78,8 @@ struct coord {
     uint64_t mig_count[COORD_MIG_NKINDS], mig_bytes[COORD_MIG_NKINDS];
     double mig_stall[COORD_MIG_NKINDS];
     double stall_total, predicted, actual, spend;
+    double spot_price_live;      /* $/instance-hour the cloud answers now; 0 = none */
+    double od_spend;             /* on-demand dollars, tracked once a live price is in use */
     uint64_t reports, rejected_auth, rejected_invalid, commands_sent;
     char *plan_detail;           /* JSON object text or NULL */
     int noticed;                 /* instances alive under a notice (coord_metrics_set_noticed) */

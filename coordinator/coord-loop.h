@@ -124,6 +124,7 @@ struct coord_loop_summary {
     struct { int dp, pp; double seconds; } shapes[COORD_LOOP_MAX_SHAPES];
     double instance_hours;         /* trace-time instance hours the fleet was up */
     double spot_dollars, on_demand_dollars;
+    double spot_price_live;        /* the cloud's last $/instance-hour; 0 = none answered */
     bool finished;                 /* every step done (and saved, with save_dir) */
     int worker_notices;            /* interruption notices workers read from their cloud
                                     * metadata endpoint and relayed */

@@ -297,6 +297,10 @@ void coord_metrics_add_migration(struct coord *c, enum coord_migration_kind kind
                                  uint64_t bytes, double stall_seconds);
 void coord_metrics_set_instances(struct coord *c, double predicted, double actual);
 void coord_metrics_add_spend(struct coord *c, double dollars);
+/* The same for a fleet whose provider answers a live spot price (aws: DescribeSpotPriceHistory):
+ * instance-hours at that $/instance-hour; the price shows in GET /v1/job spot_price_per_hour
+ * and /metrics spottrain_spot_price_dollars_per_hour. The loop calls it instead of add_spend. */
+void coord_metrics_add_spend_live(struct coord *c, double hours, double price_per_hour);
 /* Instances alive now that are under an interruption notice (only the planning loop knows:
  * it is the one polling the provider). Shown with coord_metrics_set_instances()'s counts in
  * /metrics, /v1/history and the status page. Negative values are ignored. */

@@ -436,19 +436,17 @@ static int poll_provider(struct coord_loop *L, double now) {
             case CLOUD_SIG_NOTICE:
                 x->noticed = true;
                 x->deadline = sig[i].deadline;
-                set_event(L, "%s was noticed: instance %s goes in %.1f s", node, x->name,
+                set_event(L, "notice: %s (%s) goes in %.1f s", x->name, node,
                           sig[i].deadline - trace_now(L, now));
                 break;
             case CLOUD_SIG_LOST:
                 x->dead = true;
-                if (sig[i].reason == CLOUD_LOSS_UNANNOUNCED)
-                    set_event(L, "%s lost without notice (instance %s)", node, x->name);
-                else
-                    set_event(L, "%s lost: instance %s %s", node, x->name,
-                              cloud_loss_reason_name(sig[i].reason));
+                /* "lost: i-0003 (node-2, unannounced)": instance, node, and how. */
+                set_event(L, "lost: %s (%s, %s)", x->name, node,
+                          cloud_loss_reason_name(sig[i].reason));
                 break;
             case CLOUD_SIG_GRANTED:
-                set_event(L, "%s joined: instance %s granted", node, x->name);
+                set_event(L, "granted: %s (%s)", x->name, node);
                 break;
             case CLOUD_SIG_EXITED:
                 /* The worker process ended (crashed, killed by someone else): its state is
@@ -1379,10 +1377,21 @@ static void stall_done(struct coord_loop *L, const struct wv *v, size_t nv) {
         S->stall[COORD_LOOP_DP_RESHARD] += stall;
     coord_metrics_add_migration(L->c, metrics_kind(rec->kind), rec->moved_bytes, stall);
     cm_migration(L, rec, rec->moved_bytes, stall);
-    /* The epoch's one line: what ran, what it cost, and why. */
+    /* The epoch's one line: what ran, what it cost, and why. Epochs of the chain that the
+     * next one replaced before their first step get theirs first (their stall is the
+     * chain's, counted once under the last). */
     char mb[32], sb[32];
-    fmt_bytes(mb, sizeof(mb), rec->moved_bytes);
     fmt_secs(sb, sizeof(sb), stall);
+    for (int i = L->chain; i < L->stall_rec; i++) {
+        const struct coord_loop_record *e = &S->records[i];
+        fmt_bytes(mb, sizeof(mb), e->moved_bytes);
+        set_event(L, "epoch %" PRIu64 ": %s%s %dx%d -> %dx%d at step %" PRIu64 ", %s, %s; "
+                  "replaced by epoch %" PRIu64 " before its first step (because %s)", e->epoch,
+                  coord_loop_kind_name(e->kind), e->ok ? "" : " (failed)", e->from_dp,
+                  e->from_pp, e->to_dp, e->to_pp, e->at_step, mb,
+                  e->ok ? "done" : "not done", L->epoch, e->reason);
+    }
+    fmt_bytes(mb, sizeof(mb), rec->moved_bytes);
     if (rec->kind == COORD_LOOP_RESTORE || rec->kind == COORD_LOOP_FRESH_START)
         set_event(L, "epoch %" PRIu64 ": %s, running %dx%d from step %" PRIu64 ", %s stall, %s",
                   L->epoch, rec->kind == COORD_LOOP_RESTORE ? "checkpoint restore"
@@ -1894,9 +1903,16 @@ int coord_loop_tick(struct coord_loop *L, double now) {
     if (L->last_tick > 0 && alive > 0) {
         double hours = (now - L->last_tick) / L->cfg.time_scale / 3600.0 * alive;
         L->sum.instance_hours += hours;
-        L->sum.spot_dollars += hours * L->cfg.spec.fleet.spot_price;
+        double live;
         L->sum.on_demand_dollars += hours * L->cfg.spec.fleet.on_demand_price;
-        coord_metrics_add_spend(L->c, hours * L->cfg.spec.fleet.spot_price);
+        if (cloud_provider_price(L->cfg.provider, &live) == 0 && live > 0) {
+            L->sum.spot_price_live = live;
+            L->sum.spot_dollars += hours * live;
+            coord_metrics_add_spend_live(L->c, hours, live);
+        } else {
+            L->sum.spot_dollars += hours * L->cfg.spec.fleet.spot_price;
+            coord_metrics_add_spend(L->c, hours * L->cfg.spec.fleet.spot_price);
+        }
     }
     L->last_tick = now;
     if (L->cfg.hold_trace && L->run_epoch == 0 && L->phase != PH_RESYNC)

@@ -129,6 +129,10 @@ static json_t *job_json(struct coord *c) {
     if (j) {
         json_object_set_new(j, "planner", planner_json(c));
         json_object_set_new(j, "waiting_reason", json_string(c->waiting_reason));
+        json_object_set_new(j, "spot_price_per_hour",
+                            json_real(c->spot_price_live > 0 ? c->spot_price_live
+                                                             : c->spec.fleet.spot_price));
+        json_object_set_new(j, "spot_price_live", json_boolean(c->spot_price_live > 0));
     }
     return j;
 }
@@ -291,6 +295,11 @@ char *coord__metrics_text(struct coord *c) {
     M("# HELP spottrain_spend_dollars_total Dollars spent on instances.\n"
       "# TYPE spottrain_spend_dollars_total counter\nspottrain_spend_dollars_total %.6f\n",
       c->spend);
+    M("# HELP spottrain_spot_price_dollars_per_hour Spot $/instance-hour: the cloud's live "
+      "price where the provider answers one, else the spec's fleet.price.spot.\n"
+      "# TYPE spottrain_spot_price_dollars_per_hour gauge\n"
+      "spottrain_spot_price_dollars_per_hour %.6f\n",
+      c->spot_price_live > 0 ? c->spot_price_live : c->spec.fleet.spot_price);
     M("# HELP spottrain_on_demand_dollars_total What the same instance-hours would have cost "
       "on demand.\n# TYPE spottrain_on_demand_dollars_total counter\n"
       "spottrain_on_demand_dollars_total %.6f\n", coord__on_demand_dollars(c));

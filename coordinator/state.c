@@ -1252,6 +1252,8 @@ void coord_metrics_set_instances(struct coord *c, double predicted, double actua
 
 double coord__on_demand_dollars(const struct coord *c) {
     const struct st_spec_fleet *f = &c->spec.fleet;
+    if (c->spot_price_live > 0) /* spend no longer follows the spec's spot price */
+        return c->od_spend;
     return f->spot_price > 0 ? c->spend * f->on_demand_price / f->spot_price : 0.0;
 }
 
@@ -1285,6 +1287,21 @@ void coord_set_waiting(struct coord *c, const char *reason) {
         return;
     pthread_mutex_lock(&c->lock);
     snprintf(c->waiting_reason, sizeof(c->waiting_reason), "%s", reason);
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* See coordinator.h. */
+void coord_metrics_add_spend_live(struct coord *c, double hours, double price_per_hour) {
+    if (!c || c->magic != COORD_MAGIC || !isfinite(hours) || hours < 0 ||
+        !isfinite(price_per_hour) || price_per_hour <= 0)
+        return;
+    pthread_mutex_lock(&c->lock);
+    if (c->spot_price_live <= 0) /* first live price: carry on from the spec-priced total */
+        c->od_spend = coord__on_demand_dollars(c);
+    c->spot_price_live = price_per_hour;
+    c->spend += hours * price_per_hour;
+    c->od_spend += hours * c->spec.fleet.on_demand_price;
+    coord__history_cost(&c->history, st_wall(), c->spend, coord__on_demand_dollars(c));
     pthread_mutex_unlock(&c->lock);
 }
 

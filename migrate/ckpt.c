@@ -20,6 +20,7 @@
 
 #include "check.h" /* TRY, TRY_GOTO */
 #include "migrate-internal.h"
+#include "migrate-store.h" /* mig__store_for: s3:// checkpoints */
 
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "checkpoint payloads are little-endian float32; add byte swapping for this host"
@@ -189,6 +190,59 @@ static int parse_table(const unsigned char *b, const char *path, struct layer_hd
     return 0;
 }
 
+/* Checks the trailer and checksum of a whole layer file in buf (its fixed header already
+ * checked into *h) and parses its tensor table into h->e. */
+static int check_body(const unsigned char *buf, const char *path, struct layer_hdr *h,
+                      uint64_t *ret_sum, struct st_error *err) {
+    uint64_t body = h->header_bytes + h->payload_bytes;
+    if (memcmp(buf + body + 8, TRAILER_MAGIC, 8) != 0)
+        return ckerr(err, -EBADMSG, path, "bad trailer magic (truncated or overwritten)");
+    uint64_t want = get64(buf + body), sum = mig_xxh64(buf, (size_t)body, 0);
+    if (want != sum)
+        return ckerr(err, -EBADMSG, path, "checksum mismatch: file says %016" PRIx64 ", contents "
+                     "hash to %016" PRIx64, want, sum);
+    TRY(parse_table(buf, path, h, err));
+    *ret_sum = sum;
+    return 0;
+}
+
+/* load_file() for an object in a store: the same checks on the object read whole. */
+static int load_object(const struct mig_store_ops *st, const char *url, int layer,
+                       unsigned char **ret_buf, struct layer_hdr *ret_h, uint64_t *ret_sum,
+                       struct st_error *err) {
+    struct layer_hdr h = {0};
+    unsigned char *buf = NULL;
+    size_t len = 0;
+    uint64_t total = 0, sum;
+    int r = st->get(url, 0, 0, SIZE_MAX - 1, &buf, &len, &total, err);
+    if (r == -ENOENT)
+        return ckerr(err, -ENOENT, url, "layer file missing");
+    if (r < 0)
+        return r;
+    if (len < FIXED_HDR) {
+        r = len >= 8 && memcmp(buf, LAYER_MAGIC, 8) == 0
+                ? ckerr(err, -EBADMSG, url, "truncated: file has %zu bytes", len)
+                : ckerr(err, -EBADMSG, url, "bad magic: not a spottrain checkpoint layer file");
+        goto out;
+    }
+    TRY_GOTO(check_fixed(buf, len, (uint64_t)len, url, &h, err), r, out);
+    if (layer >= 0 && h.layer != (uint32_t)layer) {
+        r = ckerr(err, -EBADMSG, url, "holds layer %" PRIu32 ", expected %d", h.layer, layer);
+        goto out;
+    }
+    TRY_GOTO(check_body(buf, url, &h, &sum, err), r, out);
+    *ret_buf = buf;
+    buf = NULL;
+    *ret_h = h;
+    h.e = NULL;
+    if (ret_sum)
+        *ret_sum = sum;
+out:
+    st_free(h.e);
+    st_free(buf);
+    return r;
+}
+
 /* Reads path whole (checking header, sizes and checksum). On success *ret_buf (caller frees
  * with st_free) holds the file and *ret_h the parsed header (h->e caller frees). */
 static int load_file(const char *path, int layer, unsigned char **ret_buf, struct layer_hdr *ret_h,
@@ -198,6 +252,9 @@ static int load_file(const char *path, int layer, unsigned char **ret_buf, struc
     struct stat sb;
     int fd, r = 0;
 
+    const struct mig_store_ops *st = mig__store_for(path);
+    if (st)
+        return load_object(st, path, layer, ret_buf, ret_h, ret_sum, err);
     fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return ckerr(err, -errno, path, "%s",
@@ -244,18 +301,8 @@ static int load_file(const char *path, int layer, unsigned char **ret_buf, struc
         }
         done += (size_t)n;
     }
-    uint64_t body = h.header_bytes + h.payload_bytes;
-    if (memcmp(buf + body + 8, TRAILER_MAGIC, 8) != 0) {
-        r = ckerr(err, -EBADMSG, path, "bad trailer magic (truncated or overwritten)");
-        goto out;
-    }
-    uint64_t want = get64(buf + body), sum = mig_xxh64(buf, (size_t)body, 0);
-    if (want != sum) {
-        r = ckerr(err, -EBADMSG, path, "checksum mismatch: file says %016" PRIx64 ", contents "
-                  "hash to %016" PRIx64, want, sum);
-        goto out;
-    }
-    TRY_GOTO(parse_table(buf, path, &h, err), r, out);
+    uint64_t sum;
+    TRY_GOTO(check_body(buf, path, &h, &sum, err), r, out);
     *ret_buf = buf;
     buf = NULL;
     *ret_h = h;
@@ -271,8 +318,12 @@ out:
 
 /* ---- writer ---------------------------------------------------------------------------- */
 
+/* For a store URL, layer files are written exactly as for a local directory into a private
+ * staging directory (so their bytes are the same), then uploaded whole and removed there. */
 struct mig_ckpt_writer {
-    char *dir;
+    char *dir;                        /* where layer files are written (staging for a URL) */
+    char *url;                        /* the store URL, or NULL for a local directory */
+    const struct mig_store_ops *store; /* NULL for a local directory */
 };
 
 /* See migrate.h. */
@@ -280,11 +331,28 @@ int mig_ckpt_writer_new(const char *dir, struct mig_ckpt_writer **ret) {
     struct mig_ckpt_writer *w;
     if (!dir || !*dir || !ret)
         return -EINVAL;
-    TRY(st_mkdir_p(dir, 0755));
+    const struct mig_store_ops *st = mig__store_for(dir);
+    if (!st)
+        TRY(st_mkdir_p(dir, 0755));
     w = st_calloc(1, sizeof(*w));
     if (!w)
         return -ENOMEM;
-    w->dir = st_strdup(dir);
+    w->store = st;
+    if (st) {
+        char tmpl[4096];
+        const char *tmp = getenv("TMPDIR");
+        snprintf(tmpl, sizeof(tmpl), "%s/spottrain-ckpt-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+        w->url = st_strdup(dir);
+        w->dir = w->url && mkdtemp(tmpl) ? st_strdup(tmpl) : NULL;
+        if (!w->dir) {
+            int r = w->url ? -errno : -ENOMEM;
+            st_free(w->url);
+            st_free(w);
+            return r < 0 ? r : -ENOMEM;
+        }
+    } else {
+        w->dir = st_strdup(dir);
+    }
     if (!w->dir) {
         st_free(w);
         return -ENOMEM;
@@ -297,6 +365,9 @@ int mig_ckpt_writer_new(const char *dir, struct mig_ckpt_writer **ret) {
 struct mig_ckpt_writer *mig_ckpt_writer_free(struct mig_ckpt_writer *w) {
     if (!w)
         return NULL;
+    if (w->store)
+        rmdir(w->dir); /* the staging directory: its files were removed after upload */
+    st_free(w->url);
     st_free(w->dir);
     st_free(w);
     return NULL;
@@ -397,6 +468,14 @@ int mig_ckpt_write_layer(struct mig_ckpt_writer *w, int layer, const struct mig_
         goto out;
     }
     r = fsync_dir(w->dir);
+    if (r >= 0 && w->store) {
+        char url[4200];
+        TRY_GOTO(layer_path(w->url, layer, url, sizeof(url)), r, out);
+        r = w->store->put_file(url, path);
+        unlink(path);
+        if (r < 0)
+            snprintf(path, sizeof(path), "%s", url); /* the error names what failed */
+    }
 out:
     if (fd >= 0)
         close(fd);
@@ -495,13 +574,15 @@ int mig_ckpt_commit(const char *dir, const struct mig_ckpt_meta *meta, int nlaye
     snprintf(path, sizeof(path), "%s/%s", dir, MANIFEST);
     size_t len = strlen(text);
     text[len] = '\n'; /* json_dumps leaves room for the NUL we overwrite; rewritten below */
-    r = st_write_file_atomic(path, text, len + 1);
+    const struct mig_store_ops *st = mig__store_for(dir);
+    /* In a store, the PUT of the manifest after every layer object is the commit point. */
+    r = st ? st->put(path, text, len + 1) : st_write_file_atomic(path, text, len + 1);
     text[len] = '\0';
     if (r < 0) {
         st_log(ST_LOG_ERR, "migrate", "Failed to write '%s': %s", path, st_strerror(r));
         goto out;
     }
-    r = fsync_dir(dir);
+    r = st ? 0 : fsync_dir(dir);
 out:
     free(text);
     json_decref(root);
@@ -552,6 +633,33 @@ static int get_u64(json_t *root, const char *key, uint64_t *ret) {
     return 0;
 }
 
+/* mig_ckpt_open()'s header check of one layer object: its first bytes and its size. */
+static int check_object_header(const struct mig_store_ops *st, const char *url, int l,
+                               const struct ckpt_layer_info *li, struct st_error *err) {
+    unsigned char *b = NULL;
+    size_t len = 0;
+    uint64_t total = 0;
+    struct layer_hdr h;
+    int r = st->get(url, 0, FIXED_HDR, FIXED_HDR, &b, &len, &total, err);
+    if (r == -ENOENT)
+        return ckerr(err, -ENOENT, url, "layer file missing");
+    if (r < 0)
+        return r;
+    if (len < FIXED_HDR && len >= 8 && memcmp(b, LAYER_MAGIC, 8) == 0) {
+        r = ckerr(err, -EBADMSG, url, "truncated: file has %zu bytes", len);
+        goto out;
+    }
+    TRY_GOTO(check_fixed(b, len, total, url, &h, err), r, out);
+    if (h.layer != (uint32_t)l || h.ntensors != li->ntensors || total != li->bytes)
+        r = ckerr(err, -EBADMSG, url, "does not match its manifest entry (layer %" PRIu32
+                  ", %" PRIu32 " tensors, %" PRIu64 " bytes; manifest: layer %d, %" PRIu32
+                  " tensors, %" PRIu64 " bytes)", h.layer, h.ntensors, total, l, li->ntensors,
+                  li->bytes);
+out:
+    st_free(b);
+    return r;
+}
+
 /* See migrate.h. */
 int mig_ckpt_open(const char *dir, struct mig_ckpt **ret, struct st_error *err) {
     char path[4096];
@@ -563,12 +671,18 @@ int mig_ckpt_open(const char *dir, struct mig_ckpt **ret, struct st_error *err) 
 
     if (!dir || !ret)
         return -EINVAL;
-    if (stat(dir, &sb) < 0)
+    const struct mig_store_ops *st = mig__store_for(dir);
+    if (!st && stat(dir, &sb) < 0)
         return ckerr(err, -ENOENT, dir, "not a checkpoint directory (%s)", strerror(errno));
-    if (!S_ISDIR(sb.st_mode))
+    if (!st && !S_ISDIR(sb.st_mode))
         return ckerr(err, -ENOENT, dir, "not a checkpoint directory (not a directory)");
     snprintf(path, sizeof(path), "%s/%s", dir, MANIFEST);
-    r = st_read_file(path, MANIFEST_MAX, &text, NULL);
+    if (st) {
+        size_t tl;
+        r = st->get(path, 0, 0, MANIFEST_MAX, (unsigned char **)&text, &tl, NULL, NULL);
+    } else {
+        r = st_read_file(path, MANIFEST_MAX, &text, NULL);
+    }
     if (r == -ENOENT)
         return ckerr(err, -ENOENT, path, "manifest.json missing: checkpoint is torn "
                      "(not committed)");
@@ -652,6 +766,10 @@ int mig_ckpt_open(const char *dir, struct mig_ckpt **ret, struct st_error *err) 
             goto out;
         }
         /* Header-level checks now; the checksum when the layer is read. */
+        if (st) {
+            TRY_GOTO(check_object_header(st, path, l, li, err), r, out);
+            continue;
+        }
         int fd = open(path, O_RDONLY | O_CLOEXEC);
         if (fd < 0) {
             r = ckerr(err, errno == ENOENT ? -ENOENT : -EIO, path, "%s",
@@ -807,41 +925,66 @@ static int step_cmp_desc(const void *a, const void *b) {
     return x->step < y->step ? 1 : x->step > y->step ? -1 : 0;
 }
 
+/* The step-<N> children of a checkpoint root, collected by step_add. */
+struct step_list {
+    struct step_dir *v;
+    size_t n, cap;
+};
+
+/* Adds name when it is a step-<N> directory (a mig__store_list_fn, also fed by readdir). */
+static int step_add(void *userdata, const char *s, bool is_dir) {
+    struct step_list *L = userdata;
+    char *end;
+    if (!is_dir || strncmp(s, "step-", 5) != 0 || s[5] < '0' || s[5] > '9' || strlen(s) >= 256)
+        return 0;
+    errno = 0;
+    unsigned long long step = strtoull(s + 5, &end, 10);
+    if (*end || errno)
+        return 0;
+    if (L->n == L->cap) {
+        size_t ncap = L->cap ? 2 * L->cap : 16;
+        struct step_dir *nv = st_realloc(L->v, ncap * sizeof(*L->v));
+        if (!nv)
+            return -ENOMEM;
+        L->v = nv;
+        L->cap = ncap;
+    }
+    L->v[L->n].step = step;
+    snprintf(L->v[L->n].name, sizeof(L->v[L->n].name), "%s", s);
+    L->n++;
+    return 0;
+}
+
+/* Lists root's step-<N> children into *L (caller frees L->v with st_free). A missing local
+ * root is -ENOENT; an empty or missing store prefix is 0 with none. */
+static int steps_list(const char *root, struct step_list *L) {
+    const struct mig_store_ops *st = mig__store_for(root);
+    if (st)
+        return st->list(root, step_add, L);
+    DIR *d = opendir(root);
+    if (!d)
+        return -errno;
+    int r = 0;
+    for (struct dirent *de; r >= 0 && (de = readdir(d));)
+        r = step_add(L, de->d_name, true);
+    closedir(d);
+    return r;
+}
+
 /* See migrate.h. */
 int mig_ckpt_latest(const char *root, char *ret_dir, size_t size) {
-    struct step_dir *v = NULL;
-    size_t n = 0, cap = 0;
-    DIR *d;
+    struct step_list L = {0};
     int r = -ENOENT;
 
     if (!root || !ret_dir || size == 0)
         return -EINVAL;
-    d = opendir(root);
-    if (!d)
-        return -errno;
-    for (struct dirent *de; (de = readdir(d));) {
-        const char *s = de->d_name;
-        char *end;
-        if (strncmp(s, "step-", 5) != 0 || s[5] < '0' || s[5] > '9' || strlen(s) >= 256)
-            continue;
-        errno = 0;
-        unsigned long long step = strtoull(s + 5, &end, 10);
-        if (*end || errno)
-            continue;
-        if (n == cap) {
-            size_t ncap = cap ? 2 * cap : 16;
-            struct step_dir *nv = st_realloc(v, ncap * sizeof(*v));
-            if (!nv) {
-                r = -ENOMEM;
-                goto out;
-            }
-            v = nv;
-            cap = ncap;
-        }
-        v[n].step = step;
-        snprintf(v[n].name, sizeof(v[n].name), "%s", s);
-        n++;
+    int q0 = steps_list(root, &L);
+    if (q0 < 0) {
+        st_free(L.v);
+        return q0;
     }
+    struct step_dir *v = L.v;
+    size_t n = L.n;
     if (n)
         qsort(v, n, sizeof(*v), step_cmp_desc);
     for (size_t i = 0; i < n; i++) {
@@ -874,7 +1017,6 @@ int mig_ckpt_latest(const char *root, char *ret_dir, size_t size) {
         goto out;
     }
 out:
-    closedir(d);
     st_free(v);
     return r;
 }
@@ -908,8 +1050,90 @@ static int cmp_step_desc(const void *a, const void *b) {
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
+static int count_any(void *userdata, const char *name, bool is_dir) {
+    (void)name;
+    (void)is_dir;
+    ++*(int *)userdata;
+    return 0;
+}
+
+/* See migrate.h. */
+int mig_ckpt_check_root(const char *root) {
+    if (!root)
+        return -EINVAL;
+    const struct mig_store_ops *st = mig__store_for(root);
+    int n = 0;
+    return st ? st->list(root, count_any, &n) : 0;
+}
+
+/* Collects the object names of one checkpoint directory in a store (prune_store). */
+struct name_list {
+    char (*v)[256];
+    size_t n, cap;
+};
+
+static int name_add(void *userdata, const char *name, bool is_dir) {
+    struct name_list *L = userdata;
+    if (is_dir || strlen(name) >= 256)
+        return 0;
+    if (L->n == L->cap) {
+        size_t ncap = L->cap ? 2 * L->cap : 64;
+        char (*nv)[256] = st_realloc(L->v, ncap * sizeof(*L->v));
+        if (!nv)
+            return -ENOMEM;
+        L->v = nv;
+        L->cap = ncap;
+    }
+    snprintf(L->v[L->n++], 256, "%s", name);
+    return 0;
+}
+
+/* mig_ckpt_prune() for a store: the same rule; a directory is removed object by object, the
+ * manifest first, so a prune cut short leaves a torn checkpoint (skipped), never a committed
+ * one with objects missing. */
+static int prune_store(const struct mig_store_ops *st, const char *root, int keep) {
+    struct step_list S = {0};
+    int r = steps_list(root, &S), committed = 0, removed = 0;
+    if (r < 0)
+        goto out;
+    if (S.n)
+        qsort(S.v, S.n, sizeof(*S.v), step_cmp_desc);
+    for (size_t i = 0; i < S.n; i++) {
+        char dir[4096 + 32], obj[4096 + 300];
+        struct name_list N = {0};
+        snprintf(dir, sizeof(dir), "%s/%s", root, S.v[i].name);
+        r = st->list(dir, name_add, &N);
+        bool is_committed = false;
+        for (size_t k = 0; r >= 0 && k < N.n; k++)
+            is_committed |= strcmp(N.v[k], MANIFEST) == 0;
+        if (r >= 0 && committed >= keep) {
+            snprintf(obj, sizeof(obj), "%s/%s", dir, MANIFEST);
+            r = is_committed ? st->remove(obj) : 0;
+            for (size_t k = 0; r >= 0 && k < N.n; k++) {
+                if (strcmp(N.v[k], MANIFEST) == 0)
+                    continue;
+                snprintf(obj, sizeof(obj), "%s/%s", dir, N.v[k]);
+                r = st->remove(obj);
+            }
+            removed += r >= 0;
+        } else if (r >= 0) {
+            committed += is_committed;
+        }
+        st_free(N.v);
+        if (r < 0)
+            goto out;
+    }
+    r = removed;
+out:
+    st_free(S.v);
+    return r;
+}
+
 /* See migrate.h. */
 int mig_ckpt_prune(const char *root, int keep) {
+    const struct mig_store_ops *st = mig__store_for(root);
+    if (st)
+        return prune_store(st, root, keep);
     DIR *d = opendir(root);
     if (!d)
         return errno == ENOENT ? 0 : -errno;

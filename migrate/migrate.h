@@ -200,7 +200,12 @@ bool mig_transport_available(const char *name);
  * manifest.json written LAST by atomic rename: the manifest is the commit point, a directory
  * without it is torn. Layer 0 is the embeddings; the layout of the rest is the engine's.
  * Every layer file holds PARAM, ADAM_M and ADAM_V of each of its tensors, full (unsharded), so
- * a checkpoint loads into any (dp, pp). Format: docs/checkpoint-format.md. */
+ * a checkpoint loads into any (dp, pp). Format: docs/checkpoint-format.md.
+ *
+ * Every `dir` and `root` below may also be an object-store URL, s3://BUCKET/PREFIX: the same
+ * files become objects (layer files uploaded whole, multipart when large; manifest.json put
+ * last, still the commit point), read back with the same checks. Credentials, region and
+ * endpoint as the AWS tools find them (common/aws-creds.h). */
 
 enum mig_tensor_kind {
     MIG_PARAM = 0,
@@ -308,6 +313,13 @@ int mig_ckpt_latest_step(const char *root, char *ret_dir, size_t size, uint64_t 
  * present); newer uncommitted ones (still being written) stay. Returns the number removed or
  * negative errno (root missing = 0 removed). The job driver's retention. */
 int mig_ckpt_prune(const char *root, int keep);
+
+/* Checks that a checkpoint root can be used before any work is done: for an object-store URL
+ * (s3://BUCKET/PREFIX) it lists the prefix, which proves the credentials, the endpoint and the
+ * bucket (the failure is logged with the store's error code); a local path is always 0.
+ * Returns 0, -ENOKEY (no credentials), -EACCES (refused), -ENXIO (no such bucket), -EINVAL
+ * (bad URL) or another negative errno. Callers use it to fail fast with exit 2. */
+int mig_ckpt_check_root(const char *root);
 
 /* 64-bit XXH64 (xxHash, seed) of data, as the checkpoint files use it. Exposed for tests and
  * tools. */

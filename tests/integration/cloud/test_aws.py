@@ -22,6 +22,10 @@ Usage: test_aws.py SCENARIO
                   the fleet is granted
   bad-xml         a proxy answers 200 with a body that is not XML: exit 1, one clear error line
   dead-endpoint   nothing listens: exit 1 naming the endpoint, no hang
+  placement       GetSpotPlacementScores (moto: 500, "not offered"; here a proxy answers it):
+                  the better-scored zone gets the larger share of the first spread
+  spot-price      DescribeSpotPriceHistory: the zone's live price in GET /v1/job, /metrics and
+                  the --json summary
 
 moto (PyPI, test-time only) runs in this process (ThreadedMotoServer on 127.0.0.1, port 0).
 Every wait is bounded polling on moto's state or on launch's output; nothing sleeps to
@@ -109,7 +113,7 @@ def running(url, **kw):
 
 
 def write_spec(d, zones=("us-east-1a", "us-east-1b"), fleet_max=3, coord="127.0.0.1:0",
-               advertise="10.1.2.3:7070", steps=20, fallback=False):
+               advertise="10.1.2.3:7070", steps=20, fallback=False, status=""):
     path = os.path.join(d, "job.yaml")
     with open(path, "w") as f:
         f.write("""apiVersion: spottrain/v1
@@ -133,11 +137,11 @@ spec:
     listen: %s
     advertise: %s
   status:
-    listen: ""
+    listen: "%s"
   checkpoint:
     interval: 0
 """ % (JOB, d, steps, ", ".join(zones), fleet_max, "true" if fallback else "false", coord,
-       advertise))
+       advertise, status))
     return path
 
 
@@ -147,7 +151,9 @@ def env_for(url, d, secret=SECRET, session=None):
         if k.startswith("AWS_"):
             del e[k]
     e.update({"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": KEY,
-              "AWS_SECRET_ACCESS_KEY": secret, "AWS_REGION": "us-east-1", "HOME": d})
+              "AWS_SECRET_ACCESS_KEY": secret, "AWS_REGION": "us-east-1", "HOME": d,
+              # Never the machine's own metadata service, even where the tests run on EC2.
+              "AWS_EC2_METADATA_DISABLED": "true"})
     if session:
         e["AWS_SESSION_TOKEN"] = session
     return e
@@ -257,6 +263,86 @@ def t_launch_sigterm(d, url):
     states = collections.Counter(v[0] for v in job_instances(url).values())
     check(states == {"terminated": 3}, "the 3 instances are terminated: %s" % dict(states))
     check("launch stopped" in output(p), "launch says it stopped")
+
+
+def t_spot_price(d, url):
+    import json
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    spec = write_spec(d, zones=("us-east-1a",), fleet_max=2, status="127.0.0.1:%d" % port)
+    hist = ec2(url).describe_spot_price_history(
+        InstanceTypes=["t3.micro"], ProductDescriptions=["Linux/UNIX"],
+        Filters=[{"Name": "availability-zone", "Values": ["us-east-1a"]}])["SpotPriceHistory"]
+    check(hist, "moto has a t3.micro spot price history in us-east-1a")
+    price = float(max(hist, key=lambda h: h["Timestamp"])["SpotPrice"])
+    p = launch(spec, env_for(url, d), "--state-dir", os.path.join(d, "state"), "--json",
+               os.path.join(d, "sum.json"))
+    granted_fleet(url, p, n=2)
+    base = "http://127.0.0.1:%d" % port
+
+    def job():
+        try:
+            with urllib.request.urlopen(base + "/v1/job", timeout=5) as r:
+                j = json.load(r)
+        except OSError:
+            return None
+        return j if j.get("spot_price_live") else None
+    j = wait_until(job, "GET /v1/job with the live spot price")
+    check(j["spot_price_per_hour"] == price, "GET /v1/job spot_price_per_hour is the zone's "
+          "live price: %r" % j["spot_price_per_hour"])
+    with urllib.request.urlopen(base + "/metrics", timeout=5) as r:
+        m = r.read().decode()
+    check("\nspottrain_spot_price_dollars_per_hour %.6f\n" % price in m,
+          "/metrics spottrain_spot_price_dollars_per_hour is the live price")
+    rc = stop(p)
+    check(rc == 0, "launch exits 0 after SIGTERM (rc %d)" % rc)
+    with open(os.path.join(d, "sum.json")) as f:
+        summary = json.load(f)
+    check(summary["spot_price_live"] == price, "the --json summary holds the live price: %r"
+          % summary["spot_price_live"])
+
+
+def t_placement(d, url):
+    try:
+        ec2(url).get_spot_placement_scores(InstanceTypes=["t3.micro"], TargetCapacity=3,
+                                           SingleAvailabilityZone=True,
+                                           RegionNames=["us-east-1"])
+        fail("moto answered GetSpotPlacementScores: the other scenarios no longer cover "
+             "'not offered'")
+    except Exception as e:  # botocore ClientError with moto's 500
+        check("500" in str(e) or "InternalError" in str(e) or "Internal" in str(e),
+              "moto does not offer GetSpotPlacementScores (%s): every other launch scenario "
+              "runs with it not offered" % str(e)[:80])
+    ids = {z["ZoneName"]: z["ZoneId"] for z in
+           ec2(url).describe_availability_zones()["AvailabilityZones"]}
+    asked = {"n": 0}
+
+    def rule(body):
+        if "Action=GetSpotPlacementScores" not in body:
+            return None
+        asked["n"] += 1
+        return (200, '<?xml version="1.0" encoding="UTF-8"?>\n<GetSpotPlacementScoresResponse '
+                'xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>t</requestId>'
+                '<spotPlacementScoreSet>'
+                '<item><region>us-east-1</region><availabilityZoneId>%s</availabilityZoneId>'
+                '<score>2</score></item>'
+                '<item><region>us-east-1</region><availabilityZoneId>%s</availabilityZoneId>'
+                '<score>9</score></item>'
+                '</spotPlacementScoreSet></GetSpotPlacementScoresResponse>'
+                % (ids["us-east-1a"], ids["us-east-1b"]))
+    srv, purl = start_proxy(url, rule)
+    spec = write_spec(d)  # zones [us-east-1a, us-east-1b], 3 instances
+    p = launch(spec, env_for(purl, d), "--state-dir", os.path.join(d, "state"))
+    fleet = granted_fleet(url, p)
+    zones = collections.Counter(v[1] for v in fleet.values())
+    check(asked["n"] == 1, "GetSpotPlacementScores asked once")
+    check(zones == {"us-east-1b": 2, "us-east-1a": 1}, "the better-scored zone us-east-1b gets "
+          "the larger share (without scores: 1a 2, 1b 1): %s" % dict(zones))
+    check(stop(p) == 0 and not running(url), "SIGTERM ends the fleet")
+    srv.shutdown()
 
 
 def t_keep_down(d, url):
@@ -613,7 +699,7 @@ def t_train(d, url):
           (o + e).strip()[-300:])
 
 
-SCENARIOS = {"train": t_train, "launch-sigterm": t_launch_sigterm, "keep-down": t_keep_down, "adopt": t_adopt,
+SCENARIOS = {"spot-price": t_spot_price, "placement": t_placement, "train": t_train, "launch-sigterm": t_launch_sigterm, "keep-down": t_keep_down, "adopt": t_adopt,
              "bad-secret": t_bad_secret, "credentials": t_credentials, "dry-run": t_dry_run, "capacity": t_capacity, "fallback": t_fallback,
              "throttled": t_throttled, "bad-xml": t_bad_xml, "dead-endpoint": t_dead_endpoint}
 

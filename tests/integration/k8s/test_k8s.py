@@ -740,7 +740,7 @@ def scenario_train():
         mock.request("DELETE", "/api/v1/namespaces/default/pods/ktrain-w0")
         wait_until(lambda: c.saw("notice: ktrain-w0"), "the eviction as a notice")
         check(True, "the eviction is a notice")
-        wait_until(lambda: c.saw("(a worker was noticed)"), "the state moving off w0")
+        wait_until(lambda: c.saw("was noticed"), "the state moving off w0")
         check(True, "the coordinator moved the state off the evicted pod")
         # The kubelet ends the process when the grace period (fleet.notice, 4 s) is over.
         wait_until(lambda: "ktrain-w0" in kubelet.exits, "w0's process to end", timeout=60)
