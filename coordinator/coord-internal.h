@@ -76,7 +76,8 @@ struct coord {
 
     /* metrics (memory only; the journal keeps the job's progress) */
     uint64_t mig_count[COORD_MIG_NKINDS], mig_bytes[COORD_MIG_NKINDS];
-    double mig_stall[COORD_MIG_NKINDS];
+    double mig_stall[COORD_MIG_NKINDS];          /* seconds */
+    uint64_t mig_replayed[COORD_MIG_NKINDS];     /* steps trained again after a restore */
     double stall_total, predicted, actual, spend;
     uint64_t reports, rejected_auth, rejected_invalid, commands_sent;
     char *plan_detail;           /* JSON object text or NULL */

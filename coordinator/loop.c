@@ -1166,7 +1166,8 @@ static void stall_done(struct coord_loop *L, const struct wv *v, size_t nv) {
     S->stall[rec->kind] += stall;
     if (rec->dp_reshard)
         S->stall[COORD_LOOP_DP_RESHARD] += stall;
-    coord_metrics_add_migration(L->c, metrics_kind(rec->kind), rec->moved_bytes, stall);
+    coord_metrics_add_migration(L->c, metrics_kind(rec->kind), rec->moved_bytes, stall,
+                                rec->steps_replayed);
     set_event(L, "epoch %" PRIu64 " made its first step: stall %.3f s (%s)", L->epoch, stall,
               coord_loop_kind_name(rec->kind));
     L->chain = L->stall_rec = -1;

@@ -300,7 +300,27 @@ def test_peer():
         check(j["shape"]["dp"] == 2 and j["shape"]["pp"] == 2, "started as 2x2: %r" % j["shape"])
         kill("i-00000000000000002")
         j = wait_for("the peer restore trained on", lambda: job_at(j["step"] + 3 * every, 2), 90)
+
+        # REST and /metrics count a recovery once its epoch made a step: wait for that event.
+        def counted():
+            j = job_at(0, 2)
+            return j if j and j["migrations"]["peer_restore"]["count"] >= 1 else None
+        jm = wait_for("REST to count the peer restore", counted, 90)["migrations"]
+        metrics = http_get(base, "/metrics")
         kill("i-00000000000000003", "i-00000000000000004")
+        rp = jm["peer_restore"]
+        check(rp["count"] == 1 and rp["bytes"] > 0 and rp["stall_seconds"] > 0 and
+              0 < rp["steps_replayed"] <= 2 * every, "REST peer_restore: %r" % rp)
+        for k in ("checkpoint_restore", "fresh_start"):
+            check(jm[k] == {"count": 0, "bytes": 0, "stall_seconds": 0, "steps_replayed": 0},
+                  "REST %s before the second loss: %r" % (k, jm[k]))
+        for name, val in (("spottrain_migrations_total", "1"),
+                          ("spottrain_migration_bytes_total", "%d" % rp["bytes"]),
+                          ("spottrain_migration_stall_seconds_total",
+                           "%.6f" % rp["stall_seconds"]),
+                          ("spottrain_steps_replayed_total", "%d" % rp["steps_replayed"])):
+            line = '%s{kind="peer_restore"} %s' % (name, val)
+            check(("\n" + line + "\n") in metrics, "/metrics lacks %r" % line)
         out, _ = proc.communicate(timeout=150)
         err.close()
         sys.stdout.write(out[-4000:])
@@ -326,6 +346,12 @@ def test_peer():
               "steps replayed since the copy: %d" % pr["steps_replayed"])
         check(m["peer-restore"]["steps_replayed"] == pr["steps_replayed"], "summed replays")
         check(m["peer-restore"]["stall_seconds"] > 0, "a peer restore stalls training")
+        # REST showed the same figures as the summary for that one peer restore.
+        check((rp["bytes"], rp["steps_replayed"]) ==
+              (m["peer-restore"]["bytes"], m["peer-restore"]["steps_replayed"]),
+              "REST %r, summary %r" % (rp, m["peer-restore"]))
+        check(abs(rp["stall_seconds"] - m["peer-restore"]["stall_seconds"]) <= 1e-6,
+              "REST stall %r, summary %r" % (rp, m["peer-restore"]))
         for k in ("peer-restore", "checkpoint-restore"):
             check(set(m[k]) == {"count", "bytes", "stall_seconds", "steps_replayed"},
                   "fields of %s: %s" % (k, sorted(m[k])))
