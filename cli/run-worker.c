@@ -14,6 +14,7 @@
 #include "cloud.h"
 #include "common.h"
 #include "coordinator.h" /* coord_token_read */
+#include "migrate.h"     /* mig_ckpt_write_fail_at: the chaos suite's ENOSPC */
 #include "run-worker.h"
 #include "worker.h"
 #include "worker-runner.h"
@@ -260,6 +261,18 @@ int cli_worker_job_main(int argc, char **argv) {
         sigaction(SIGTERM, &sa, NULL);
         cfg->poll_notice = poll_notices;
         cfg->notice_userdata = &ns;
+    }
+    /* A fault for scripts/chaos: this worker's Nth checkpoint layer write fails with ENOSPC. */
+    const char *enospc = getenv("SPOTTRAIN_TEST_CKPT_ENOSPC");
+    if (enospc && enospc[0]) {
+        char *e;
+        long n = strtol(enospc, &e, 10);
+        if (*e || n < 0) {
+            fprintf(stderr, "spottrain worker: invalid SPOTTRAIN_TEST_CKPT_ENOSPC '%s'\n", enospc);
+            ret = CLI_EXIT_INPUT;
+            goto out;
+        }
+        mig_ckpt_write_fail_at(n);
     }
     if (getenv("AWS_EC2_METADATA_SERVICE_ENDPOINT")) {
         struct cloud_notice_config ncfg;
