@@ -14,7 +14,7 @@
 #include "cloud.h"
 #include "common.h"
 #include "coordinator.h" /* coord_token_read */
-#include "migrate.h"     /* mig_ckpt_write_fail_at: the chaos suite's ENOSPC */
+#include "migrate.h"     /* the chaos suite's hooks: ENOSPC, a cut data plane */
 #include "run-worker.h"
 #include "worker.h"
 #include "worker-runner.h"
@@ -273,6 +273,18 @@ int cli_worker_job_main(int argc, char **argv) {
             goto out;
         }
         mig_ckpt_write_fail_at(n);
+    }
+    /* Another: this worker's Nth sending migration transfer is cut mid-message. */
+    const char *cut = getenv("SPOTTRAIN_TEST_DATA_CUT");
+    if (cut && cut[0]) {
+        char *e;
+        long n = strtol(cut, &e, 10);
+        if (*e || n < 0) {
+            fprintf(stderr, "spottrain worker: invalid SPOTTRAIN_TEST_DATA_CUT '%s'\n", cut);
+            ret = CLI_EXIT_INPUT;
+            goto out;
+        }
+        mig_execute_cut_at(n);
     }
     if (getenv("AWS_EC2_METADATA_SERVICE_ENDPOINT")) {
         struct cloud_notice_config ncfg;
