@@ -87,6 +87,10 @@ struct coord_loop_config {
     double lease_seconds;           /* steps leased ahead, in seconds of training; 0 = 0.5 */
     int expect_workers;             /* workers to wait for before the first epoch; 0 = 1 */
     double first_wait;              /* longest wait for them, seconds; 0 = 20 */
+    bool hold_trace;                /* the provider replays a trace (sim): hold its clock at
+                                     * time 0 until the first epoch runs. Real clouds' providers
+                                     * keep their own time (reconcile, backoff) and are never
+                                     * held. */
 };
 
 /* One reconfiguration, as the summary lists it. */

@@ -213,6 +213,30 @@ int coord_configure(struct coord *c, int dp, int pp, const struct coord_assignme
                     size_t n, const char *rendezvous, uint64_t start_step, const char *reason,
                     uint64_t *ret_epoch);
 
+/* How workers enter an epoch (proto ReconfigureMode). */
+enum coord_reconf_mode {
+    COORD_RECONF_INIT = 1,         /* a fresh model at step 0 */
+    COORD_RECONF_RESTORE = 2,      /* load `dir` (a checkpoint) into the new shape */
+    COORD_RECONF_MIGRATE = 3,      /* live migration: the epoch's Migrate moves the state */
+    COORD_RECONF_PEER_RESTORE = 4, /* roll back to a peer copy; the Migrate brings the rest */
+};
+
+#define COORD_MAX_STAGES 1024
+
+/* The typed part of an epoch's Configure: mode, stage boundaries, checkpoint directory. */
+struct coord_epoch_setup {
+    enum coord_reconf_mode mode;
+    int split[COORD_MAX_STAGES + 1]; /* pp + 1 layer indices, split[0] = 0 */
+    char dir[ST_SPEC_PATH_MAX];      /* RESTORE only */
+};
+
+/* coord_configure() with the epoch's setup as typed Configure fields (mode, split,
+ * restore_dir). For workers of the previous release the same is also written into
+ * `rendezvous` as "tcp;mode=..;split=..;dir=..". Same returns as coord_configure(). */
+int coord_configure_epoch(struct coord *c, int dp, int pp, const struct coord_assignment *assign,
+                          size_t n, const struct coord_epoch_setup *setup, uint64_t start_step,
+                          const char *reason, uint64_t *ret_epoch);
+
 /* Sends worker `worker_id` a Migrate (in the current epoch) with its transfers, to run at
  * step boundary at_step. Returns 0 and the command id (may be NULL); -ENOENT unknown worker,
  * -EINVAL bad transfer (unknown worker ids, count 0). */

@@ -271,6 +271,7 @@ static int loop_config(struct job *J, const char *state_dir) {
         }
         lc->nforced = n;
     }
+    lc->hold_trace = cfg->fleet == COORD_JOB_FLEET_SIM;
     if (cfg->fleet == COORD_JOB_FLEET_SIM) {
         int initial = J->trace->nintervals > 0 ? plan_trace_n_after(J->trace, 0) : 0;
         lc->expect_workers = ST_MAX(1, ST_MIN(initial, J->spec.fleet.max > 0 ? J->spec.fleet.max

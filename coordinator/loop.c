@@ -602,13 +602,15 @@ static int split_for(struct coord_loop *L, int pp, int *ret) {
     return 0;
 }
 
-static void rendezvous(char *buf, size_t size, const char *mode, const int *split, int pp,
-                       const char *dir) {
-    size_t k = (size_t)snprintf(buf, size, "tcp;mode=%s;split=", mode);
-    for (int s = 0; s <= pp && k < size; s++)
-        k += (size_t)snprintf(buf + k, size - k, "%s%d", s ? "," : "", split[s]);
-    if (dir && k < size)
-        snprintf(buf + k, size - k, ";dir=%s", dir);
+/* The typed Configure fields of an epoch: how workers enter it and its stage boundaries. */
+static void epoch_setup(struct coord_epoch_setup *es, enum coord_reconf_mode mode,
+                        const int *split, int pp, const char *dir) {
+    memset(es, 0, sizeof(*es));
+    es->mode = mode;
+    for (int s = 0; s <= pp && s <= COORD_MAX_STAGES; s++)
+        es->split[s] = split[s];
+    if (dir)
+        snprintf(es->dir, sizeof(es->dir), "%s", dir);
 }
 
 static void shape_time(struct coord_loop *L, double now) {
@@ -724,13 +726,19 @@ static int start_restore(struct coord_loop *L, const struct wv *v, size_t nv, do
         k++;
     }
     st_free(ord);
-    char rdv[1024];
-    rendezvous(rdv, sizeof(rdv), dir[0] ? "restore" : "init", split, pp, dir[0] ? dir : NULL);
+    struct coord_epoch_setup *es = st_malloc(sizeof(*es));
+    if (!es)
+        TRY_GOTO(-ENOMEM, r, out);
+    epoch_setup(es, dir[0] ? COORD_RECONF_RESTORE : COORD_RECONF_INIT, split, pp,
+                dir[0] ? dir : NULL);
     uint64_t epoch = 0;
     char rs[200];
     snprintf(rs, sizeof(rs), "%s: %s", dir[0] ? "restore" : (restore ? "restart" : "start"),
              reason);
-    TRY_GOTO(coord_configure(L->c, dp, pp, as, (size_t)(dp * pp), rdv, step, rs, &epoch), r, out);
+    r = coord_configure_epoch(L->c, dp, pp, as, (size_t)(dp * pp), es, step, rs, &epoch);
+    st_free(es);
+    if (r < 0)
+        goto out;
     shape_time(L, now);
     memset(&L->rc.rec, 0, sizeof(L->rc.rec));
     L->rc.rec.epoch = epoch;
@@ -902,13 +910,18 @@ static int start_migrate(struct coord_loop *L, const struct wv *v, size_t nv, in
     for (size_t k = 0; k < np; k++)
         snprintf(ids[k], sizeof(ids[k]), "%s", peers[k].worker_id);
     uint64_t at = ps ? ps->step : L->lease;
-    char rdv[1024];
-    rendezvous(rdv, sizeof(rdv), ps ? "peer-restore" : "migrate", split, pp, NULL);
+    struct coord_epoch_setup *es = st_malloc(sizeof(*es));
+    if (!es)
+        TRY_GOTO(-ENOMEM, r, out);
+    epoch_setup(es, ps ? COORD_RECONF_PEER_RESTORE : COORD_RECONF_MIGRATE, split, pp, NULL);
     uint64_t epoch = 0;
     char rs[200];
     snprintf(rs, sizeof(rs), "%s %s: %s", plan_mig_class_name(plan->cls),
              ps ? "peer restore" : "migration", reason);
-    TRY_GOTO(coord_configure(L->c, dp, pp, as, npos, rdv, at, rs, &epoch), r, out);
+    r = coord_configure_epoch(L->c, dp, pp, as, npos, es, at, rs, &epoch);
+    st_free(es);
+    if (r < 0)
+        goto out;
     for (size_t k = 0; k < np; k++) {
         size_t nt = 0;
         uint32_t wi = 0;
@@ -1631,7 +1644,7 @@ int coord_loop_tick(struct coord_loop *L, double now) {
         coord_metrics_add_spend(L->c, hours * L->cfg.spec.fleet.spot_price);
     }
     L->last_tick = now;
-    if (L->run_epoch == 0 && L->phase != PH_RESYNC)
+    if (L->cfg.hold_trace && L->run_epoch == 0 && L->phase != PH_RESYNC)
         L->hold = now - ST_MIN(L->prov_t0 > 0 ? L->prov_t0 : L->t0, now); /* time 0 fires */
     TRY(poll_provider(L, now));
     TRY(view_get(L, &v, &nv));

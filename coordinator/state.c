@@ -239,8 +239,10 @@ static bool job_accepts_commands(const struct coord *c) {
 }
 
 static int configure_locked(struct coord *c, int dp, int pp, const struct coord_assignment *a,
-                            size_t n, const char *rendezvous, uint64_t start_step,
+                            size_t n, const char *rendezvous,
+                            const struct coord_epoch_setup *setup, uint64_t start_step,
                             const char *reason, uint64_t *ret_epoch) {
+    uint32_t split[COORD_MAX_STAGES + 1];
     struct outbox o = {0};
     struct coord_wk **wks = NULL;
     Spottrain__V1__Peer *peers = NULL;
@@ -298,6 +300,14 @@ static int configure_locked(struct coord *c, int dp, int pp, const struct coord_
         cf.peers = peerp;
         cf.rendezvous = (char *)(rendezvous ? rendezvous : "tcp");
         cf.start_step = start_step;
+        if (setup) {
+            cf.mode = (Spottrain__V1__ReconfigureMode)setup->mode;
+            for (int k = 0; k <= pp; k++)
+                split[k] = (uint32_t)setup->split[k];
+            cf.n_split = (size_t)pp + 1;
+            cf.split = split;
+            cf.restore_dir = (char *)(setup->mode == COORD_RECONF_RESTORE ? setup->dir : "");
+        }
         Spottrain__V1__Command cmd = SPOTTRAIN__V1__COMMAND__INIT;
         cmd.id = wks[i]->next_command;
         cmd.epoch = epoch;
@@ -388,8 +398,48 @@ int coord_configure(struct coord *c, int dp, int pp, const struct coord_assignme
     if (rendezvous && strlen(rendezvous) > 4096)
         return -EINVAL;
     pthread_mutex_lock(&c->lock);
-    int r = configure_locked(c, dp, pp, assign, n, rendezvous, start_step, reason, ret_epoch);
+    int r = configure_locked(c, dp, pp, assign, n, rendezvous, NULL, start_step, reason,
+                             ret_epoch);
     pthread_mutex_unlock(&c->lock);
+    return r;
+}
+
+static const char *reconf_mode_name(enum coord_reconf_mode m) {
+    switch (m) {
+    case COORD_RECONF_INIT: return "init";
+    case COORD_RECONF_RESTORE: return "restore";
+    case COORD_RECONF_MIGRATE: return "migrate";
+    case COORD_RECONF_PEER_RESTORE: return "peer-restore";
+    }
+    return NULL;
+}
+
+int coord_configure_epoch(struct coord *c, int dp, int pp, const struct coord_assignment *assign,
+                          size_t n, const struct coord_epoch_setup *setup, uint64_t start_step,
+                          const char *reason, uint64_t *ret_epoch) {
+    if (!c || c->magic != COORD_MAGIC || !setup || !reconf_mode_name(setup->mode) || pp < 1 ||
+        pp > COORD_MAX_STAGES || setup->split[0] != 0 || memchr(setup->dir, 0,
+                                                                 sizeof(setup->dir)) == NULL)
+        return -EINVAL;
+    for (int k = 1; k <= pp; k++)
+        if (setup->split[k] <= setup->split[k - 1])
+            return -EINVAL;
+    /* The same for workers of the previous release, which read only the string. */
+    char *rdv = st_malloc(8192);
+    if (!rdv)
+        return -ENOMEM;
+    size_t k = (size_t)snprintf(rdv, 8192, "tcp;mode=%s;split=", reconf_mode_name(setup->mode));
+    for (int sgi = 0; sgi <= pp && k < 8192; sgi++)
+        k += (size_t)snprintf(rdv + k, 8192 - k, "%s%d", sgi ? "," : "", setup->split[sgi]);
+    if (setup->mode == COORD_RECONF_RESTORE && k < 8192)
+        k += (size_t)snprintf(rdv + k, 8192 - k, ";dir=%s", setup->dir);
+    int r = -EINVAL;
+    if (k < 4096) {
+        pthread_mutex_lock(&c->lock);
+        r = configure_locked(c, dp, pp, assign, n, rdv, setup, start_step, reason, ret_epoch);
+        pthread_mutex_unlock(&c->lock);
+    }
+    st_free(rdv);
     return r;
 }
 
@@ -869,7 +919,7 @@ static void builtin_policy(struct coord *c) {
             same = false;
     }
     if (!same) {
-        int r = configure_locked(c, dp, pp, a, n, "tcp", c->job.step, "membership changed",
+        int r = configure_locked(c, dp, pp, a, n, "tcp", NULL, c->job.step, "membership changed",
                                  NULL);
         if (r < 0)
             st_log(ST_LOG_WARN, "coord", "Re-configuring after a membership change failed: %s,"

@@ -84,6 +84,40 @@ struct runner {
 /* ---- rendezvous ---------------------------------------------------------------------------- */
 
 /* See worker-runner.h. */
+int worker_configure_setup(const Spottrain__V1__Configure *cf, char *mode, size_t modesz,
+                           int *ret_split, int max, int *ret_nsplit, char *dir, size_t dirsz) {
+    static const char *const names[] = {
+        [SPOTTRAIN__V1__RECONFIGURE_MODE__RECONFIGURE_MODE_INIT] = "init",
+        [SPOTTRAIN__V1__RECONFIGURE_MODE__RECONFIGURE_MODE_RESTORE] = "restore",
+        [SPOTTRAIN__V1__RECONFIGURE_MODE__RECONFIGURE_MODE_MIGRATE] = "migrate",
+        [SPOTTRAIN__V1__RECONFIGURE_MODE__RECONFIGURE_MODE_PEER_RESTORE] = "peer-restore",
+    };
+    if (!cf || !mode || !ret_split || !ret_nsplit || !dir || max < 2)
+        return -EINVAL;
+    if (cf->mode == SPOTTRAIN__V1__RECONFIGURE_MODE__RECONFIGURE_MODE_UNSPECIFIED)
+        return worker_rendezvous_parse(cf->rendezvous, mode, modesz, ret_split, max, ret_nsplit,
+                                       dir, dirsz); /* a coordinator of the previous release */
+    if ((unsigned)cf->mode >= ST_ARRAY_SIZE(names) || !names[cf->mode] || cf->n_split < 2 ||
+        cf->n_split > (size_t)max || strlen(names[cf->mode]) >= modesz ||
+        !cf->restore_dir || strlen(cf->restore_dir) >= dirsz)
+        return -EINVAL;
+    if (cf->mode == SPOTTRAIN__V1__RECONFIGURE_MODE__RECONFIGURE_MODE_RESTORE &&
+        !cf->restore_dir[0])
+        return -EINVAL;
+    for (size_t k = 0; k < cf->n_split; k++) {
+        if (cf->split[k] > 1000000 || (k > 0 && cf->split[k] <= cf->split[k - 1]))
+            return -EINVAL;
+        ret_split[k] = (int)cf->split[k];
+    }
+    if (ret_split[0] != 0)
+        return -EINVAL;
+    snprintf(mode, modesz, "%s", names[cf->mode]);
+    snprintf(dir, dirsz, "%s", cf->restore_dir);
+    *ret_nsplit = (int)cf->n_split;
+    return 0;
+}
+
+/* See worker-runner.h. */
 int worker_rendezvous_parse(const char *s, char *mode, size_t modesz, int *ret_split, int max,
                             int *ret_nsplit, char *dir, size_t dirsz) {
     if (!s || !mode || !ret_split || !ret_nsplit || !dir || max < 2)
@@ -635,9 +669,9 @@ static bool try_reconfigure(struct runner *R) {
     int split[WORKER_MAX_STAGES + 1], nsplit = 0;
     if (!R->pcfg && !R->pmig)
         return false;
-    if (R->pcfg && worker_rendezvous_parse(R->pcfg->configure->rendezvous, mode, sizeof(mode),
-                                           split, (int)ST_ARRAY_SIZE(split), &nsplit, dir,
-                                           sizeof(dir)) < 0) {
+    if (R->pcfg && worker_configure_setup(R->pcfg->configure, mode, sizeof(mode), split,
+                                          (int)ST_ARRAY_SIZE(split), &nsplit, dir,
+                                          sizeof(dir)) < 0) {
         notice(R, "reconfig-failed", "epoch=%llu bad rendezvous '%s'",
                (unsigned long long)R->pcfg->epoch, R->pcfg->configure->rendezvous);
         cmd_free(&R->pcfg);

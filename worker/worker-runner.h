@@ -54,6 +54,12 @@ void worker_runner_config_init(struct worker_runner_config *cfg);
  * (negative errno, logged: data unreadable, token refused, endpoint unavailable). Blocks. */
 int worker_runner_run(const struct worker_runner_config *cfg);
 
+/* The epoch's setup from a Configure: its typed fields (mode, split, restore_dir), or, when
+ * mode is unset (a coordinator of the previous release), the legacy "tcp;mode=..;split=..;
+ * dir=.." rendezvous string through worker_rendezvous_parse(). Same outputs and returns. */
+int worker_configure_setup(const Spottrain__V1__Configure *cf, char *mode, size_t modesz,
+                           int *ret_split, int max, int *ret_nsplit, char *dir, size_t dirsz);
+
 /* Parses a rendezvous string (format above). Writes the mode ("init", "migrate", "restore")
  * into mode, the pp+1 boundaries into ret_split (at most max entries) and their count into
  * *ret_nsplit, and the checkpoint directory into dir ("" when none). Returns 0 or -EINVAL. */

@@ -245,6 +245,52 @@ static int test_rendezvous(void) {
     return 0;
 }
 
+/* The typed Configure fields win over the legacy string; an unset mode falls back to it; bad
+ * typed fields are refused exactly. */
+static int test_configure_setup(void) {
+    char mode[16], dir[256];
+    int split[8], n = 0;
+    uint32_t sp[] = {0, 2, 4};
+    Spottrain__V1__Configure cf = SPOTTRAIN__V1__CONFIGURE__INIT;
+    cf.rendezvous = "tcp;mode=migrate;split=0,1,2,3";
+    cf.mode = SPOTTRAIN__V1__RECONFIGURE_MODE__RECONFIGURE_MODE_RESTORE;
+    cf.split = sp;
+    cf.n_split = 3;
+    cf.restore_dir = "/ckpt/step-7";
+    ASSERT_OK(worker_configure_setup(&cf, mode, sizeof(mode), split, 8, &n, dir, sizeof(dir)));
+    ASSERT_STREQ(mode, "restore");
+    ASSERT_EQ(n, 3);
+    ASSERT_EQ(split[2], 4);
+    ASSERT_STREQ(dir, "/ckpt/step-7");
+    cf.mode = SPOTTRAIN__V1__RECONFIGURE_MODE__RECONFIGURE_MODE_UNSPECIFIED;
+    ASSERT_OK(worker_configure_setup(&cf, mode, sizeof(mode), split, 8, &n, dir, sizeof(dir)));
+    ASSERT_STREQ(mode, "migrate"); /* from the string, as a previous coordinator sends it */
+    ASSERT_EQ(n, 4);
+    cf.mode = SPOTTRAIN__V1__RECONFIGURE_MODE__RECONFIGURE_MODE_PEER_RESTORE;
+    cf.restore_dir = "";
+    ASSERT_OK(worker_configure_setup(&cf, mode, sizeof(mode), split, 8, &n, dir, sizeof(dir)));
+    ASSERT_STREQ(mode, "peer-restore");
+    uint32_t bad_order[] = {0, 4, 2}, bad_first[] = {1, 2, 4};
+    cf.split = bad_order;
+    ASSERT_ERR(worker_configure_setup(&cf, mode, sizeof(mode), split, 8, &n, dir, sizeof(dir)),
+               -EINVAL);
+    cf.split = bad_first;
+    ASSERT_ERR(worker_configure_setup(&cf, mode, sizeof(mode), split, 8, &n, dir, sizeof(dir)),
+               -EINVAL);
+    cf.split = sp;
+    cf.n_split = 1;
+    ASSERT_ERR(worker_configure_setup(&cf, mode, sizeof(mode), split, 8, &n, dir, sizeof(dir)),
+               -EINVAL);
+    cf.n_split = 3;
+    cf.mode = SPOTTRAIN__V1__RECONFIGURE_MODE__RECONFIGURE_MODE_RESTORE; /* without a dir */
+    ASSERT_ERR(worker_configure_setup(&cf, mode, sizeof(mode), split, 8, &n, dir, sizeof(dir)),
+               -EINVAL);
+    cf.mode = (Spottrain__V1__ReconfigureMode)42;
+    ASSERT_ERR(worker_configure_setup(&cf, mode, sizeof(mode), split, 8, &n, dir, sizeof(dir)),
+               -EINVAL);
+    return 0;
+}
+
 static int test_forced(void) {
     struct coord_loop_forced f[4];
     ASSERT_EQ(coord_loop_parse_forced("0:2x1,10:1x2,20:4X1", f, 4), 3);
@@ -264,4 +310,4 @@ static int test_forced(void) {
 }
 
 TEST_MAIN(TEST(test_pairs), TEST(test_bad), TEST(test_dead), TEST(test_cut), TEST(test_rendezvous),
-          TEST(test_forced))
+          TEST(test_configure_setup), TEST(test_forced))
