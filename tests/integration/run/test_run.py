@@ -9,8 +9,10 @@ any sequence of migrations must give the same bits. (Runs stay at most 1500 step
 thousands of steps a rare one-rounding difference of data parallelism, documented by the
 engine, can appear and then grow; `train --local --dp 2` shows it against `--dp 1` at 3000.)
 
-  central     a trace with preemptions, some announced and some not: live migrations and a
-              checkpoint restore; parameters equal to the uninterrupted run
+  central     faults the test injects at steps it chose (waiting on REST): a worker and its
+              copy's holder killed (one disk restore), a notice with a spare (inter-stage),
+              an unannounced kill (one peer restore), a notice without a spare (intra-stage);
+              exactly those, no fresh start; parameters equal to the uninterrupted run
   intra       forced 2x2 -> 1x2: survivors of each stage take over (intra-stage)
   inter       forced 2x2 -> 2x2 with a noticed worker replaced by a spare (inter-stage)
   pipeline    forced 2x1 -> 1x2 -> 1x3 (pipeline repartition)
@@ -208,34 +210,130 @@ def test_inter():
 
 
 def test_central():
-    # Up to 4 workers; removals at minutes 1, 3, 5 and 7 and re-adds in between. Half of the
-    # removals come without notice (seeded: the spec's seed picks which): announced ones are
-    # migrated live, unannounced ones lose a ZeRO shard and fall back to the last checkpoint.
+    # Every fault comes from the test, at a step it chose: it waits on the job's step and on
+    # the recoveries REST has counted, never on the clock, so the same four reconfigurations
+    # happen on a loaded machine. Eight instances, dp capped at 2 and pp pinned to 2: a 2x2
+    # and four spares. Positions go to instances in launch order; position p's peer copy is
+    # held by position p+1 (the ring in position order).
+    #   1. SIGKILL of positions 1 and 2 together: position 1's only copy dies with 2, so the
+    #      job restores from disk (one checkpoint restore) onto the 2x2, spares filling in;
+    #   2. SIGTERM of a positioned worker (a notice: SPOTTRAIN_NOTICE_SECONDS gives 30 s): a
+    #      spare takes its place live (inter-stage); then it is killed, as the cloud would;
+    #   3. SIGKILL of a positioned worker: its successor's copy restores it onto the last
+    #      spare (one peer restore, the steps since the copy replayed);
+    #   4. SIGTERM of a positioned worker with no spare left: the 2x2 shrinks to 1x2 live
+    #      (intra-stage); then it is killed.
+    # No fresh start; the same bits as the uninterrupted run.
+    import signal
     d = tempfile.mkdtemp(prefix="st-run-")
+    proc = None
     try:
-        steps = 1000
-        trace = ("seconds,N\n0,4\n60,3\n120,4\n180,3\n240,4\n300,3\n360,4\n420,3\n480,4\n"
-                 "900,4\n")
-        # 0.3 s per trace minute: every event falls in the first 2.5 s of a job that trains
-        # for several seconds even on a fast machine; 240 s of notice = 1.2 s to migrate.
-        job = write_job(d, "central", steps, trace, scale=0.005, notice="240s",
-                        unannounced=0.5, ckpt="40s")
+        steps, every = 1500, 25
+        job = write_job(d, "central", steps, "seconds,N\n0,8\n",
+                        planner="dp: {min: 1, max: 2}, pp: 2", ckpt="20s",
+                        extra="  fault_tolerance: {peer_copy_every: %d}\n" % every)
         ref = reference(d, job, steps)
-        save, s = run(d, job, steps, timeout=170)
-        check(s["finished"] and s["steps"] == steps, "job did not finish")
-        check_bytes(s)
+        save, summ = os.path.join(d, "save"), os.path.join(d, "summary.json")
+        state = os.path.join(d, "state")
+        err = open(os.path.join(d, "run.err"), "w")
+        proc = subprocess.Popen([BIN, "run", job, "--steps", str(steps), "--save", save,
+                                 "--json-summary", summ, "--state-dir", state],
+                                stdout=subprocess.PIPE, stderr=err, text=True,
+                                env=dict(os.environ, SPOTTRAIN_NOTICE_SECONDS="30"))
+
+        def rest():
+            with open(os.path.join(d, "run.err")) as f:
+                for l in f:
+                    if "rest=http://" in l:
+                        return l.split("rest=")[1].split()[0]
+            return None
+        base = wait_for("the REST address", rest, 60)
+
+        def job():
+            try:
+                return json.loads(http_get(base, "/v1/job"))
+            except (OSError, ValueError):
+                return None
+
+        def counted(kind, n, step):
+            """The job once REST counts n reconfigurations of kind and it trained past step."""
+            j = job()
+            return j if (j and j["migrations"][kind]["count"] >= n and j["step"] >= step and
+                         j["state"] == "running") else None
+
+        def positions():
+            ws = json.loads(http_get(base, "/v1/workers"))["workers"]
+            j = job()
+            pos = {}
+            for w in ws:
+                if w["state"] == "active" and w["epoch"] == j["epoch"] and w["stage"] >= 0:
+                    pos[w["stage"] * j["shape"]["dp"] + w["replica"]] = w["instance_id"]
+            return [pos[k] for k in sorted(pos)]
+
+        def signal_(sig, *names):
+            pids = wait_for("the worker processes", lambda: (
+                lambda p: p if all(n in p for n in names) else None)(sim_worker_pids(d)), 30)
+            for n in names:
+                os.kill(pids[n], sig)
+
+        def committed():
+            root = os.path.join(state, "ckpt")
+            return os.path.isdir(root) and any(
+                os.path.exists(os.path.join(root, c, "manifest.json")) for c in os.listdir(root))
+
+        # 1. A worker and the successor holding its only copy: a disk restore.
+        j = wait_for("copies and a committed checkpoint",
+                     lambda: counted("intra_stage", 0, 3 * every + 5) if committed() else None, 90)
+        p = positions()
+        check(j["shape"] == {"dp": 2, "pp": 2} and len(p) == 4, "started as 2x2: %r" % p)
+        signal_(signal.SIGKILL, p[1], p[2])
+        j = wait_for("the disk restore trained on",
+                     lambda: counted("checkpoint_restore", 1, 3 * every + 5), 90)
+        # 2. A notice with a spare left: inter-stage; then the noticed worker goes.
+        noticed = positions()[0]
+        signal_(signal.SIGTERM, noticed)
+        j = wait_for("the inter-stage migration trained on",
+                     lambda: counted("inter_stage", 1, j["step"] + 3 * every), 90)
+        check(noticed not in positions(), "the noticed worker still holds a position")
+        signal_(signal.SIGKILL, noticed)
+        # 3. An unannounced loss with copies: a peer restore onto the last spare.
+        j = wait_for("copies of the new epoch", lambda: counted("inter_stage", 1,
+                                                                  j["step"] + 3 * every), 90)
+        signal_(signal.SIGKILL, positions()[3])
+        j = wait_for("the peer restore trained on",
+                     lambda: counted("peer_restore", 1, j["step"] + 3 * every), 90)
+        # 4. A notice without a spare: the 2x2 shrinks to 1x2.
+        noticed = positions()[1]
+        signal_(signal.SIGTERM, noticed)
+        j = wait_for("the intra-stage migration trained on",
+                     lambda: counted("intra_stage", 1, j["step"] + every), 90)
+        check(noticed not in positions(), "the noticed worker still holds a position")
+        signal_(signal.SIGKILL, noticed)
+
+        out, _ = proc.communicate(timeout=150)
+        err.close()
+        sys.stdout.write(out[-4000:])
+        with open(os.path.join(d, "run.err")) as f:
+            sys.stdout.write("".join(l for l in f if " loop: " in l)[-6000:])
+        check(proc.returncode == 0, "spottrain run exited %d" % proc.returncode)
+        with open(summ) as f:
+            s = json.load(f)
         m = s["migrations"]
-        print("live migrations: %s, peer restores: %d, checkpoint restores: %d" % (
-            [r["kind"] for r in kinds(s)], m["peer-restore"]["count"],
-            s["checkpoint_restores"]))
-        check(len(kinds(s)) >= 1, "no live migration happened")
-        # Unannounced losses recover from peer copies (fault_tolerance's default) or, when no
-        # copy survives, from disk; a restart from scratch would lose steps.
-        check(m["peer-restore"]["count"] + m["checkpoint-restore"]["count"] >= 1,
-              "no restore happened")
-        check(m["fresh-start"]["count"] == 0, "a fresh start: %r" % m["fresh-start"])
+        recs = [(r["kind"], r["at_step"], r["ok"]) for r in s["reconfigurations"]]
+        print("reconfigurations: %s" % recs)
+        check(s["finished"] and s["steps"] == steps, "job did not finish: %s" % s)
+        check_bytes(s)
+        check([r["kind"] for r in kinds(s)] == ["inter-stage", "intra-stage"],
+              "live migrations: %s" % [r["kind"] for r in kinds(s)])
+        check(m["checkpoint-restore"]["count"] == 1, "disk restores: %r" % m["checkpoint-restore"])
+        check(m["peer-restore"]["count"] == 1, "peer restores: %r" % m["peer-restore"])
+        check(m["fresh-start"]["count"] == 0, "fresh starts: %r" % m["fresh-start"])
+        check(m["peer-restore"]["bytes"] > 0, "a peer restore moves state")
         same(ref, save)
     finally:
+        if proc and proc.poll() is None:
+            proc.kill()
+            proc.wait()
         shutil.rmtree(d, ignore_errors=True)
 
 
