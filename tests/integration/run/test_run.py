@@ -17,7 +17,8 @@ engine, can appear and then grow; `train --local --dp 2` shows it against `--dp 
   inter       forced 2x2 -> 2x2 with a noticed worker replaced by a spare (inter-stage)
   pipeline    forced 2x1 -> 1x2 -> 1x3 (pipeline repartition)
   reshard     forced 1x2 -> 2x2 -> 4x1 (ZeRO-1 optimizer shards resharded when dp changes)
-  restart     kill -9 of a standalone coordinator mid-run, restart: the job continues
+  restart     kill -9 of a standalone coordinator mid-run and again mid-migration (a notice's),
+              restarted at once: the job resumes from its journal each time, same bits
   standalone  `coordinator --train` with workers started by hand: the liveput planner decides
               (GET /v1/job "planner", /metrics), a worker killed with SIGKILL (no notice) leads
               to a new decision that fits the workers still alive, and the job finishes equal
@@ -489,57 +490,97 @@ def free_port():
 
 
 def test_restart():
-    # A standalone coordinator (`spottrain coordinator --train`) and two `spottrain worker
-    # --job` processes; the coordinator is killed with SIGKILL mid-run and restarted on the
-    # same state directory: the job resumes from the journal and finishes with the same bits.
+    # A standalone coordinator (`spottrain coordinator --train`) and three `spottrain worker
+    # --job` processes (a 2x1 and a spare). The coordinator is killed with SIGKILL twice, each
+    # time restarted at once on the same state directory and port, at moments the test waits
+    # for through REST (never the clock): mid-run, then mid-migration (a worker's notice, its
+    # SIGTERM under SPOTTRAIN_NOTICE_SECONDS, made it order a live migration: killed as soon
+    # as that epoch opened). The job resumes from the journal each time and ends with the
+    # same bits.
     import signal
-    import time
     d = tempfile.mkdtemp(prefix="st-run-")
     procs = []
     try:
         steps = 1500
-        job = write_job(d, "restart", steps, "seconds,N\n0,2\n600,2\n",
-                        planner="dp: 2, pp: 1", ckpt="0s")
+        job = write_job(d, "restart", steps, "seconds,N\n0,3\n600,3\n",
+                        planner="dp: {min: 1, max: 2}, pp: 1", ckpt="0s")
         ref = reference(d, job, steps)
         tok = os.path.join(d, "token")
         with open(tok, "w") as f:
             f.write("restart-test-token\n")
-        port = free_port()
-        addr = "127.0.0.1:%d" % port
+        addr = "127.0.0.1:%d" % free_port()
+        rest = "127.0.0.1:%d" % free_port()
         save = os.path.join(d, "save")
         coord = [BIN, "coordinator", "--job", job, "--train", "--listen", addr,
-                 "--status-listen", "", "--token-file", tok, "--state-dir",
+                 "--status-listen", rest, "--token-file", tok, "--state-dir",
                  os.path.join(d, "state"), "--save", save]
         log = open(os.path.join(d, "coord.log"), "w")
-        c1 = subprocess.Popen(coord, stdout=log, stderr=subprocess.STDOUT)
-        procs.append(c1)
-        for i in range(2):
+        c = subprocess.Popen(coord, stdout=log, stderr=subprocess.STDOUT)
+        procs.append(c)
+        workers = {}
+        for i in range(3):
             w = subprocess.Popen([BIN, "worker", "--coordinator", addr, "--token-file", tok,
                                   "--job", job, "--data-addr", "127.0.0.1:0", "--state-dir",
                                   os.path.join(d, "w%d" % i)],
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                 stdout=subprocess.DEVNULL, stderr=log,
+                                 env=dict(os.environ, SPOTTRAIN_NOTICE_SECONDS="30"))
             procs.append(w)
-        # Let it train for a while (a second or two of steps), then kill -9.
-        deadline = time.time() + 60
-        while time.time() < deadline and c1.poll() is None:
+            workers[os.path.join(d, "w%d" % i)] = w
+
+        def job_():
+            try:
+                return json.loads(rest_get("http://%s/v1/job" % rest))
+            except (OSError, ValueError):
+                return None
+
+        def at(step, epoch=1):
+            j = job_()
+            return j if j and j["step"] >= step and j["epoch"] >= epoch else None
+
+        def restart(c):
+            check(c.poll() is None, "the coordinator ended before it could be killed")
+            c.send_signal(signal.SIGKILL)
+            c.wait()
+            c = subprocess.Popen(coord, stdout=log, stderr=subprocess.STDOUT)
+            procs.append(c)
+            return c
+        # Mid-run: a few hundred steps in.
+        j = wait_for("step 300", lambda: at(300), 90)
+        c = restart(c)
+
+        def logged(what):
             with open(os.path.join(d, "coord.log")) as f:
-                if "running 2x1" in f.read():
-                    break
-            time.sleep(0.2)
-        time.sleep(1.5)
-        check(c1.poll() is None, "the coordinator ended before it could be killed")
-        c1.send_signal(signal.SIGKILL)
-        c1.wait()
-        time.sleep(1.0)
-        c2 = subprocess.Popen(coord, stdout=log, stderr=subprocess.STDOUT)
-        procs.append(c2)
-        rc = c2.wait(timeout=150)
+                return what in f.read()
+        # Workers train the steps already leased while it resyncs: wait for the resume itself.
+        wait_for("the restarted coordinator to resume the epoch",
+                 lambda: logged("after a restart"), 90)
+        j = wait_for("the resumed epoch to train on", lambda: at(j["step"] + 100), 90)
+        # Mid-migration: a positioned worker's notice orders a live migration to the spare.
+        ws = json.loads(rest_get("http://%s/v1/workers" % rest))["workers"]
+        pos = [w for w in ws if w["state"] == "active" and w["stage"] >= 0]
+        check(len(pos) == 2, "2x1 positions: %r" % pos)
+        # The worker's id file is in its state directory: find the process by its id.
+        victim = None
+        for sd, w in workers.items():
+            try:
+                with open(os.path.join(sd, "worker-id")) as f:
+                    if f.read().strip() == pos[0]["id"]:
+                        victim = w
+            except OSError:
+                pass
+        check(victim is not None, "no process for worker %s" % pos[0]["id"])
+        victim.send_signal(signal.SIGTERM)
+        wait_for("the migration's epoch", lambda: at(0, j["epoch"] + 1), 60)
+        c = restart(c)
+        rc = c.wait(timeout=150)
         log.close()
         with open(os.path.join(d, "coord.log")) as f:
             text = f.read()
-        sys.stdout.write(text[-3000:])
+        sys.stdout.write("".join(l for l in text.splitlines(True) if " loop: " in l)[-4000:])
         check(rc == 0, "restarted coordinator exited %d" % rc)
-        check("after a restart" in text, "the restarted coordinator did not resume the epoch")
+        check("a worker was noticed" in text, "the notice ordered no migration")
+        check(text.count("after a restart") + text.count("resync after restart failed") >= 2,
+              "the second restarted coordinator did not resume from its journal")
         same(ref, save)
     finally:
         for p in procs:
