@@ -191,11 +191,15 @@ def test_inter():
     # notice; the spare takes its position: that stage's weights and moments move to it.
     d = tempfile.mkdtemp(prefix="st-run-")
     try:
-        steps = 400
+        steps = 1000
         # Named events: positions go to instances in launch order, so node3 (the third
-        # instance) holds stage 1, replica 0 of the 2x2 layout and node5 is the spare.
+        # instance) holds stage 1, replica 0 of the 2x2 layout and node5 is the spare. The
+        # trace clock starts when epoch 1 runs; the notice comes 10 s of trace (0.1 s) later,
+        # well before the job ends, and gives 1200 s (12 s of wall time) to migrate: with
+        # 120 s (1.2 s) a loaded machine did not finish the migration before the kill, the
+        # epoch failed and no inter-stage migration was counted.
         trace = "".join("0,add,node%d\n" % i for i in range(1, 6)) + "60000,remove,node3\n"
-        job = write_job(d, "inter", steps, trace, scale=0.01, notice="120s",
+        job = write_job(d, "inter", steps, trace, scale=0.01, notice="1200s",
                         planner="dp: 2, pp: 2")
         ref = reference(d, job, steps)
         save, s = run(d, job, steps)
