@@ -574,7 +574,7 @@ def test_restart():
                 pass
         check(victim is not None, "no process for worker %s" % pos[0]["id"])
         victim.send_signal(signal.SIGTERM)
-        wait_for("the migration's epoch", lambda: at(0, j["epoch"] + 1), 60)
+        wait_for("the notice's migration epoch", lambda: at(0, j["epoch"] + 1), 60)
         c = restart(c)
         rc = c.wait(timeout=150)
         log.close()
@@ -582,7 +582,8 @@ def test_restart():
             text = f.read()
         sys.stdout.write("".join(l for l in text.splitlines(True) if " loop: " in l)[-4000:])
         check(rc == 0, "restarted coordinator exited %d" % rc)
-        check("a worker was noticed" in text, "the notice ordered no migration")
+        # (The killed coordinator may not have printed its "a worker was noticed" event: the
+        # epoch REST showed opening is the proof the notice ordered the migration.)
         check(text.count("after a restart") + text.count("resync after restart failed") >= 2,
               "the second restarted coordinator did not resume from its journal")
         same(ref, save)
