@@ -85,6 +85,8 @@ void cli_job_ui_init(struct cli_job_ui *u, const char *cmd, const char *prefix,
                      struct coord_job_ui *ret);
 /* Draws the status block (terminal) or one progress line. */
 void cli_job_ui_draw(struct cli_job_ui *u, const struct coord_loop_status *st);
+/* Before the summary: erases the status block (terminal) or prints the last progress line. */
+void cli_job_ui_finish(struct cli_job_ui *u);
 /* The closing summary table. */
 void cli_job_print_summary(FILE *f, const struct coord_loop_summary *s, const struct st_spec *sp);
 /* The summary as JSON (`--json-summary`). Returns 0 or negative errno. */

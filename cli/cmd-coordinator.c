@@ -12,6 +12,7 @@
 
 #include "cli.h"
 #include "common.h"
+#include "coord-loop.h"  /* coord_loop_parse_forced: --shapes */
 #include "coordinator.h" /* coord_new, coord_start */
 #include "coordinator-train.h" /* --train */
 
@@ -29,6 +30,7 @@ int cli_cmd_coordinator(int argc, char **argv) {
         {"train", no_argument, NULL, 'R'},
         {"save", required_argument, NULL, 'S'},
         {"kubeconfig", required_argument, NULL, 'k'},
+        {"shapes", required_argument, NULL, 'P'},
         {NULL, 0, NULL, 0},
     };
     const char *tls[3] = {NULL, NULL, NULL}; /* cert, key, client CA */
@@ -39,6 +41,7 @@ int cli_cmd_coordinator(int argc, char **argv) {
     bool train = false;      /* --train: the planning loop drives the job (coordinator-train.c) */
     const char *save = NULL; /* --save DIR: final checkpoint (with --train) */
     const char *kubeconfig = NULL; /* --kubeconfig F: the kubernetes provider's API server */
+    const char *shapes = NULL;     /* --shapes STEP:DPxPP,...: forced shapes (with --train) */
 
     optind = 1;
     opterr = 0;
@@ -55,6 +58,14 @@ int cli_cmd_coordinator(int argc, char **argv) {
         case 'R': train = true; break;
         case 'S': save = optarg; break;
         case 'k': kubeconfig = optarg; break;
+        case 'P': {
+            struct coord_loop_forced f[COORD_LOOP_MAX_FORCED];
+            if (coord_loop_parse_forced(optarg, f, COORD_LOOP_MAX_FORCED) < 0)
+                return cli_usage_error("coordinator", "invalid --shapes '%s' (want "
+                                       "STEP:DPxPP,... with increasing steps)", optarg);
+            shapes = optarg;
+            break;
+        }
         case 'H':
             if (st_parse_duration(optarg, &deadline) < 0 || deadline <= 0)
                 return cli_usage_error("coordinator", "bad --heartbeat-deadline '%s'", optarg);
@@ -69,6 +80,8 @@ int cli_cmd_coordinator(int argc, char **argv) {
         return cli_usage_error("coordinator", "--save needs --train");
     if (kubeconfig && !train)
         return cli_usage_error("coordinator", "--kubeconfig needs --train");
+    if (shapes && !train)
+        return cli_usage_error("coordinator", "--shapes needs --train");
     if (!job)
         return cli_usage_error("coordinator", "--job JOB.yaml is required");
     if (!tls[0] != !tls[1])
@@ -132,7 +145,7 @@ int cli_cmd_coordinator(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     if (train) {
         /* The job driver ticks on this thread; a signal only raises its stop flag. */
-        ret = cli_coordinator_train(&cfg, spec, save, kubeconfig);
+        ret = cli_coordinator_train(&cfg, spec, save, kubeconfig, shapes);
         goto out;
     }
     /* Block before any thread exists so every thread inherits the mask. */

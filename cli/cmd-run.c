@@ -121,8 +121,7 @@ static int run_job(const struct run_opts *o, struct st_spec *spec) {
         code = r == -EINVAL ? CLI_EXIT_INPUT : CLI_EXIT_FAILURE;
         goto out;
     }
-    if (ui->have_status)
-        cli_job_ui_draw(ui, &ui->last);
+    cli_job_ui_finish(ui);
     cli_job_print_summary(stdout, sum, spec);
     code = r == 0 ? CLI_EXIT_OK : CLI_EXIT_FAILURE;
     if (o->json && (r = cli_job_write_json(o->json, sum)) < 0) {

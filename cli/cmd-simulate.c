@@ -3,7 +3,10 @@
  * Reads the trace, the cost profile and (for the parcae policies) a Parcae decisions file,
  * runs planner/'s simulator once per policy and prints a table or JSON; optionally writes
  * the per-interval shapes in Parcae's decisions format and an SVG plot. `--bench-decide N`
- * times plan_decide on synthetic situations (used by scripts/bench.d/planner). */
+ * times plan_decide on synthetic situations (used by scripts/bench.d/planner).
+ * `--migration-costs FILE` charges migrations with the costs scripts/bench migration measured
+ * (planner/measured.c); each policy then also runs under Parcae's accounting, and both figures
+ * print side by side. */
 #include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
@@ -233,11 +236,14 @@ int cli_cmd_simulate(int argc, char **argv) {
         {"defer", required_argument, NULL, 'D'},
         {"defer-max", required_argument, NULL, 'M'},
         {"count-window", required_argument, NULL, 'W'},
+        {"migration-costs", required_argument, NULL, 'C'},
+        {"link-gbps", required_argument, NULL, 'G'},
         {"help", no_argument, NULL, 'h'},
         {0},
     };
     const char *trace_path = NULL, *profile_path = NULL, *model = NULL, *dec_path = NULL;
-    const char *dec_out = NULL, *plot = NULL, *policies = NULL;
+    const char *dec_out = NULL, *plot = NULL, *policies = NULL, *mc_path = NULL;
+    double link_gbps = 0;
     bool json = false;
     int bench_n = 0;
     struct plan_sim_options so;
@@ -321,6 +327,11 @@ int cli_cmd_simulate(int argc, char **argv) {
                                        optarg);
             so.count_window = (int)v;
             break;
+        case 'C': mc_path = optarg; break;
+        case 'G':
+            if (!parse_double(optarg, 1e-3, 1e6, &link_gbps))
+                return cli_usage_error(cmd, "bad --link-gbps '%s' (Gb/s, > 0)", optarg);
+            break;
         case 'T':
             if (!parse_double(optarg, 0, 1000, &so.tail))
                 return cli_usage_error(cmd, "bad --tail '%s' (0..1000 intervals)", optarg);
@@ -338,19 +349,24 @@ int cli_cmd_simulate(int argc, char **argv) {
         return cli_usage_error(cmd, "--trace FILE is required");
     if (!profile_path && !bench_n)
         return cli_usage_error(cmd, "--profile FILE is required");
+    if (link_gbps > 0 && !mc_path)
+        return cli_usage_error(cmd, "--link-gbps needs --migration-costs FILE");
 
     int rc = CLI_EXIT_OK, r;
-    char *ttext = NULL, *ptext = NULL, *dtext = NULL;
-    size_t tlen = 0, plen = 0, dlen = 0;
+    char *ttext = NULL, *ptext = NULL, *dtext = NULL, *mtext = NULL;
+    size_t tlen = 0, plen = 0, dlen = 0, mlen = 0;
     struct plan_trace *t = NULL;
-    struct plan_cost *cost = NULL;
+    struct plan_cost *cost = NULL, *parcae_cost = NULL;
+    struct plan_measured_costs mc;
     struct plan_decisions *dec = NULL;
-    struct plan_sim_result res[PLAN_POL_NKINDS];
+    struct plan_sim_result res[PLAN_POL_NKINDS], pres[PLAN_POL_NKINDS];
     enum plan_policy pol[PLAN_POL_NKINDS];
     int npol = 0, nres = 0;
     struct st_error err;
     memset(&err, 0, sizeof(err));
     memset(res, 0, sizeof(res));
+    memset(pres, 0, sizeof(pres));
+    memset(&mc, 0, sizeof(mc));
 
     /* policies first: a bad name is an input error before any file is read */
     if (!policies)
@@ -390,6 +406,26 @@ int cli_cmd_simulate(int argc, char **argv) {
         if (r < 0) {
             print_err(cmd, &err);
             rc = r == -ENOMEM ? CLI_EXIT_FAILURE : CLI_EXIT_INPUT;
+            goto out;
+        }
+    }
+    if (mc_path) {
+        if (load(cmd, "migration costs", mc_path, &mtext, &mlen) < 0) {
+            rc = CLI_EXIT_INPUT;
+            goto out;
+        }
+        if ((r = plan_measured_costs_parse(mc_path, mtext, mlen, &mc, &err)) < 0) {
+            print_err(cmd, &err);
+            rc = CLI_EXIT_INPUT;
+            goto out;
+        }
+        /* The same profile twice: one cost model charges measured costs, the other keeps
+         * Parcae's so both accountings print. */
+        r = plan_cost_from_profile(profile_path, ptext, plen, model, &parcae_cost, &err);
+        if (r < 0 || (r = plan_cost_use_measured(cost, &mc, link_gbps)) < 0) {
+            fprintf(stderr, "spottrain %s: cannot apply '%s': %s\n", cmd, mc_path,
+                    st_strerror(r));
+            rc = CLI_EXIT_FAILURE;
             goto out;
         }
     }
@@ -436,6 +472,12 @@ int cli_cmd_simulate(int argc, char **argv) {
             goto out;
         }
         nres++;
+        if (parcae_cost && (r = plan_simulate(parcae_cost, t, pol[k], &so, &pres[k])) < 0) {
+            fprintf(stderr, "spottrain %s: policy '%s' failed under Parcae's costs: %s\n", cmd,
+                    plan_policy_name(pol[k]), st_strerror(r));
+            rc = r == -EINVAL ? CLI_EXIT_INPUT : CLI_EXIT_FAILURE;
+            goto out;
+        }
     }
     if (json) {
         json_t *root = json_pack("{s:[],s:s,s:i,s:f,s:f}", "policies", "model", cost->model,
@@ -447,15 +489,26 @@ int cli_cmd_simulate(int argc, char **argv) {
             for (int kk = 1; kk < PLAN_KIND_NKINDS; kk++)
                 json_object_set_new(kinds, plan_mig_kind_name((enum plan_mig_kind)kk),
                                     json_integer(res[k].by_kind[kk]));
-            json_array_append_new(
-                arr, json_pack("{s:s,s:f,s:f,s:i,s:o,s:f,s:f,s:f}", "policy",
+            json_t *po = json_pack("{s:s,s:f,s:f,s:i,s:o,s:f,s:f,s:f}", "policy",
                                plan_policy_name(res[k].policy), "committed_samples",
                                res[k].committed_samples, "ideal_fraction", res[k].ideal_fraction,
                                "reconfigurations", res[k].reconfigurations,
                                "reconfigurations_by_kind", kinds, "seconds_lost",
                                res[k].seconds_lost, "dollars", res[k].dollars,
-                               "samples_per_dollar", res[k].samples_per_dollar));
+                               "samples_per_dollar", res[k].samples_per_dollar);
+            if (po && parcae_cost)
+                json_object_set_new(po, "parcae_accounting",
+                                    json_pack("{s:f,s:f,s:i}", "committed_samples",
+                                              pres[k].committed_samples, "ideal_fraction",
+                                              pres[k].ideal_fraction, "reconfigurations",
+                                              pres[k].reconfigurations));
+            json_array_append_new(arr, po);
         }
+        if (parcae_cost)
+            json_object_set_new(root, "migration_costs",
+                                json_pack("{s:s,s:s,s:f,s:f}", "file", mc_path, "machine",
+                                          mc.machine, "measured_link_gbps", mc.link_gbps,
+                                          "link_gbps", link_gbps > 0 ? link_gbps : mc.link_gbps));
         char *s = json_dumps(root, JSON_INDENT(1) | JSON_REAL_PRECISION(10));
         printf("%s\n", s ? s : "{}");
         free(s);
@@ -463,12 +516,19 @@ int cli_cmd_simulate(int argc, char **argv) {
     } else {
         printf("model %s, %d intervals, notice %.0f s, unannounced %.2f\n", cost->model,
                t->nintervals, so.notice_s, so.unannounced);
-        printf("%-19s %14s %7s %7s %11s %9s %11s  %s\n", "policy", "samples", "ideal", "reconf",
-               "seconds-lost", "dollars", "samples/$", "migrations by kind");
+        if (parcae_cost)
+            printf("migrations charged with '%s' (measured on '%s' at %.1f Gb/s) over %.1f Gb/s;"
+                   " 'parcae' column: the same policy under Parcae's restart-based costs\n",
+                   mc_path, mc.machine, mc.link_gbps, link_gbps > 0 ? link_gbps : mc.link_gbps);
+        printf("%-19s %14s %7s %7s %11s %9s %11s %s %s\n", "policy", "samples", "ideal", "reconf",
+               "seconds-lost", "dollars", "samples/$", parcae_cost ? "  parcae" : "",
+               " migrations by kind");
         for (int k = 0; k < nres; k++) {
             printf("%-19s %14.0f %7.4f %7d %11.0f %9.2f %11.1f ", plan_policy_name(res[k].policy),
                    res[k].committed_samples, res[k].ideal_fraction, res[k].reconfigurations,
                    res[k].seconds_lost, res[k].dollars, res[k].samples_per_dollar);
+            if (parcae_cost)
+                printf(" %7.4f ", pres[k].ideal_fraction);
             for (int kk = 1; kk < PLAN_KIND_NKINDS; kk++)
                 if (res[k].by_kind[kk])
                     printf(" %s=%d", plan_mig_kind_name((enum plan_mig_kind)kk),
@@ -487,8 +547,12 @@ int cli_cmd_simulate(int argc, char **argv) {
         goto out;
     }
 out:
-    for (int k = 0; k < nres; k++)
+    for (int k = 0; k < nres; k++) {
         plan_sim_result_done(&res[k]);
+        plan_sim_result_done(&pres[k]);
+    }
+    plan_cost_free(parcae_cost);
+    st_free(mtext);
     plan_decisions_free(dec);
     plan_cost_free(cost);
     plan_trace_free(t);

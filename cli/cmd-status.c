@@ -270,6 +270,200 @@ static long long jint(json_t *o, const char *k) {
     return (long long)json_integer_value(json_object_get(o, k));
 }
 
+/* ---- events, as a person reads them ------------------------------------------------------ */
+
+#define EV_TEXT 400
+
+/* One line of "last events": an event, or a run of events folded into one. */
+struct ev_line {
+    long long seq;            /* the last event folded in */
+    time_t t;                 /* its time */
+    char kind[24];
+    char wid[12];             /* worker id prefix; "" for the coordinator's own or a group */
+    char text[EV_TEXT];
+    int reps;                 /* identical events folded in */
+    /* A group of events in a row that read as one: "ckpt" (checkpoints: each stage's notice
+     * and the coordinator's line, over consecutive steps) or "reconf N" (each worker's
+     * notice that it reconfigured for epoch N). */
+    char group[32];
+    long long first, last;    /* ckpt: first and last step */
+    int count;                /* ckpt: checkpoints; reconf: workers */
+    double bytes;             /* reconf: bytes received */
+    double slowest;           /* seconds: the slowest write or stall */
+};
+
+/* A worker's notice "KIND at UNIX-TIME k=v k=v" in words: "KIND: k v, k v" (the time is the
+ * event's own, shown in its column). */
+static void notice_words(const char *msg, char *out, size_t size) {
+    char kind[64];
+    double at;
+    int off = 0;
+    if (sscanf(msg, "%63s at %lf %n", kind, &at, &off) < 2 || off == 0) {
+        snprintf(out, size, "%s", msg);
+        return;
+    }
+    size_t k = (size_t)snprintf(out, size, "%s", kind);
+    const char *p = msg + off;
+    bool first = true;
+    while (*p && k + 1 < size) {
+        size_t n = strcspn(p, " ");
+        const char *eq = memchr(p, '=', n);
+        if (eq && !strncmp(p, "dir=", 4))
+            n = strlen(p); /* last, may hold spaces */
+        if (eq)
+            k += (size_t)snprintf(out + k, size - k, "%s%.*s %.*s", first ? ": " : ", ",
+                                  (int)(eq - p), p, (int)(n - (size_t)(eq - p) - 1), eq + 1);
+        else
+            k += (size_t)snprintf(out + k, size - k, "%s%.*s", first ? ": " : " ", (int)n, p);
+        first = false;
+        p += n;
+        while (*p == ' ')
+            p++;
+    }
+}
+
+/* Value of "key=" in a notice's text, as a number; false when absent. */
+static bool notice_num(const char *msg, const char *key, double *ret) {
+    char pat[32];
+    snprintf(pat, sizeof(pat), " %s=", key);
+    const char *p = strstr(msg, pat);
+    if (!p)
+        return false;
+    *ret = strtod(p + strlen(pat), NULL);
+    return true;
+}
+
+static const char *secs_words(char *buf, size_t size, double s) {
+    if (s < 1)
+        snprintf(buf, size, "%.0f ms", s * 1000);
+    else
+        snprintf(buf, size, "%.2f s", s);
+    return buf;
+}
+
+/* The text of a folded group, once all its events are in. */
+static void group_text(struct ev_line *l) {
+    char slow[32];
+    secs_words(slow, sizeof(slow), l->slowest);
+    if (!strcmp(l->group, "ckpt") && l->count == 1)
+        snprintf(l->text, sizeof(l->text), "checkpoint at step %lld written in %s", l->last,
+                 slow);
+    else if (!strcmp(l->group, "ckpt"))
+        snprintf(l->text, sizeof(l->text), "%d checkpoints, steps %lld to %lld, the slowest "
+                 "written in %s", l->count, l->first, l->last, slow);
+    else
+        snprintf(l->text, sizeof(l->text), "%d worker%s reconfigured for epoch %lld: %.2f MB "
+                 "received, the longest stall %s", l->count, l->count == 1 ? "" : "s",
+                 l->first, l->bytes / 1e6, slow);
+}
+
+/* Folds the journal's events into lines: a checkpoint is one line (its stages' notices and
+ * the coordinator's "written" line together), a run of checkpoints with nothing between is
+ * one line, the workers' "reconfigured" notices of one epoch are one line, and identical
+ * events in a row are one line with a count. Keeps the last `max` lines; returns how many. */
+static size_t fold_events(json_t *el, struct ev_line *out, size_t max) {
+    size_t n = 0, i;
+    json_t *e;
+    json_array_foreach(el, i, e) {
+        const char *kind = jstr(e, "kind"), *msg = jstr(e, "message");
+        const char *wid = json_string_value(json_object_get(e, "worker_id"));
+        struct ev_line x;
+        memset(&x, 0, sizeof(x));
+        x.seq = jint(e, "seq");
+        x.t = (time_t)json_number_value(json_object_get(e, "time"));
+        snprintf(x.kind, sizeof(x.kind), "%s", kind);
+        snprintf(x.wid, sizeof(x.wid), "%.8s", wid ? wid : "");
+        double v = 0, secs = 0;
+        unsigned long long step = 0, epoch = 0;
+        int dp = 0, pp = 0, off = 0;
+        char took[32] = "";
+        bool is_notice = !strcmp(kind, "notice");
+        if (is_notice && !strncmp(msg, "ckpt-written ", 13) && notice_num(msg, "step", &v)) {
+            snprintf(x.group, sizeof(x.group), "ckpt");
+            x.first = x.last = (long long)v;
+            (void)notice_num(msg, "seconds", &x.slowest);
+        } else if (!strcmp(kind, "loop") &&
+                   sscanf(msg, "checkpoint at step %llu written: %*d stage%*s in %31[^\n]",
+                          &step, took) == 2) {
+            snprintf(x.group, sizeof(x.group), "ckpt");
+            x.first = x.last = (long long)step;
+            x.slowest = strtod(took, NULL) / (strstr(took, "ms") ? 1000.0 : 1.0);
+        } else if (is_notice && !strncmp(msg, "reconfigured ", 13) &&
+                   notice_num(msg, "epoch", &v)) {
+            snprintf(x.group, sizeof(x.group), "reconf %.0f", v);
+            x.first = (long long)v;
+            x.count = 1;
+            (void)notice_num(msg, "recv", &x.bytes);
+            (void)notice_num(msg, "stall", &secs);
+            x.slowest = secs;
+        } else if (!strcmp(kind, "epoch") &&
+                   sscanf(msg, "epoch %llu: dp=%d pp=%d (%n", &epoch, &dp, &pp, &off) == 3 &&
+                   off > 0) {
+            /* The coordinator's record of an order; the loop's line reports the outcome. */
+            snprintf(x.text, sizeof(x.text), "epoch %llu ordered: %dx%d (%s", epoch, dp, pp,
+                     msg + off);
+        } else if (is_notice) {
+            notice_words(msg, x.text, sizeof(x.text));
+        } else {
+            snprintf(x.text, sizeof(x.text), "%s", msg);
+        }
+        struct ev_line *last = n ? &out[n - 1] : NULL;
+        if (x.group[0] && last && !strcmp(last->group, x.group)) {
+            if (!strcmp(x.group, "ckpt"))
+                last->count += x.last != last->last;
+            else
+                last->count++;
+            last->last = x.last;
+            last->bytes += x.bytes;
+            last->slowest = x.slowest > last->slowest ? x.slowest : last->slowest;
+            last->seq = x.seq;
+            last->t = x.t;
+            continue;
+        }
+        if (!x.group[0] && last && !last->group[0] && !strcmp(last->kind, x.kind) &&
+            !strcmp(last->wid, x.wid) && !strcmp(last->text, x.text)) {
+            last->reps++;
+            last->seq = x.seq;
+            last->t = x.t;
+            continue;
+        }
+        if (x.group[0]) {
+            x.count = 1;
+            snprintf(x.kind, sizeof(x.kind), "%s", !strcmp(x.group, "ckpt") ? "checkpoint"
+                                                                            : "reconfigured");
+            x.wid[0] = '\0';
+        }
+        if (n == max) {
+            memmove(out, out + 1, (max - 1) * sizeof(*out));
+            n--;
+        }
+        out[n++] = x;
+    }
+    for (i = 0; i < n; i++)
+        if (out[i].group[0])
+            group_text(&out[i]);
+    return n;
+}
+
+static void print_events(json_t *el) {
+    struct ev_line *lines = st_calloc(10, sizeof(*lines));
+    if (!lines)
+        return;
+    size_t n = fold_events(el, lines, 10);
+    printf("\nlast events:\n");
+    for (size_t i = 0; i < n; i++) {
+        struct tm tm;
+        char ts[32], reps[32] = "";
+        localtime_r(&lines[i].t, &tm);
+        strftime(ts, sizeof(ts), "%H:%M:%S", &tm);
+        if (lines[i].reps)
+            snprintf(reps, sizeof(reps), " (x%d)", lines[i].reps + 1);
+        printf("  %6lld %s %-12s %s%s%s%s\n", lines[i].seq, ts, lines[i].kind, lines[i].wid,
+               lines[i].wid[0] ? " " : "", lines[i].text, reps);
+    }
+    st_free(lines);
+}
+
 static void print_table(json_t *job, json_t *workers, json_t *events) {
     json_t *shape = json_object_get(job, "shape");
     printf("job %s (%s)  state %s  epoch %lld  shape dp=%lld pp=%lld\n", jstr(job, "name"),
@@ -284,33 +478,29 @@ static void print_table(json_t *job, json_t *workers, json_t *events) {
            "LAYERS", "ZONE", "DATA", "SEEN");
     size_t i;
     json_t *w;
+    long long nlayers = 0; /* the model's layers, embeddings and head included */
     json_array_foreach(wl, i, w) {
         char layers[32] = "-", stage[16] = "-", repl[16] = "-";
         if (jint(w, "stage") >= 0) {
             snprintf(stage, sizeof(stage), "%lld", jint(w, "stage"));
             snprintf(repl, sizeof(repl), "%lld", jint(w, "replica"));
-            snprintf(layers, sizeof(layers), "%lld-%lld", jint(w, "layer_begin"),
+            snprintf(layers, sizeof(layers), "[%lld,%lld)", jint(w, "layer_begin"),
                      jint(w, "layer_end"));
+            if (jint(w, "layer_end") > nlayers)
+                nlayers = jint(w, "layer_end");
         }
         printf("%-36s  %-8s %5s %5s %7s %-10s %-21s %7.1fs\n", jstr(w, "id"), jstr(w, "state"),
                stage, repl, layers, jstr(w, "zone")[0] ? jstr(w, "zone") : "-",
                jstr(w, "data_addr")[0] ? jstr(w, "data_addr") : "-",
                json_number_value(json_object_get(w, "last_seen_seconds_ago")));
     }
-    json_t *el = json_object_get(events, "events");
-    printf("\nlast events:\n");
-    size_t n = json_array_size(el), from = n > 10 ? n - 10 : 0;
-    for (i = from; i < n; i++) {
-        json_t *e = json_array_get(el, i);
-        time_t t = (time_t)json_number_value(json_object_get(e, "time"));
-        struct tm tm;
-        char ts[32];
-        gmtime_r(&t, &tm);
-        strftime(ts, sizeof(ts), "%H:%M:%SZ", &tm);
-        const char *wid = json_string_value(json_object_get(e, "worker_id"));
-        printf("  %6lld %s %-16s %s%s%s\n", jint(e, "seq"), ts, jstr(e, "kind"),
-               wid ? wid : "", wid ? " " : "", jstr(e, "message"));
-    }
+    /* The engine's numbering (kernels.h): the embeddings and the final norm with the tied LM
+     * head are layers of their own, around the transformer blocks. */
+    if (nlayers >= 3)
+        printf("LAYERS: [first,end) of the model's %lld layers: 0 = embeddings, 1-%lld = "
+               "transformer blocks, %lld = final norm and LM head\n", nlayers, nlayers - 2,
+               nlayers - 1);
+    print_events(json_object_get(events, "events"));
     fflush(stdout);
 }
 

@@ -460,6 +460,14 @@ int cli_cmd_train(int argc, char **argv) {
         long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
         o->threads = (int)ST_MAX(1, ncpu / (o->dp * o->pp));
     }
+    /* The ranks fork from here: load OpenBLAS once, and say so now if its buffers cannot be
+     * had (its allocator would retry for ever in every rank instead). */
+    char blas_why[512];
+    r = kern_blas_load(o->threads, blas_why, sizeof(blas_why));
+    if (r < 0) {
+        fprintf(stderr, "spottrain train: %s\n", blas_why);
+        return CLI_EXIT_FAILURE;
+    }
 
     int code = cli_ensure_data("train", &spec, false);
     if (code != 0)

@@ -45,7 +45,7 @@ static int provider_setup(void *userdata, struct cloud_config *pc) {
 
 /* See coordinator-train.h. */
 int cli_coordinator_train(struct coord_config *cfg, const struct st_spec *spec,
-                          const char *save, const char *kubeconfig) {
+                          const char *save, const char *kubeconfig, const char *shapes) {
     struct coord_job_config *jc = st_calloc(1, sizeof(*jc));
     struct coord_loop_summary *sum = st_calloc(1, sizeof(*sum));
     struct cli_job_ui *ui = st_calloc(1, sizeof(*ui));
@@ -63,6 +63,7 @@ int cli_coordinator_train(struct coord_config *cfg, const struct st_spec *spec,
     jc->stop_flag = &train_stop;
     jc->provider_setup = provider_setup;
     jc->provider_userdata = (void *)kubeconfig;
+    jc->shapes = shapes;
     if (save)
         snprintf(jc->save_dir, sizeof(jc->save_dir), "%s", save);
     cli_job_ckpt_store(jc, spec);

@@ -13,8 +13,10 @@
  * themselves; with a cloud or kubernetes provider, the provider acquires them. save: final
  * checkpoint directory or NULL. Prints the listening line of `spottrain coordinator` and one
  * line per event. kubeconfig: the kubernetes provider's kubeconfig file, or NULL ($KUBECONFIG,
- * else the in-cluster service account). Returns an exit code. */
+ * else the in-cluster service account). shapes: forced shapes "STEP:DPxPP,..." (checked by
+ * the caller; tests that need a given migration at a given step), or NULL for the planner.
+ * Returns an exit code. */
 int cli_coordinator_train(struct coord_config *cfg, const struct st_spec *spec,
-                          const char *save, const char *kubeconfig);
+                          const char *save, const char *kubeconfig, const char *shapes);
 
 #endif

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h> /* TIOCGWINSZ */
 #include <unistd.h>
 
 #include "check.h" /* TRY */
@@ -186,15 +187,41 @@ void cli_job_ui_draw(struct cli_job_ui *u, const struct coord_loop_status *st) {
              st->forecast);
     snprintf(line[3], sizeof(line[3]), "last: %.200s", st->last_event);
     if (u->tty) {
+        /* Each line is cut to the terminal's width: a line that wrapped would take two rows
+         * while the redraw moves up one per line, leaving a stale copy of the block's top. */
+        struct winsize ws;
+        int cols = ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 1 ? ws.ws_col : 80;
         if (u->drawn)
             printf("\033[%dA", u->drawn);
         for (int i = 0; i < 4; i++)
-            printf("\033[2K%s\n", line[i]);
+            printf("\033[2K%.*s\n", cols - 1, line[i]);
         u->drawn = 4;
     } else {
-        printf("%sprogress: %s | %s | %s\n", u->prefix, line[0], line[1], line[2]);
+        /* Without the epoch: each event line ("epoch 2: ...") is printed once, and a log
+         * searched for an epoch finds its event, not every progress line after it. */
+        char shape[64];
+        if (st->dp > 0)
+            snprintf(shape, sizeof(shape), "shape %dx%d (dp x pp) %s", st->dp, st->pp,
+                     st->phase);
+        else
+            snprintf(shape, sizeof(shape), "shape - %s", st->phase);
+        printf("%sprogress: %s | %s | %s\n", u->prefix, line[0], shape, line[2]);
     }
     fflush(stdout);
+}
+
+/* See cli.h. */
+void cli_job_ui_finish(struct cli_job_ui *u) {
+    if (u->tty) {
+        /* The summary that follows says it all: a stale block above it would only repeat
+         * the last epoch's line. */
+        if (u->drawn)
+            printf("\033[%dA\033[J", u->drawn);
+        u->drawn = 0;
+        fflush(stdout);
+    } else if (u->have_status) {
+        cli_job_ui_draw(u, &u->last);
+    }
 }
 
 /* See cli.h. */
@@ -302,7 +329,28 @@ int cli_job_write_json(const char *path, const struct coord_loop_summary *s) {
                 r->planned_bytes, r->moved_bytes, r->stall_seconds, r->steps_replayed, r->seconds,
                 r->ok ? "true" : "false");
     }
-    fprintf(f, "\n  ],\n  \"instance_hours\": %.6f,\n  \"spot_dollars\": %.6f,\n"
+    /* The planner's cost model, predicted against measured (means; null when nothing to
+     * compare). */
+    const __typeof__(s->cost_model) *cm = &s->cost_model;
+    fprintf(f, "\n  ],\n  \"cost_model\": {\"steps\": %" PRIu64, cm->steps);
+    if (cm->steps > 0)
+        fprintf(f, ", \"step_seconds_predicted\": %.6f, \"step_seconds_measured\": %.6f",
+                cm->step_predicted / (double)cm->steps, cm->step_measured / (double)cm->steps);
+    else
+        fprintf(f, ", \"step_seconds_predicted\": null, \"step_seconds_measured\": null");
+    fprintf(f, ", \"kinds\": {");
+    for (int k = 0; k < COORD_LOOP_RESTORE; k++) {
+        fprintf(f, "%s\n    \"%s\": {\"count\": %" PRIu64, k ? "," : "",
+                coord_loop_kind_name((enum coord_loop_kind)k), cm->n[k]);
+        if (cm->n[k] > 0)
+            fprintf(f, ", \"stall_seconds_predicted\": %.6f, \"stall_seconds_measured\": %.6f}",
+                    cm->stall_predicted[k] / (double)cm->n[k],
+                    cm->stall_measured[k] / (double)cm->n[k]);
+        else
+            fprintf(f, ", \"stall_seconds_predicted\": null, \"stall_seconds_measured\": null}");
+    }
+    fprintf(f, "}},");
+    fprintf(f, "\n  \"instance_hours\": %.6f,\n  \"spot_dollars\": %.6f,\n"
                "  \"on_demand_dollars\": %.6f\n}\n", s->instance_hours, s->spot_dollars,
             s->on_demand_dollars);
     int r = ferror(f) ? -EIO : 0;

@@ -14,6 +14,7 @@
 #include "cloud.h"
 #include "common.h"
 #include "coordinator.h" /* coord_token_read */
+#include "kernels.h"     /* kern_blas_load */
 #include "migrate.h"     /* the chaos suite's hooks: ENOSPC, a cut data plane */
 #include "run-worker.h"
 #include "worker.h"
@@ -78,6 +79,7 @@ int cli_worker_job_main(int argc, char **argv) {
         {"job-id", required_argument, NULL, 'J'},
         {"state-dir", required_argument, NULL, 'd'},
         {"data-addr", required_argument, NULL, 'a'},
+        {"advertise-data-addr", required_argument, NULL, 'D'},
         {"zone", required_argument, NULL, 'z'},
         {"instance-id", required_argument, NULL, 'I'},
         {"instance-type", required_argument, NULL, 'T'},
@@ -139,6 +141,20 @@ int cli_worker_job_main(int argc, char **argv) {
             }
             snprintf(cfg->bind_host, sizeof(cfg->bind_host), "%.*s", (int)(colon - v), v);
             cfg->port = (int)port;
+            break;
+        }
+        case 'D': {
+            /* The address peers should dial, when it is not the one we listen on: behind a
+             * NAT, a port forward or a proxy (the man-in-the-middle test puts one there). */
+            const char *colon = strrchr(v, ':');
+            char *e;
+            long port = colon ? strtol(colon + 1, &e, 10) : -1;
+            if (!colon || colon == v || strlen(v) >= sizeof(cfg->advertise_addr) ||
+                !colon[1] || *e || port < 1 || port > 65535) {
+                cli_usage_error("worker", "bad --advertise-data-addr '%s' (want HOST:PORT)", v);
+                goto out;
+            }
+            snprintf(cfg->advertise_addr, sizeof(cfg->advertise_addr), "%s", v);
             break;
         }
         case 'J':
@@ -299,6 +315,13 @@ int cli_worker_job_main(int argc, char **argv) {
             cfg->poll_notice = poll_notices;
             cfg->notice_userdata = &ns;
         }
+    }
+    char blas_why[512];
+    r = kern_blas_load(cfg->threads > 0 ? cfg->threads : 1, blas_why, sizeof(blas_why));
+    if (r < 0) {
+        fprintf(stderr, "spottrain worker: %s\n", blas_why);
+        ret = CLI_EXIT_FAILURE;
+        goto out;
     }
     r = worker_runner_run(cfg);
     if (r < 0) {

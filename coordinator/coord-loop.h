@@ -130,6 +130,15 @@ struct coord_loop_summary {
     char error[320];               /* why the loop stopped the job early ("" when it did not):
                                     * e.g. planner.wait_limit passed without a fleet that can
                                     * host a shape the spec allows */
+    /* The planner's fitted cost model against what happened (planner/fitted.c). Each
+     * prediction is the one made when the epoch or migration was decided. Steps count only
+     * where that prediction had measured steps behind it (not the spec's prior alone). */
+    struct {
+        uint64_t steps;
+        double step_predicted, step_measured;   /* sums over those steps, seconds */
+        uint64_t n[COORD_LOOP_NKINDS];           /* live migrations per kind */
+        double stall_predicted[COORD_LOOP_NKINDS], stall_measured[COORD_LOOP_NKINDS]; /* sums */
+    } cost_model;
 };
 
 /* A short description of what the loop is doing, for status lines. */

@@ -54,6 +54,8 @@ struct lworker {
     double stall;
     uint64_t fail_epoch;       /* epoch in which a step or checkpoint failed; 0 = none */
     double step_seconds;       /* wall seconds of its last step */
+    uint64_t meas_epoch;       /* epoch whose step times it reports are measured (the first
+                                * report of an epoch is not: warm-up counts in the stall) */
     uint64_t step;             /* steps done, as last reported (not the table's maximum:
                                 * a restore moves it back) */
     double loss;
@@ -61,6 +63,7 @@ struct lworker {
     char ckpt_dir[ST_SPEC_PATH_MAX];
     uint64_t ckw_step;         /* last background checkpoint whose layers it wrote */
     int ckw_stage;
+    double ckw_seconds;        /* how long writing those layers took */
     char ckw_dir[ST_SPEC_PATH_MAX];
     uint64_t pc_epoch[2], pc_step[2]; /* its peer-copy generations (epoch, step; 0 = none) */
     uint64_t first_epoch;      /* last epoch whose first step it reported */
@@ -71,6 +74,7 @@ struct lworker {
 /* A cloud instance as the provider reported it. */
 struct linst {
     char name[CLOUD_NAME_MAX];
+    char node[CLOUD_NAME_MAX]; /* the node name events use; "" until a signal names it */
     bool noticed, dead;
     double deadline;
 };
@@ -94,6 +98,9 @@ struct reconf {
     struct coord_loop_record rec;
     int dp, pp;
     int split[PLAN_MIG_MAX_STAGES + 1];
+    double pred_step, pred_stall, pred_stall_dp; /* the fitted model's, when ordered */
+    bool calibrated;           /* pred_step had measured steps behind it */
+    char why[240];             /* the event line's tail: why this epoch (set at the order) */
 };
 
 struct coord_loop {
@@ -176,6 +183,17 @@ struct coord_loop {
     double wait_since;              /* loop time the current wait began; 0 = not waiting */
     bool wait_told;                 /* its event was recorded */
     char waiting[200];              /* status line while waiting; "" otherwise */
+
+    /* The cost model fitted online (planner/fitted.c); NULL without cfg.cost. */
+    struct plan_fit *fit;
+    uint64_t ep_epoch;        /* epoch whose steps are being measured (L->lock) */
+    double ep_step_sum;       /* step seconds reported in it, one per worker and step (L->lock) */
+    uint64_t ep_steps;
+    double ep_fed_sum;        /* the part of those already fed to the fit */
+    uint64_t ep_fed;
+    double ep_pred;           /* its step time as predicted when decided */
+    bool ep_calibrated;
+    bool fit_has_steps;
 };
 
 /* The provider's clock at wall time now (see hold). */
@@ -201,6 +219,42 @@ static void set_event(struct coord_loop *L, const char *fmt, ...) {
     st_log(ST_LOG_NOTICE, "loop", "%s", L->st.last_event);
     if (L->c)
         (void)coord_event(L->c, "loop", NULL, "%s", L->st.last_event);
+}
+
+/* What the loop is doing, for the status block's "last:" line only: an order whose outcome
+ * set_event() reports once, with its cost, when it is known (one line per event). */
+static void set_status(struct coord_loop *L, const char *fmt, ...) ST_PRINTF(2, 3);
+static void set_status(struct coord_loop *L, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(L->st.last_event, sizeof(L->st.last_event), fmt, ap);
+    va_end(ap);
+    st_log(ST_LOG_INFO, "loop", "%s", L->st.last_event);
+}
+
+/* Bytes as a person reads them in an event line: "0.88 MB", "512 bytes". */
+static const char *fmt_bytes(char *buf, size_t size, uint64_t b) {
+    if (b >= 10000000000ull)
+        snprintf(buf, size, "%.1f GB", (double)b / 1e9);
+    else if (b >= 10000)
+        snprintf(buf, size, "%.2f MB", (double)b / 1e6);
+    else
+        snprintf(buf, size, "%" PRIu64 " bytes", b);
+    return buf;
+}
+
+/* Whether an event names kind k "<kind> migration" (the live ones) or by itself. */
+static bool loop_kind_is_migration(enum coord_loop_kind k) {
+    return k == COORD_LOOP_INTRA || k == COORD_LOOP_INTER || k == COORD_LOOP_PIPELINE;
+}
+
+/* Seconds of stall or writing: "3 ms" under a second, "1.64 s" above. */
+static const char *fmt_secs(char *buf, size_t size, double s) {
+    if (s < 1.0)
+        snprintf(buf, size, "%.0f ms", s * 1000);
+    else
+        snprintf(buf, size, "%.2f s", s);
+    return buf;
 }
 
 /* ---- hooks (completion-queue thread) ------------------------------------------------------ */
@@ -260,6 +314,13 @@ static void hook_report(struct coord *c, const struct coord_report *r, void *use
     (void)c;
     pthread_mutex_lock(&L->lock);
     struct lworker *w = lw_get(L, r->worker_id);
+    if (w && r->step_seconds > 0 && r->step != w->step && r->epoch == L->ep_epoch) {
+        if (w->meas_epoch == r->epoch) {
+            L->ep_step_sum += r->step_seconds; /* a new step of the measured epoch */
+            L->ep_steps++;
+        }
+        w->meas_epoch = r->epoch;
+    }
     if (w && r->step_seconds > 0)
         w->step_seconds = r->step_seconds;
     if (w) {
@@ -287,6 +348,7 @@ static void hook_report(struct coord *c, const struct coord_report *r, void *use
         } else if (!strcmp(k, "ckpt-written")) {
             w->ckw_step = kv_u64(d, "step");
             w->ckw_stage = (int)kv_u64(d, "stage");
+            w->ckw_seconds = kv_f(d, "seconds");
             if (!kv(d, "dir", w->ckw_dir, sizeof(w->ckw_dir)))
                 w->ckw_dir[0] = '\0';
         } else if (!strcmp(k, "peer-copy")) {
@@ -367,28 +429,34 @@ static int poll_provider(struct coord_loop *L, double now) {
             struct linst *x = inst_get(L, sig[i].instance);
             if (!x)
                 return -ENOMEM;
+            if (sig[i].node[0])
+                snprintf(x->node, sizeof(x->node), "%s", sig[i].node);
+            const char *node = x->node[0] ? x->node : x->name;
             switch (sig[i].kind) {
             case CLOUD_SIG_NOTICE:
                 x->noticed = true;
                 x->deadline = sig[i].deadline;
-                set_event(L, "notice: %s (%s) goes in %.1f s", sig[i].instance, sig[i].node,
+                set_event(L, "%s was noticed: instance %s goes in %.1f s", node, x->name,
                           sig[i].deadline - trace_now(L, now));
                 break;
             case CLOUD_SIG_LOST:
                 x->dead = true;
-                set_event(L, "lost: %s (%s, %s)", sig[i].instance, sig[i].node,
-                          cloud_loss_reason_name(sig[i].reason));
+                if (sig[i].reason == CLOUD_LOSS_UNANNOUNCED)
+                    set_event(L, "%s lost without notice (instance %s)", node, x->name);
+                else
+                    set_event(L, "%s lost: instance %s %s", node, x->name,
+                              cloud_loss_reason_name(sig[i].reason));
                 break;
             case CLOUD_SIG_GRANTED:
-                set_event(L, "granted: %s (%s)", sig[i].instance, sig[i].node);
+                set_event(L, "%s joined: instance %s granted", node, x->name);
                 break;
             case CLOUD_SIG_EXITED:
                 /* The worker process ended (crashed, killed by someone else): its state is
                  * gone as surely as with a preemption, and known now, not at the heartbeat
                  * deadline. */
                 if (!x->dead)
-                    set_event(L, "exited: %s (%s, status %d)", sig[i].instance, sig[i].node,
-                              sig[i].status);
+                    set_event(L, "%s exited: its worker process ended (instance %s, status %d)",
+                              node, x->name, sig[i].status);
                 x->dead = true;
                 break;
             default:
@@ -488,6 +556,110 @@ static uint64_t forced_next(const struct coord_loop *L, uint64_t step) {
     return 0;
 }
 
+/* ---- the fitted cost model: measured steps and migrations in, predictions out ---------- */
+
+static enum plan_meas_kind meas_kind(enum coord_loop_kind k) {
+    return k == COORD_LOOP_INTER      ? PLAN_MEAS_INTER
+           : k == COORD_LOOP_PIPELINE ? PLAN_MEAS_PIPELINE
+           : k == COORD_LOOP_DP_RESHARD ? PLAN_MEAS_DP_RESHARD
+                                        : PLAN_MEAS_INTRA;
+}
+
+/* Feeds the steps measured since the last call (their mean) to the fit. */
+static void cm_feed(struct coord_loop *L) {
+    pthread_mutex_lock(&L->lock);
+    double sum = L->ep_step_sum - L->ep_fed_sum;
+    uint64_t n = L->ep_steps - L->ep_fed;
+    L->ep_fed_sum = L->ep_step_sum;
+    L->ep_fed = L->ep_steps;
+    pthread_mutex_unlock(&L->lock);
+    if (L->fit && n > 0 && L->dp > 0 && plan_fit_observe_step(L->fit, L->dp, L->pp, sum / n) == 0)
+        L->fit_has_steps = true;
+}
+
+/* Adds the measured epoch's steps to the summary's predicted-against-measured figures. */
+static void cm_account(const struct coord_loop *L, struct coord_loop_summary *S) {
+    if (L->ep_calibrated && L->ep_steps > 0) {
+        S->cost_model.steps += L->ep_steps;
+        S->cost_model.step_predicted += L->ep_pred * (double)L->ep_steps;
+        S->cost_model.step_measured += L->ep_step_sum;
+    }
+}
+
+/* The running epoch ends (a reconfiguration is ordered): account and feed its steps. */
+static void cm_epoch_end(struct coord_loop *L) {
+    cm_feed(L);
+    /* A figure, not an event: the summary's cost_model tabulates it (events stay one line
+     * each per epoch). */
+    if (L->ep_epoch && L->ep_steps > 0)
+        st_log(ST_LOG_INFO, "loop", "Epoch %" PRIu64 " (%dx%d): step time %.4f s predicted "
+               "when decided, %.4f s measured over %" PRIu64 " worker-steps", L->ep_epoch, L->dp,
+               L->pp, L->ep_pred, L->ep_step_sum / (double)L->ep_steps, L->ep_steps);
+    pthread_mutex_lock(&L->lock);
+    cm_account(L, &L->sum);
+    L->ep_epoch = 0;
+    L->ep_step_sum = L->ep_fed_sum = 0;
+    L->ep_steps = L->ep_fed = 0;
+    pthread_mutex_unlock(&L->lock);
+}
+
+/* Predictions for the reconfiguration being ordered (L->rc), before anything of it ran. */
+static void cm_predict(struct coord_loop *L, int dp, int pp, uint64_t bytes) {
+    L->rc.pred_step = L->fit ? plan_fit_step_seconds(L->fit, dp, pp) : 0;
+    L->rc.calibrated = L->fit_has_steps;
+    L->rc.pred_stall = L->fit ? plan_fit_stall_seconds(L->fit, meas_kind(L->rc.rec.kind),
+                                                       (double)bytes) : 0;
+    L->rc.pred_stall_dp = L->fit ? plan_fit_stall_seconds(L->fit, PLAN_MEAS_DP_RESHARD,
+                                                          (double)bytes) : 0;
+}
+
+/* Epoch L->epoch runs from now: measure its steps against the prediction made for it. */
+static void cm_epoch_begin(struct coord_loop *L, double pred, bool calibrated) {
+    pthread_mutex_lock(&L->lock);
+    L->ep_epoch = L->epoch;
+    L->ep_step_sum = L->ep_fed_sum = 0;
+    L->ep_steps = L->ep_fed = 0;
+    L->ep_pred = pred;
+    L->ep_calibrated = calibrated && pred > 0;
+    pthread_mutex_unlock(&L->lock);
+}
+
+/* A live migration finished: compare and learn. */
+static void cm_migration(struct coord_loop *L, const struct coord_loop_record *rec,
+                         uint64_t moved, double stall) {
+    struct coord_loop_summary *S = &L->sum;
+    if (!L->fit || rec->kind >= COORD_LOOP_RESTORE) /* live migrations only */
+        return;
+    S->cost_model.n[rec->kind]++;
+    S->cost_model.stall_predicted[rec->kind] += L->rc.pred_stall;
+    S->cost_model.stall_measured[rec->kind] += stall;
+    (void)plan_fit_observe_migration(L->fit, meas_kind(rec->kind), (double)moved, stall);
+    if (rec->dp_reshard) {
+        S->cost_model.n[COORD_LOOP_DP_RESHARD]++;
+        S->cost_model.stall_predicted[COORD_LOOP_DP_RESHARD] += L->rc.pred_stall_dp;
+        S->cost_model.stall_measured[COORD_LOOP_DP_RESHARD] += stall;
+        (void)plan_fit_observe_migration(L->fit, PLAN_MEAS_DP_RESHARD, (double)moved, stall);
+    }
+}
+
+/* Why (dp, pp) cannot run on n workers, in words, for a decision message; mirrors
+ * engine_shape_ok(). */
+static void shape_refusal(const struct coord_loop *L, int n, int dp, int pp, char *buf,
+                          size_t size) {
+    const struct st_spec *s = &L->cfg.spec;
+    if (dp * pp > n)
+        snprintf(buf, size, "needs %d workers and %d are available", dp * pp, n);
+    else if (pp > L->nlayers)
+        snprintf(buf, size, "has more stages than the model's %d layers", L->nlayers);
+    else if (dp * pp > PLAN_MIG_MAX_POSITIONS)
+        snprintf(buf, size, "has more than %d positions", PLAN_MIG_MAX_POSITIONS);
+    else if (s->training.global_batch % (dp * s->training.micro_batch) != 0)
+        snprintf(buf, size, "cannot split the global batch of %d into micro-batches of %d "
+                 "over %d replicas", s->training.global_batch, s->training.micro_batch, dp);
+    else
+        snprintf(buf, size, "is outside the spec's planner bounds");
+}
+
 /* The shape for n available workers at boundary `at`: forced, else the liveput planner, else
  * the simple policy; always engine-feasible. */
 static void choose_shape(struct coord_loop *L, int n, uint64_t at, const struct wv *v,
@@ -554,15 +726,22 @@ static void choose_shape(struct coord_loop *L, int n, uint64_t at, const struct 
         o.dp_min = s->planner.dp_min;
         o.dp_max = s->planner.dp_max;
         struct plan_decision d;
+        cm_feed(L);
         double t0 = st_now();
-        int r = plan_decide(L->cfg.cost, &sit, &o, &d);
+        int r = plan_decide(L->fit ? plan_fit_cost(L->fit) : L->cfg.cost, &sit, &o, &d);
         decided = st_now() - t0;
         consulted = true;
         if (r == 0 && d.shape.dp > 0) {
             dp = dp ? dp : d.shape.dp;
             pp = pp ? pp : d.shape.pp;
             L->forecast = d.npred > 0 ? d.pred_n[0] : n;
-            snprintf(why, whysz, "liveput: %s", d.reason);
+            if (sit.cur.dp == 0)
+                /* From nothing there is no move and no migration to price: the planner's
+                 * "move 0x0 -> ..." would read as one. */
+                snprintf(why, whysz, "liveput: start %dx%d, the most samples over the next "
+                         "%d intervals", d.shape.dp, d.shape.pp, o.lookahead);
+            else
+                snprintf(why, whysz, "liveput: %s", d.reason);
         } else if (r < 0) {
             snprintf(why, whysz, "liveput failed (%s); fill the fleet", st_strerror(r));
         } else {
@@ -577,14 +756,17 @@ static void choose_shape(struct coord_loop *L, int n, uint64_t at, const struct 
         /* The shape that will actually start, and why it differs from the planner's choice
          * when it does (engine rules, spec bounds, workers available). */
         if (dp > 0 && (dp != want_dp || pp != want_pp) && want_dp > 0) {
+            char no[160];
+            shape_refusal(L, n, want_dp, want_pp, no, sizeof(no));
             size_t k = strlen(why);
             snprintf(why + k, whysz - k, "; %dx%d runs instead (%dx%d %s)", dp, pp, want_dp,
-                     want_pp, want_dp * want_pp > n ? "needs more workers than are available"
-                                                    : "is not allowed by the engine or spec");
+                     want_pp, no);
         }
         struct coord_planner_decision pd = {
             .dp = dp, .pp = pp, .at_step = at, .decide_seconds = decided,
-            .expected_samples_per_s = dp > 0 ? plan_cost_throughput(L->cfg.cost, dp, pp) : 0,
+            .expected_samples_per_s =
+                dp > 0 ? plan_cost_throughput(L->fit ? plan_fit_cost(L->fit) : L->cfg.cost, dp,
+                                              pp) : 0,
         };
         snprintf(pd.reason, sizeof(pd.reason), "%s", why);
         L->decisions++;
@@ -739,6 +921,7 @@ static int start_restore(struct coord_loop *L, const struct wv *v, size_t nv, do
     st_free(es);
     if (r < 0)
         goto out;
+    cm_epoch_end(L);
     shape_time(L, now);
     memset(&L->rc.rec, 0, sizeof(L->rc.rec));
     L->rc.rec.epoch = epoch;
@@ -747,6 +930,7 @@ static int start_restore(struct coord_loop *L, const struct wv *v, size_t nv, do
      * first epoch is neither (not counted). */
     L->rc.rec.kind = dir[0] ? COORD_LOOP_RESTORE : COORD_LOOP_FRESH_START;
     L->rc.rec.steps_replayed = restore && L->max_step > step ? L->max_step - step : 0;
+    cm_predict(L, dp, pp, 0);
     L->rc.rec.from_dp = L->epoch ? L->dp : 0;
     L->rc.rec.from_pp = L->epoch ? L->pp : 0;
     L->rc.rec.to_dp = dp;
@@ -763,9 +947,18 @@ static int start_restore(struct coord_loop *L, const struct wv *v, size_t nv, do
     TRY_GOTO(rc_set_positions(L, as, (size_t)k), r, out);
     L->phase = PH_RECONF;
     L->need_restore = false;
-    set_event(L, "epoch %" PRIu64 ": %s %dx%d from step %" PRIu64 "%s%s (%s; %s)", epoch,
-              dir[0] ? "restore" : (restore ? "restart from scratch" : "start"), dp, pp, step,
-              dir[0] ? " of " : "", dir, reason, why);
+    /* The event line waits for the outcome (phase_reconf), which knows the cost. */
+    if (dir[0])
+        snprintf(L->rc.why, sizeof(L->rc.why), "from the checkpoint at step %" PRIu64
+                 ", because %s; %s", step, reason, why);
+    else if (restore)
+        snprintf(L->rc.why, sizeof(L->rc.why), "from scratch (no checkpoint), because %s; %s",
+                 reason, why);
+    else
+        snprintf(L->rc.why, sizeof(L->rc.why), "%s; %s", reason, why);
+    set_status(L, "epoch %" PRIu64 ": %s %dx%d at step %" PRIu64 " ordered", epoch,
+               dir[0] ? "restore" : (restore ? "restart from scratch" : "start"), dp, pp,
+               step);
 out:
     st_free(as);
     st_free(ids);
@@ -954,6 +1147,7 @@ static int start_migrate(struct coord_loop *L, const struct wv *v, size_t nv, in
             goto out;
         }
     }
+    cm_epoch_end(L);
     shape_time(L, now);
     enum coord_loop_kind kind = plan->cls == PLAN_MIGCLASS_PIPELINE  ? COORD_LOOP_PIPELINE
                                 : plan->cls == PLAN_MIGCLASS_INTER_STAGE ? COORD_LOOP_INTER
@@ -969,6 +1163,7 @@ static int start_migrate(struct coord_loop *L, const struct wv *v, size_t nv, in
     L->rc.rec.to_dp = dp;
     L->rc.rec.to_pp = pp;
     L->rc.rec.planned_bytes = plan->bytes_moved;
+    cm_predict(L, dp, pp, plan->bytes_moved);
     snprintf(L->rc.rec.reason, sizeof(L->rc.rec.reason), "%s", reason);
     L->rc.epoch = epoch;
     L->rc.at = at;
@@ -981,14 +1176,17 @@ static int start_migrate(struct coord_loop *L, const struct wv *v, size_t nv, in
     TRY_GOTO(rc_set_positions(L, as, npos), r, out);
     L->phase = PH_RECONF;
     L->need_restore = false;
+    snprintf(L->rc.why, sizeof(L->rc.why), "because %s", reason);
+    char pb[32];
+    fmt_bytes(pb, sizeof(pb), plan->bytes_moved);
     if (ps)
-        set_event(L, "epoch %" PRIu64 ": peer restore %dx%d -> %dx%d from the copies of step %"
-                  PRIu64 " (%" PRIu64 " steps to replay), %" PRIu64 " bytes planned (%s)", epoch,
-                  odp, opp, dp, pp, at, L->rc.rec.steps_replayed, plan->bytes_moved, reason);
+        set_status(L, "epoch %" PRIu64 ": peer restore %dx%d -> %dx%d from the copies of step %"
+                   PRIu64 " ordered (%" PRIu64 " steps to replay), %s planned", epoch, odp, opp,
+                   dp, pp, at, L->rc.rec.steps_replayed, pb);
     else
-        set_event(L, "epoch %" PRIu64 ": %s migration %dx%d -> %dx%d at step %" PRIu64
-                  ", %" PRIu64 " bytes planned (%s)", epoch, plan_mig_class_name(plan->cls),
-                  L->dp, L->pp, dp, pp, at, plan->bytes_moved, reason);
+        set_status(L, "epoch %" PRIu64 ": %s migration %dx%d -> %dx%d at step %" PRIu64
+                   " ordered, %s planned", epoch, plan_mig_class_name(plan->cls), L->dp, L->pp,
+                   dp, pp, at, pb);
 out:
     if (r < 0 && !(ps && r == -ENODATA))
         st_log(ST_LOG_ERR, "loop", "Migration %dx%d -> %dx%d not ordered: %s", L->dp, L->pp, dp,
@@ -1181,8 +1379,21 @@ static void stall_done(struct coord_loop *L, const struct wv *v, size_t nv) {
         S->stall[COORD_LOOP_DP_RESHARD] += stall;
     coord_metrics_add_migration(L->c, metrics_kind(rec->kind), rec->moved_bytes, stall,
                                 rec->steps_replayed);
-    set_event(L, "epoch %" PRIu64 " made its first step: stall %.3f s (%s)", L->epoch, stall,
-              coord_loop_kind_name(rec->kind));
+    cm_migration(L, rec, rec->moved_bytes, stall);
+    /* The epoch's one line: what ran, what it cost, and why. */
+    char mb[32], sb[32];
+    fmt_bytes(mb, sizeof(mb), rec->moved_bytes);
+    fmt_secs(sb, sizeof(sb), stall);
+    if (rec->kind == COORD_LOOP_RESTORE || rec->kind == COORD_LOOP_FRESH_START)
+        set_event(L, "epoch %" PRIu64 ": %s, running %dx%d from step %" PRIu64 ", %s stall, %s",
+                  L->epoch, rec->kind == COORD_LOOP_RESTORE ? "checkpoint restore"
+                                                            : "restart from scratch",
+                  rec->to_dp, rec->to_pp, rec->at_step, sb, L->rc.why);
+    else
+        set_event(L, "epoch %" PRIu64 ": %s%s %dx%d -> %dx%d at step %" PRIu64 ", %s, %s "
+                  "stall, %s", L->epoch, coord_loop_kind_name(rec->kind),
+                  loop_kind_is_migration(rec->kind) ? " migration" : "", rec->from_dp,
+                  rec->from_pp, rec->to_dp, rec->to_pp, rec->at_step, mb, sb, L->rc.why);
     L->chain = L->stall_rec = -1;
 }
 
@@ -1222,7 +1433,11 @@ static void phase_reconf(struct coord_loop *L, const struct wv *v, size_t nv, do
         record_done(L, false, moved, now);
         if (L->rc.rec.kind == COORD_LOOP_PEER_RESTORE)
             L->peer_failed_at = L->rc.at; /* the next try restores from disk */
-        set_event(L, "epoch %" PRIu64 " failed: %s", L->rc.epoch, bad);
+        const struct coord_loop_record *fr = &L->rc.rec;
+        set_event(L, "epoch %" PRIu64 ": %s%s %dx%d -> %dx%d at step %" PRIu64 " failed (%s)",
+                  L->rc.epoch, coord_loop_kind_name(fr->kind), loop_kind_is_migration(fr->kind)
+                  ? " migration" : "", fr->from_dp, fr->from_pp, fr->to_dp, fr->to_pp,
+                  fr->at_step, bad);
         L->epoch = L->rc.epoch; /* the workers left the old epoch (or will, and fail) */
         L->dp = L->rc.dp;
         L->pp = L->rc.pp;
@@ -1262,12 +1477,40 @@ static void phase_reconf(struct coord_loop *L, const struct wv *v, size_t nv, do
     L->last_grant = 0;
     L->shape_since = now;
     L->phase = PH_RUNNING;
-    set_event(L, "epoch %" PRIu64 " running %dx%d from step %" PRIu64 " (%s, %" PRIu64
-              " bytes moved on the wire, %" PRIu64 " planned)", L->epoch, L->dp, L->pp,
-              L->lease,
-              L->rc.rec.kind == COORD_LOOP_FRESH_START && !L->rc.restore
-                  ? "start" : coord_loop_kind_name(L->rc.rec.kind), moved,
-              L->rc.rec.planned_bytes);
+    cm_epoch_begin(L, L->rc.pred_step, L->rc.calibrated);
+    /* The job's start has no cost to wait for: its one line now. Any other epoch gets its
+     * line from stall_done(), once its stall is known (one line per event, with its cost). */
+    const struct coord_loop_record *rec = &L->rc.rec;
+    if ((rec->kind == COORD_LOOP_RESTORE || rec->kind == COORD_LOOP_FRESH_START) &&
+        !L->rc.restore)
+        set_event(L, "epoch %" PRIu64 ": start, running %dx%d from step %" PRIu64 " (%s)",
+                  L->epoch, L->dp, L->pp, L->lease, L->rc.why);
+    else
+        set_status(L, "epoch %" PRIu64 " running %dx%d from step %" PRIu64 "; its stall is "
+                   "known at its first step", L->epoch, L->dp, L->pp, L->lease);
+}
+
+/* "node-3 was noticed", "node-1 and node-2 were lost": the positioned workers that are lost
+ * (lost = true) or leaving, by the node names the cloud gave, for an event's "because". */
+static void who(struct coord_loop *L, const struct wv *v, size_t nv, bool lost,
+                const char *verb, char *buf, size_t size) {
+    size_t k = 0;
+    int n = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < nv && k < size; i++) {
+        if (!v[i].positioned || (lost ? !(v[i].dead || v[i].failed) : v[i].dead || !v[i].leaving))
+            continue;
+        const struct linst *x = v[i].w.instance_id[0] ? inst_find(L, v[i].w.instance_id) : NULL;
+        const char *name = x && x->node[0] ? x->node
+                           : v[i].w.instance_id[0] ? v[i].w.instance_id : v[i].w.id;
+        int w = (x && x->node[0]) || v[i].w.instance_id[0] ? 63 : 8; /* worker ids: a prefix */
+        k += (size_t)snprintf(buf + k, size - k, "%s%.*s", n ? ", " : "", w, name);
+        n++;
+    }
+    if (n == 0)
+        snprintf(buf, size, "a worker was %s", verb);
+    else if (k < size)
+        snprintf(buf + k, size - k, " %s %s", n > 1 ? "were" : "was", verb);
 }
 
 static void grant(struct coord_loop *L, const struct wv *v, size_t nv, uint64_t to) {
@@ -1331,9 +1574,11 @@ static void phase_running(struct coord_loop *L, const struct wv *v, size_t nv, d
         return;
     if (dead) {
         L->failed_since = 0;
-        int r = start_peer_restore(L, v, nv, now, "a worker holding state was lost");
+        char lost[120];
+        who(L, v, nv, true, "lost", lost, sizeof(lost));
+        int r = start_peer_restore(L, v, nv, now, lost);
         if (r < 0)
-            (void)start_restore(L, v, nv, now, "a worker holding state was lost");
+            (void)start_restore(L, v, nv, now, lost);
         return;
     }
     if (minstep >= L->total) {
@@ -1380,18 +1625,21 @@ static void phase_running(struct coord_loop *L, const struct wv *v, size_t nv, d
         char why[200];
         choose_shape(L, navail, L->lease, v, nv, now, &dp, &pp, why, sizeof(why));
         if (dp >= 1 && (leaving || dp != L->dp || pp != L->pp)) {
-            (void)start_migrate(L, v, nv, dp, pp, now,
-                                leaving ? "a worker was noticed" : why, NULL);
+            char noticed[120];
+            if (leaving)
+                who(L, v, nv, false, "noticed", noticed, sizeof(noticed));
+            (void)start_migrate(L, v, nv, dp, pp, now, leaving ? noticed : why, NULL);
             return;
         }
     }
     /* Durable checkpoint at the lease boundary. */
     if (L->cfg.ckpt_interval > 0 && L->cfg.ckpt_root[0] && now - L->last_ckpt >=
-        L->cfg.ckpt_interval && L->lease > 0 && L->lease < L->total && L->lease > minstep) {
+        L->cfg.ckpt_interval && L->lease > 0 && L->lease < L->total && L->lease > minstep &&
+        L->lease != L->last_ckpt_step) { /* the same boundary again would add nothing */
         char dir[ST_SPEC_PATH_MAX + 32];
         snprintf(dir, sizeof(dir), "%s/step-%" PRIu64, L->cfg.ckpt_root, L->lease);
         if (coord_checkpoint(L->c, dir, L->lease) > 0) {
-            set_event(L, "checkpoint at step %" PRIu64 " ordered", L->lease);
+            set_status(L, "checkpoint at step %" PRIu64 " ordered", L->lease);
             L->ckpt_pending = true; /* an older pending one is abandoned (stays torn) */
             L->ckpt_pend_step = L->lease;
             L->ckpt_pend_dp = L->dp;
@@ -1470,6 +1718,8 @@ static void phase_resync(struct coord_loop *L, const struct wv *v, size_t nv, do
     L->rate_t = now;
     L->shape_since = now;
     L->phase = PH_RUNNING;
+    cm_epoch_begin(L, L->fit ? plan_fit_step_seconds(L->fit, L->dp, L->pp) : 0,
+                   L->fit_has_steps);
     set_event(L, "resumed epoch %" PRIu64 " (%dx%d) at step %" PRIu64 " after a restart",
               L->epoch, L->dp, L->pp, lo);
 }
@@ -1600,12 +1850,15 @@ static void ckpt_commit_check(struct coord_loop *L) {
         return;
     uint64_t seen = 0;
     int pp = L->ckpt_pend_pp;
+    double took = 0; /* the slowest stage's write: the checkpoint's cost */
     pthread_mutex_lock(&L->lock);
     for (size_t i = 0; i < L->nlw; i++) {
         const struct lworker *w = &L->lw[i];
         if (w->ckw_step == L->ckpt_pend_step && !strcmp(w->ckw_dir, L->ckpt_pend_dir) &&
-            w->ckw_stage >= 0 && w->ckw_stage < pp && w->ckw_stage < 64)
+            w->ckw_stage >= 0 && w->ckw_stage < pp && w->ckw_stage < 64) {
             seen |= 1ull << w->ckw_stage;
+            took = ST_MAX(took, w->ckw_seconds);
+        }
     }
     pthread_mutex_unlock(&L->lock);
     if (pp > 64 || seen != (pp == 64 ? ~0ull : (1ull << pp) - 1))
@@ -1616,9 +1869,12 @@ static void ckpt_commit_check(struct coord_loop *L) {
     if (r < 0)
         set_event(L, "checkpoint at step %" PRIu64 " could not be committed: %s",
                   L->ckpt_pend_step, st_strerror(r));
-    else
-        st_log(ST_LOG_INFO, "loop", "Checkpoint at step %" PRIu64 " committed",
-               L->ckpt_pend_step);
+    else {
+        /* One line per checkpoint, not one per stage that wrote it. */
+        char tb[32];
+        set_event(L, "checkpoint at step %" PRIu64 " written: %d stage%s in %s",
+                  L->ckpt_pend_step, pp, pp == 1 ? "" : "s", fmt_secs(tb, sizeof(tb), took));
+    }
 }
 
 /* ---- public --------------------------------------------------------------------------------- */
@@ -1738,6 +1994,11 @@ int coord_loop_new(const struct coord_loop_config *cfg, struct coord_loop **ret)
         st_free(L);
         return -EINVAL;
     }
+    int fr = L->cfg.cost ? plan_fit_new(L->cfg.cost, &L->fit) : 0;
+    if (fr < 0) {
+        st_free(L);
+        return fr;
+    }
     L->sum.final_loss = NAN;
     L->sum.first_loss = NAN;
     L->st.loss = NAN;
@@ -1826,6 +2087,9 @@ int coord_loop_event_next(struct coord_loop *L, uint64_t *cursor, char *buf, siz
 /* See coord-loop.h. */
 void coord_loop_summary(struct coord_loop *L, struct coord_loop_summary *ret) {
     *ret = L->sum;
+    pthread_mutex_lock(&L->lock);
+    cm_account(L, ret); /* the epoch still running */
+    pthread_mutex_unlock(&L->lock);
 }
 
 /* See coord-loop.h. */
@@ -1838,6 +2102,7 @@ struct coord_loop *coord_loop_free(struct coord_loop *L) {
     if (!L)
         return NULL;
     pthread_mutex_destroy(&L->lock);
+    plan_fit_free(L->fit);
     st_free(L->lw);
     st_free(L->inst);
     st_free(L->rc.part);

@@ -74,6 +74,15 @@ int kern_layer_init(const struct kern_config *cfg, int layer, uint64_t seed, flo
  * Results do not depend on it. */
 void kern_set_threads(int n);
 
+/* Loads OpenBLAS (blas.c: the binary does not link it, so commands that do no math never
+ * start its threads) and checks that the buffers `threads` kernel threads will hold can be
+ * allocated. Commands that train call it before any kernel, with the count they will pass
+ * to kern_set_threads(); a kernel called first loads it too, and aborts with the reason if
+ * that fails. Returns 0, -ENOMEM (an address-space limit too tight for the buffers, or for
+ * the library itself) or -ENOENT (no usable libopenblas.so.0), with a one-line reason in
+ * `why` (may be NULL). */
+int kern_blas_load(int threads, char *why, size_t whysz);
+
 /* ---- layer-level forward / backward (one micro-batch of B samples) ------------------ */
 
 /* Floats of saved activations per micro-batch for `layer` (what backward needs), and of the

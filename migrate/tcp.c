@@ -16,8 +16,11 @@
  * the job id, epoch, both ranks, nranks and both nonces. Only then is the connection adopted.
  * Fresh nonces on both sides make a recorded handshake useless on a new connection, and the
  * one-letter labels keep either proof from being reflected as the other. Each connection then
- * MACs every message (both ranks, header, payload) under HMAC(key, "K" | T), so a byte flipped
- * in transit fails the receiving call before the caller can use the buffer. */
+ * MACs every message (both ranks, header, payload) with GMAC (AES-256-GCM over no plaintext)
+ * under HMAC(key, "K" | T), the IV being the sender's rank and the message's sequence number,
+ * so a byte flipped in transit fails the receiving call before the caller can use the buffer.
+ * GMAC, not HMAC-SHA256, because the MAC runs over every byte on both ends: GHASH with carry-less
+ * multiplication keeps up with loopback TCP where SHA-256 cut the data plane to 0.2-0.6 of it. */
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -44,6 +47,7 @@
 #define PROTO_VERSION 2u        /* 1: no authentication (refused) */
 #define NONCE_SIZE 32
 #define MAC_SIZE 32
+#define TAG_SIZE 16 /* the GMAC tag that trails every message of a keyed comm */
 #define HELLO_SIZE (32 + NONCE_SIZE)           /* v1 fields, flags, dialler nonce */
 #define ACK_SIZE (16 + NONCE_SIZE + MAC_SIZE)  /* magic, status, epoch, nonce, proof */
 #define PROOF_SIZE (8 + MAC_SIZE)
@@ -207,30 +211,36 @@ static int proof_mac(const struct mig_comm *c, char label, const struct hello *h
     return m && len == MAC_SIZE ? 0 : -EIO;
 }
 
-/* A fresh keyed HMAC-SHA256 context for one direction of a connection, or NULL. */
+/* A fresh keyed GMAC (AES-256-GCM) context for one direction of a connection, or NULL. */
 static EVP_MAC_CTX *mac_new(const unsigned char key[MAC_SIZE]) {
-    EVP_MAC *mac = EVP_MAC_fetch(NULL, "HMAC", NULL);
+    EVP_MAC *mac = EVP_MAC_fetch(NULL, "GMAC", NULL);
     EVP_MAC_CTX *m = mac ? EVP_MAC_CTX_new(mac) : NULL;
     EVP_MAC_free(mac); /* the context holds its own reference */
     if (!m)
         return NULL;
-    OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST,
-                                                            (char *)"SHA256", 0),
+    OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_CIPHER,
+                                                            (char *)"AES-256-GCM", 0),
                            OSSL_PARAM_construct_end()};
-    if (EVP_MAC_init(m, key, MAC_SIZE, params) != 1) {
+    if (EVP_MAC_CTX_set_params(m, params) != 1 || EVP_MAC_init(m, key, MAC_SIZE, NULL) != 1) {
         EVP_MAC_CTX_free(m);
         return NULL;
     }
     return m;
 }
 
-/* Starts the MAC of one message: re-initialises with the connection's key (HMAC keeps it),
- * then covers sender rank, receiver rank and the header. */
+/* Starts the MAC of one message: re-initialises with the connection's key (kept by the
+ * context) and the message's IV, sender rank u32 | sequence number u64 from the header, which
+ * never repeats under one connection key (each direction counts its own messages from 0, and
+ * every handshake derives a fresh key); then covers sender rank, receiver rank and header. */
 static int mac_begin(EVP_MAC_CTX *m, int from, int to, const unsigned char *hdr) {
-    unsigned char ranks[8];
+    unsigned char ranks[8], iv[12];
     put32(ranks, (uint32_t)from);
     put32(ranks + 4, (uint32_t)to);
-    if (EVP_MAC_init(m, NULL, 0, NULL) != 1 || EVP_MAC_update(m, ranks, 8) != 1 ||
+    put32(iv, (uint32_t)from);
+    memcpy(iv + 4, hdr + 16, 8); /* the header's sequence number */
+    OSSL_PARAM params[] = {OSSL_PARAM_construct_octet_string(OSSL_MAC_PARAM_IV, iv, sizeof(iv)),
+                           OSSL_PARAM_construct_end()};
+    if (EVP_MAC_init(m, NULL, 0, params) != 1 || EVP_MAC_update(m, ranks, 8) != 1 ||
         EVP_MAC_update(m, hdr, HDR_SIZE) != 1)
         return -EIO;
     return 0;
@@ -240,9 +250,9 @@ static int mac_update(EVP_MAC_CTX *m, const void *p, size_t n) {
     return n == 0 || EVP_MAC_update(m, p, n) == 1 ? 0 : -EIO;
 }
 
-static int mac_final(EVP_MAC_CTX *m, unsigned char out[MAC_SIZE]) {
+static int mac_final(EVP_MAC_CTX *m, unsigned char out[TAG_SIZE]) {
     size_t len = 0;
-    return EVP_MAC_final(m, out, &len, MAC_SIZE) == 1 && len == MAC_SIZE ? 0 : -EIO;
+    return EVP_MAC_final(m, out, &len, TAG_SIZE) == 1 && len == TAG_SIZE ? 0 : -EIO;
 }
 
 /* ---- endpoints ----------------------------------------------------------------------- */
@@ -888,12 +898,12 @@ struct opstate {
     int next;                 /* next op index with the same (peer, direction), or -1 */
     bool finished;
     unsigned char hdr[HDR_SIZE];
-    unsigned char trailer[MAC_SIZE];
+    unsigned char trailer[TAG_SIZE];
 };
 
 /* Bytes of MAC trailer each message carries on c. */
 static size_t trailer_size(const struct mig_comm *c) {
-    return c->keyed ? MAC_SIZE : 0;
+    return c->keyed ? TAG_SIZE : 0;
 }
 
 static void hdr_encode(unsigned char *b, uint64_t epoch, uint64_t seq, uint64_t len) {
@@ -1029,10 +1039,10 @@ static ssize_t recv_some(struct mig_comm *c, int peer, struct conn *cn, struct m
         } else {
             s->tdone += (size_t)g;
             if (s->tdone == tsize) {
-                unsigned char want_mac[MAC_SIZE];
+                unsigned char want_mac[TAG_SIZE];
                 if (mac_final(cn->rx, want_mac) < 0)
                     return -EIO;
-                if (CRYPTO_memcmp(want_mac, s->trailer, MAC_SIZE) != 0) {
+                if (CRYPTO_memcmp(want_mac, s->trailer, TAG_SIZE) != 0) {
                     st_log(ST_LOG_ERR, "migrate", "rank %d: epoch %llu: message %llu from rank "
                            "%d (%zu bytes) fails its MAC: altered in transit",
                            c->rank, (unsigned long long)c->epoch,

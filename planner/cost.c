@@ -36,6 +36,41 @@ struct plan_cost *plan_cost_free(struct plan_cost *c) {
     return NULL;
 }
 
+int plan_cost_dup(const struct plan_cost *c, struct plan_cost **ret) {
+    struct plan_cost *d;
+    if (!c || !ret)
+        return -EINVAL;
+    size_t ni = (size_t)(c->nlayers + 1) * (size_t)(c->max_n + 1);
+    d = st_malloc(sizeof(*d));
+    if (!d)
+        return -ENOMEM;
+    *d = *c;
+    d->shapes = NULL;
+    d->samples_per_s = d->layer_params = d->prefix = d->maxpart_params = NULL;
+    d->index = NULL;
+    d->shapes = st_malloc((size_t)c->nshapes * sizeof(*d->shapes));
+    d->samples_per_s = st_malloc((size_t)c->nshapes * sizeof(double));
+    d->layer_params = st_malloc((size_t)c->nlayers * sizeof(double));
+    d->prefix = st_malloc((size_t)(c->nlayers + 1) * sizeof(double));
+    d->maxpart_params = st_malloc((size_t)(c->nlayers + 1) * sizeof(double));
+    if (c->index)
+        d->index = st_malloc(ni * sizeof(int));
+    if (!d->shapes || !d->samples_per_s || !d->layer_params || !d->prefix ||
+        !d->maxpart_params || (c->index && !d->index)) {
+        plan_cost_free(d);
+        return -ENOMEM;
+    }
+    memcpy(d->shapes, c->shapes, (size_t)c->nshapes * sizeof(*d->shapes));
+    memcpy(d->samples_per_s, c->samples_per_s, (size_t)c->nshapes * sizeof(double));
+    memcpy(d->layer_params, c->layer_params, (size_t)c->nlayers * sizeof(double));
+    memcpy(d->prefix, c->prefix, (size_t)(c->nlayers + 1) * sizeof(double));
+    memcpy(d->maxpart_params, c->maxpart_params, (size_t)(c->nlayers + 1) * sizeof(double));
+    if (c->index)
+        memcpy(d->index, c->index, ni * sizeof(int));
+    *ret = d;
+    return 0;
+}
+
 int plan_cost_partition(const struct plan_cost *c, int pp, int *bounds) {
     return plan__partition(c->nlayers, pp, bounds);
 }
@@ -268,9 +303,10 @@ double plan_cost_transition_ms(const struct plan_cost *c, int N, int D, int P, i
         }
         if (remain_min >= dp) {
             kind = PLAN_KIND_INTRA;
-            ms = plan__intra_ms(c, dp, pp);
+            ms = c->measured ? plan__measured_intra_ms(c, D, dp, pp) : plan__intra_ms(c, dp, pp);
             goto out;
         }
+        double moved_params = 0; /* measured costs: the largest stage a node must receive */
         for (int s = 0; s < P; s++) {
             int rem = D;
             for (int r = 0; r < D; r++)
@@ -279,17 +315,24 @@ double plan_cost_transition_ms(const struct plan_cost *c, int N, int D, int P, i
             if (req == 0)
                 continue;
             double sc = plan_cost_p2p_ms(c, plan__stage_state_bytes(c, pp, s));
+            moved_params = ST_MAX(moved_params,
+                                  plan__stage_state_bytes(c, pp, s) / c->state_bytes_per_param);
             if (req == dp || (s == pp - 1 && req == dp - 1))
                 redundant += sc;
             stage_cost = ST_MAX(stage_cost, sc);
         }
         kind = hit ? PLAN_KIND_INTER : PLAN_KIND_GROWTH;
+        if (c->measured) {
+            ms = plan__measured_inter_ms(c, D, dp, pp, moved_params);
+            goto out;
+        }
         ms = ST_MAX(stage_cost, redundant) +
              plan_cost_restart_ms(c, dp, pp, (double)dp * pp > (double)grid - n_out);
         goto out;
     }
     kind = PLAN_KIND_REPARTITION;
-    ms = repartition_ms(c, N, D, P, dead, n_out, dp, pp);
+    ms = c->measured ? plan__measured_repartition_ms(c, D, P, dead, dp, pp)
+                     : repartition_ms(c, N, D, P, dead, n_out, dp, pp);
 out:
     if (dead != deadbuf)
         st_free(dead);
@@ -399,6 +442,10 @@ double plan_cost_transition_estimate_ms(const struct plan_cost *c, int N, int D,
     enum plan_mig_kind kind;
     if (pp != P || D <= 0 || n_out <= 0) {
         if (pp != P && D > 0 && pp >= 1 && pp <= c->nlayers && P <= c->nlayers) {
+            if (ret_kind)
+                *ret_kind = PLAN_KIND_REPARTITION;
+            if (c->measured)
+                return plan__measured_repartition_ms(c, D, P, NULL, dp, pp);
             /* Victim-free repartition, O(1): the last new stage takes its layers from a replica
              * of the last old stage (the one holding most of them). */
             double need = range_params(c, c->last_start[pp], c->last_start[P]);
@@ -413,6 +460,12 @@ double plan_cost_transition_estimate_ms(const struct plan_cost *c, int N, int D,
         return plan_cost_transition_ms(c, N, D, P, n_in, NULL, 0, dp, pp, ret_kind);
     }
     double p = plan__prob_intra(N, D, P, n_out, dp);
+    kind = p >= 0.5 ? PLAN_KIND_INTRA : PLAN_KIND_INTER;
+    if (ret_kind)
+        *ret_kind = kind;
+    if (c->measured) /* losses are spread over stages; a node receives one stage at most */
+        return p * plan__measured_intra_ms(c, D, dp, pp) +
+               (1 - p) * plan__measured_inter_ms(c, D, dp, pp, c->maxpart_params[pp]);
     double intra = plan__intra_ms(c, dp, pp);
     /* Inter-stage: the largest stage moves; with D == 1 every hit stage is wiped and the
      * transfers add up (Parcae's redundant_cost). */
@@ -421,9 +474,6 @@ double plan_cost_transition_estimate_ms(const struct plan_cost *c, int N, int D,
     double red = D == 1 ? grid_hits * smax : 0;
     double inter = ST_MAX(smax, red) +
                    plan_cost_restart_ms(c, dp, pp, (double)dp * pp > (double)D * P - n_out);
-    kind = p >= 0.5 ? PLAN_KIND_INTRA : PLAN_KIND_INTER;
-    if (ret_kind)
-        *ret_kind = kind;
     return p * intra + (1 - p) * inter;
 }
 

@@ -15,6 +15,14 @@ double plan__stage_state_bytes(const struct plan_cost *c, int pp, int stage);
 double plan__intra_ms(const struct plan_cost *c, int dp, int pp);
 /* Exact probability that every stage keeps >= dp replicas when n_out of N die uniformly. */
 double plan__prob_intra(int N, int D, int P, int n_out, int dp);
+/* Measured costs (measured.c; only when c->measured), ms: an intra-stage move from D to dp
+ * replicas, an inter-stage move whose receivers each take at most stage_params parameters,
+ * and a repartition from (D, P) with dead[r * P + s] marking lost grid instances (NULL: none). */
+double plan__measured_intra_ms(const struct plan_cost *c, int D, int dp, int pp);
+double plan__measured_inter_ms(const struct plan_cost *c, int D, int dp, int pp,
+                               double stage_params);
+double plan__measured_repartition_ms(const struct plan_cost *c, int D, int P, const char *dead,
+                                     int dp, int pp);
 /* Parcae's pipeline split of L layers into pp stages: bounds[0..pp]. Returns 0 or -EINVAL. */
 int plan__partition(int L, int pp, int *bounds);
 /* The analytic model's description of a spec's built-in GPT and hardware (plan_cost_from_spec

@@ -125,6 +125,10 @@ struct plan_cost {
     double *maxpart_params;      /* [pp]: parameters of the largest stage at depth pp */
     int last_start[PLAN_MAX_LAYERS + 1]; /* [pp]: first layer of the last stage */
     int *index;                  /* shape index by (dp, pp): index[pp * (max_n + 1) + dp] */
+    /* set by plan_cost_use_measured: live-migration costs replace Parcae's */
+    bool measured;
+    double meas_fixed_ms[4];     /* per enum plan_meas_kind, ms */
+    double meas_bytes_per_ms[4]; /* per enum plan_meas_kind, bytes/ms over the target link */
 };
 
 /* Reads Parcae's profile JSON as is (anchors/parcae-cost-profiles.json). `model` picks one
@@ -153,6 +157,9 @@ int plan_cost_analytic(const struct plan_model_desc *d, struct plan_cost **ret);
  * for a profiled model (simulation only), -EINVAL, -ENOMEM. */
 int plan_cost_from_spec(const struct st_spec *spec, struct plan_cost **ret);
 struct plan_cost *plan_cost_free(struct plan_cost *c);
+/* A deep copy of c (callers that adjust a model, e.g. plan_fit). Returns 0 and *ret
+ * (plan_cost_free), -EINVAL, -ENOMEM. */
+int plan_cost_dup(const struct plan_cost *c, struct plan_cost **ret);
 
 /* Samples per second of a shape; 0 when the shape is not in the model. */
 double plan_cost_throughput(const struct plan_cost *c, int dp, int pp);
@@ -190,6 +197,76 @@ double plan_cost_transition_expected_ms(const struct plan_cost *c, int N, int D,
 double plan_cost_transition_estimate_ms(const struct plan_cost *c, int N, int D, int P,
                                         int n_in, int n_out, int dp, int pp,
                                         enum plan_mig_kind *ret_kind);
+
+/* ---- measured migration costs (scripts/bench migration, docs/planner.md) ----------------- */
+
+/* The kinds a cost file gives figures for, in the names the run summary uses. */
+enum plan_meas_kind {
+    PLAN_MEAS_INTRA = 0,   /* "intra-stage" */
+    PLAN_MEAS_INTER,       /* "inter-stage" */
+    PLAN_MEAS_PIPELINE,    /* "pipeline" (repartition) */
+    PLAN_MEAS_DP_RESHARD,  /* "dp-resharding" (ZeRO-1 shards move when dp changes) */
+    PLAN_MEAS_NKINDS
+};
+const char *plan_meas_kind_name(enum plan_meas_kind k);
+
+/* A migration cost file: per kind the stall not explained by bytes and the data plane's
+ * throughput, measured on `machine` whose raw link (loopback TCP) carried link_gbps. */
+struct plan_measured_costs {
+    char machine[128];
+    double link_gbps;                      /* raw link of the measurement, Gb/s */
+    double fixed_s[PLAN_MEAS_NKINDS];      /* seconds per migration of this kind */
+    double bytes_per_s[PLAN_MEAS_NKINDS];  /* data-plane throughput, bytes/s */
+    double raw_bytes_per_s[PLAN_MEAS_NKINDS]; /* raw TCP in the same setting (optional "raw_
+                                              * bytes_per_s"; 0 = link_gbps), bytes/s */
+};
+
+/* Parses a cost file: {"machine": "...", "link_gbps": G, "kinds": {"intra-stage": {"fixed_s":
+ * F, "bytes_per_s": B}, "inter-stage": {...}, "pipeline": {...}, "dp-resharding": {...}}};
+ * other fields are ignored. Every kind is required, fixed_s >= 0 and finite, bytes_per_s and
+ * link_gbps > 0. Returns 0 and fills *ret, or -EINVAL with err naming the field. */
+int plan_measured_costs_parse(const char *name, const char *text, size_t len,
+                              struct plan_measured_costs *ret, struct st_error *err);
+
+/* Makes c charge migrations with measured costs instead of Parcae's restart-based ones:
+ * bytes from c's layer sizes (state_bytes_per_param per parameter) over a link of link_gbps
+ * at the efficiency the data plane reached against raw TCP when measured (bytes_per_s over
+ * raw_bytes_per_s, or over link_gbps; at most 1) (link_gbps <= 0:
+ * the measured throughput as is), plus the kind's fixed part. Intra-stage moves cost their
+ * fixed part; a dp change adds the dp-resharding one and the ZeRO-1 shard bytes. Restarts
+ * (checkpoint-restart policy) keep Parcae's formulas. Returns 0, or -EINVAL. Called by
+ * `spottrain simulate --migration-costs`. */
+int plan_cost_use_measured(struct plan_cost *c, const struct plan_measured_costs *m,
+                           double link_gbps);
+
+/* ---- the cost model fitted online (planner/fitted.c) --------------------------------------- */
+
+/* A cost model that starts from a prior (plan_cost_from_spec, or a profile) and is fitted from
+ * the job's own measurements: step seconds per shape, and each migration's bytes and stall.
+ * Used by the coordinator's loop; pure like the rest of planner/. */
+struct plan_fit;
+/* Returns 0 and *ret (plan_fit_free; the prior is copied, not kept), -EINVAL, -ENOMEM. */
+int plan_fit_new(const struct plan_cost *prior, struct plan_fit **ret);
+struct plan_fit *plan_fit_free(struct plan_fit *f);
+/* Predicted seconds per step of a shape: the prior x exp(a + b log dp + c log pp + the shape's
+ * deviation), a, b, c fitted to log(measured / prior) by decaying least squares (b, c pulled to
+ * 0) and the deviation a moving average of the shape's own residuals (0 for a shape that did
+ * not run); the prior before any measurement; 0 when the shape is not in the model. */
+double plan_fit_step_seconds(const struct plan_fit *f, int dp, int pp);
+/* One step of `seconds` measured on shape (dp, pp). Returns 0, or -EINVAL (unknown shape,
+ * seconds not > 0). */
+int plan_fit_observe_step(struct plan_fit *f, int dp, int pp, double seconds);
+/* Predicted stall of a live migration of kind k moving `bytes`: the kind's fitted fixed part
+ * (the largest fitted one for a kind not seen; the prior's intra-stage estimate before any)
+ * plus the bytes over the prior's link. -1 on bad arguments. */
+double plan_fit_stall_seconds(const struct plan_fit *f, enum plan_meas_kind k, double bytes);
+/* One migration measured. Returns 0 or -EINVAL. */
+int plan_fit_observe_migration(struct plan_fit *f, enum plan_meas_kind k, double bytes,
+                               double stall_s);
+/* The fitted model for plan_decide: throughput from the predicted step times and, once a
+ * migration was measured, migrations charged with the fitted costs (plan_cost_use_measured).
+ * Borrowed; valid until the next call or plan_fit_free. */
+const struct plan_cost *plan_fit_cost(struct plan_fit *f);
 
 /* ---- forecast ------------------------------------------------------------------------- */
 

@@ -314,7 +314,10 @@ int plan_simulate(const struct plan_cost *cost, const struct plan_trace *t, enum
                                                           next.pp, o->cost_samples, o->seed,
                                                           &kind);
             }
-            if (ms > 0)
+            /* Parcae restarts a migration caught by another one; a live one queues behind it. */
+            if (ms > 0 && cost->measured)
+                remain += ms;
+            else if (ms > 0)
                 remain = remain > 0 ? ms + plan_cost_restart_ms(cost, next.dp, next.pp, false)
                                     : ms;
             double work = PLAN_INTERVAL_S * 1000 - remain;

@@ -1127,12 +1127,13 @@ int worker_runner_run(const struct worker_runner_config *cfg) {
         goto out;
     }
     snprintf(R->cfg.agent.data_addr, sizeof(R->cfg.agent.data_addr), "%s",
-             mig_endpoint_addr(R->ep));
+             R->cfg.advertise_addr[0] ? R->cfg.advertise_addr : mig_endpoint_addr(R->ep));
     struct worker_agent_ops ops = {on_command, R};
     TRY_GOTO(worker_agent_new(&R->cfg.agent, &ops, &R->agent), r, out);
     TRY_GOTO(worker_agent_start(R->agent), r, out);
-    st_log(ST_LOG_INFO, "runner", "Worker %s: data plane %s, coordinator %s",
-           worker_agent_id(R->agent), mig_endpoint_addr(R->ep), R->cfg.agent.coordinator);
+    st_log(ST_LOG_INFO, "runner", "Worker %s: data plane %s (advertised as %s), coordinator %s",
+           worker_agent_id(R->agent), mig_endpoint_addr(R->ep), R->cfg.agent.data_addr,
+           R->cfg.agent.coordinator);
     r = runner_loop(R);
     if (r >= 0) {
         /* Let the Stop's ack go out before leaving (bounded). */

@@ -32,9 +32,12 @@
 typedef int worker_notice_poll_fn(void *userdata, char *kind, size_t kindsz, double *ret_at);
 
 struct worker_runner_config {
-    struct worker_agent_config agent; /* data_addr is replaced by the endpoint's address */
+    struct worker_agent_config agent; /* data_addr is replaced by advertise_addr, or else by
+                                         the endpoint's address */
     char bind_host[64];               /* data-plane listen host; "" = 127.0.0.1 */
     int port;                         /* data-plane port; 0 = any */
+    char advertise_addr[64];          /* HOST:PORT peers dial (a NAT, a proxy); "" = the
+                                         endpoint's own address */
     struct st_spec spec;              /* the job (model, data, training); copied */
     int steps;                        /* total steps (LR schedule and end); <= 0 = spec's */
     int threads;                      /* kernel threads; 0 = 1 */

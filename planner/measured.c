@@ -1,0 +1,180 @@
+/* measured.c: migration costs measured on our own data plane instead of Parcae's restarts.
+ *
+ * Parcae charges every reconfiguration a process restart (rendezvous, model build, ~29-43 s);
+ * ours are live, so a migration costs what the bench measured: a fixed stall per kind (the
+ * hand-off, communicator rebuild, the engine's re-layout) plus the bytes that must move over
+ * the link. The bytes come from the model's real layer sizes in the profile; the rate is the
+ * target link scaled by the efficiency our data plane reached against raw TCP on the machine
+ * that measured it, so a file measured on loopback says something about a 10 Gb/s fleet. */
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common.h"
+#include "planner-internal.h"
+#include "planner.h"
+
+_Static_assert(PLAN_MEAS_NKINDS == 4, "struct plan_cost sizes meas_* by the measured kinds");
+
+/* Adam's two moments, the part of a stage's state ZeRO-1 shards across its replicas. */
+#define OPT_BYTES_PER_PARAM 8.0
+
+const char *plan_meas_kind_name(enum plan_meas_kind k) {
+    static const char *const names[PLAN_MEAS_NKINDS] = {"intra-stage", "inter-stage",
+                                                        "pipeline", "dp-resharding"};
+    return (unsigned)k < PLAN_MEAS_NKINDS ? names[k] : "?";
+}
+
+static bool positive(json_t *v, double *ret) {
+    if (!json_is_number(v) || !isfinite(json_number_value(v)) || json_number_value(v) <= 0)
+        return false;
+    *ret = json_number_value(v);
+    return true;
+}
+
+int plan_measured_costs_parse(const char *name, const char *text, size_t len,
+                              struct plan_measured_costs *ret, struct st_error *err) {
+    struct plan_measured_costs m;
+    json_error_t je;
+    int r = 0;
+    if (!name || !text || !ret)
+        return -EINVAL;
+    json_t *root = json_loadb(text, len, 0, &je);
+    if (!root)
+        return st_error_set(err, name, je.line, je.column, "json", "%s", je.text);
+    memset(&m, 0, sizeof(m));
+    if (!json_is_object(root)) {
+        r = st_error_set(err, name, 0, 0, "", "a cost file is a JSON object");
+        goto out;
+    }
+    json_t *mach = json_object_get(root, "machine");
+    if (mach && !json_is_string(mach)) {
+        r = st_error_set(err, name, 0, 0, "machine", "must be a string");
+        goto out;
+    }
+    snprintf(m.machine, sizeof(m.machine), "%s", mach ? json_string_value(mach) : "");
+    if (!positive(json_object_get(root, "link_gbps"), &m.link_gbps)) {
+        r = st_error_set(err, name, 0, 0, "link_gbps",
+                         "missing or not a positive number (Gb/s of the measured link)");
+        goto out;
+    }
+    json_t *kinds = json_object_get(root, "kinds");
+    if (!json_is_object(kinds)) {
+        r = st_error_set(err, name, 0, 0, "kinds",
+                         "missing \"kinds\" object (intra-stage, inter-stage, pipeline, "
+                         "dp-resharding)");
+        goto out;
+    }
+    for (int k = 0; k < PLAN_MEAS_NKINDS; k++) {
+        const char *kn = plan_meas_kind_name((enum plan_meas_kind)k);
+        char field[64];
+        json_t *o = json_object_get(kinds, kn);
+        if (!json_is_object(o)) {
+            snprintf(field, sizeof(field), "kinds.%s", kn);
+            r = st_error_set(err, name, 0, 0, field, "missing (an object with fixed_s and "
+                                                     "bytes_per_s)");
+            goto out;
+        }
+        json_t *f = json_object_get(o, "fixed_s");
+        if (!json_is_number(f) || !isfinite(json_number_value(f)) || json_number_value(f) < 0) {
+            snprintf(field, sizeof(field), "kinds.%s.fixed_s", kn);
+            r = st_error_set(err, name, 0, 0, field, "missing or not a number >= 0 (seconds)");
+            goto out;
+        }
+        m.fixed_s[k] = json_number_value(f);
+        if (!positive(json_object_get(o, "bytes_per_s"), &m.bytes_per_s[k])) {
+            snprintf(field, sizeof(field), "kinds.%s.bytes_per_s", kn);
+            r = st_error_set(err, name, 0, 0, field, "missing or not a positive number");
+            goto out;
+        }
+        json_t *raw = json_object_get(o, "raw_bytes_per_s");
+        if (raw && !positive(raw, &m.raw_bytes_per_s[k])) {
+            snprintf(field, sizeof(field), "kinds.%s.raw_bytes_per_s", kn);
+            r = st_error_set(err, name, 0, 0, field, "not a positive number");
+            goto out;
+        }
+    }
+    *ret = m;
+out:
+    json_decref(root);
+    return r;
+}
+
+int plan_cost_use_measured(struct plan_cost *c, const struct plan_measured_costs *m,
+                           double link_gbps) {
+    if (!c || !m || !(m->link_gbps > 0) || !isfinite(link_gbps))
+        return -EINVAL;
+    double raw = m->link_gbps * 1e9 / 8; /* bytes/s of the link the file was measured on */
+    for (int k = 0; k < PLAN_MEAS_NKINDS; k++) {
+        if (!(m->bytes_per_s[k] > 0) || !(m->fixed_s[k] >= 0) || !isfinite(m->fixed_s[k]))
+            return -EINVAL;
+        double bps = m->bytes_per_s[k];
+        /* the data plane's efficiency against raw TCP, at most 1, on the target link */
+        double base = m->raw_bytes_per_s[k] > 0 ? m->raw_bytes_per_s[k] : raw;
+        if (link_gbps > 0)
+            bps = link_gbps * 1e9 / 8 * ST_MIN(1.0, bps / base);
+        c->meas_fixed_ms[k] = m->fixed_s[k] * 1000;
+        c->meas_bytes_per_ms[k] = bps / 1000;
+    }
+    c->measured = true;
+    return 0;
+}
+
+static double xfer_ms(const struct plan_cost *c, enum plan_meas_kind k, double params) {
+    return params * c->state_bytes_per_param / c->meas_bytes_per_ms[k];
+}
+
+/* A dp change re-cuts every stage's ZeRO-1 optimizer shards: each replica receives at most
+ * its new shard of the largest stage. */
+static double reshard_ms(const struct plan_cost *c, int D, int dp, int pp) {
+    if (dp == D || dp < 1)
+        return 0;
+    double bytes = c->maxpart_params[pp] * OPT_BYTES_PER_PARAM / dp;
+    return c->meas_fixed_ms[PLAN_MEAS_DP_RESHARD] +
+           bytes / c->meas_bytes_per_ms[PLAN_MEAS_DP_RESHARD];
+}
+
+double plan__measured_intra_ms(const struct plan_cost *c, int D, int dp, int pp) {
+    return c->meas_fixed_ms[PLAN_MEAS_INTRA] + reshard_ms(c, D, dp, pp);
+}
+
+double plan__measured_inter_ms(const struct plan_cost *c, int D, int dp, int pp,
+                               double stage_params) {
+    return c->meas_fixed_ms[PLAN_MEAS_INTER] + xfer_ms(c, PLAN_MEAS_INTER, stage_params) +
+           reshard_ms(c, D, dp, pp);
+}
+
+/* Each new stage fetches the layers its best surviving old stage lacks; receivers work in
+ * parallel (each node has its own link), so the largest fetch sets the time, and with dp > 1
+ * the other replicas of the largest new stage are filled the same way after it. */
+double plan__measured_repartition_ms(const struct plan_cost *c, int D, int P, const char *dead,
+                                     int dp, int pp) {
+    int ob[PLAN_MAX_LAYERS + 1], nb[PLAN_MAX_LAYERS + 1];
+    double need = 0;
+    if (plan_cost_partition(c, pp, nb) < 0)
+        return INFINITY;
+    if (D > 0 && P > 0 && plan_cost_partition(c, P, ob) == 0) {
+        for (int s = 0; s < pp; s++) {
+            double full = c->prefix[nb[s + 1]] - c->prefix[nb[s]], best = full;
+            for (int o = 0; o < P; o++) {
+                bool alive = false;
+                for (int r = 0; r < D && !alive; r++)
+                    alive = !dead || !dead[r * P + o];
+                if (!alive)
+                    continue;
+                int lo = ST_MAX(ob[o], nb[s]), hi = ST_MIN(ob[o + 1], nb[s + 1]);
+                double have = hi > lo ? c->prefix[hi] - c->prefix[lo] : 0;
+                best = ST_MIN(best, full - have);
+            }
+            need = ST_MAX(need, best);
+        }
+    } else {
+        need = c->maxpart_params[pp];
+    }
+    double ms = c->meas_fixed_ms[PLAN_MEAS_PIPELINE] + xfer_ms(c, PLAN_MEAS_PIPELINE, need);
+    if (dp > 1)
+        ms += xfer_ms(c, PLAN_MEAS_PIPELINE, c->maxpart_params[pp]);
+    return ms;
+}

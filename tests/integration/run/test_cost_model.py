@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""test_cost_model.py: the planner's cost model fitted online, on the quickstart.
+
+Runs examples/quickstart.yaml as shipped (its trace, time scale, planner and synthetic corpus; only the
+ports, the checkpoint directory and the corpus file are made local to the test) and reads the summary's
+`cost_model`: the step time predicted when each epoch was decided (once measured steps were
+behind the prediction) is compared with the step time the workers then measured and printed
+(how close they are is a benchmark figure on a loaded machine, not an assertion: the house rule
+keeps timings out of tests), and each kind's migration figures must count and average exactly
+the live migrations the summary lists. Exit 0 pass, 1 fail."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+SRC = os.environ.get("SPOTTRAIN_SRCDIR", os.path.join(os.path.dirname(__file__), "../../.."))
+BIN = os.environ.get("SPOTTRAIN_BIN", os.path.join(SRC, "build", "spottrain"))
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL:", what, file=sys.stderr)
+
+
+d = tempfile.mkdtemp(prefix="st-cost-model-")
+try:
+    ex = os.path.join(SRC, "examples")
+    spec = open(os.path.join(ex, "quickstart.yaml")).read()
+    spec = re.sub(r"(?m)^(\s*trace:)\s*(\S+)", lambda m: m.group(1) + " " + os.path.join(ex, m.group(2)), spec)
+    # the corpus is synthesized (spec data.synth) into the test's directory, not the tree
+    spec = re.sub(r"(?m)^(\s*train:)\s*(\S+)", lambda m: m.group(1) + " " + os.path.join(d, "corpus.bin"), spec)
+    spec = re.sub(r"(?m)^(\s*dir:)\s*/tmp/spottrain-quickstart/ckpt", r"\1 " + d + "/ckpt", spec)
+    spec = re.sub(r"(?m)^(\s*listen:)\s*127\.0\.0\.1:\d+", r'\1 "127.0.0.1:0"', spec)
+    job = os.path.join(d, "quickstart.yaml")
+    with open(job, "w") as f:
+        f.write(spec)
+    summ = os.path.join(d, "summary.json")
+    p = subprocess.run([BIN, "run", job, "--json-summary", summ, "--state-dir",
+                        os.path.join(d, "state")], capture_output=True, text=True, timeout=400)
+    if p.returncode != 0:
+        sys.stderr.write(p.stderr[-4000:])
+    check(p.returncode == 0, "spottrain run exited %d" % p.returncode)
+    s = json.load(open(summ)) if p.returncode == 0 else {}
+    cm = s.get("cost_model", {})
+    print(json.dumps(cm, indent=1))
+    check(s.get("finished") is True, "the quickstart did not finish")
+    check(cm.get("steps", 0) > 0, "no calibrated step prediction was compared")
+    if cm.get("steps", 0) > 0:
+        pred, meas = cm["step_seconds_predicted"], cm["step_seconds_measured"]
+        check(pred > 0 and meas > 0, "step times must be positive: %s %s" % (pred, meas))
+        print("step time predicted %.4f s, measured %.4f s: %+.0f%%" % (
+            pred, meas, 100.0 * (pred - meas) / meas if meas > 0 else 0.0))
+    live = [r for r in s.get("reconfigurations", [])
+            if r["ok"] and r["kind"] != "checkpoint-restore"]
+    check(len(live) >= 1, "the quickstart made no live migration")
+    for kind in ("intra-stage", "inter-stage", "pipeline", "dp-resharding"):
+        rs = [r for r in live if (r["dp_resharding"] if kind == "dp-resharding" else r["kind"] == kind)]
+        k = cm.get("kinds", {}).get(kind, {})
+        check(k.get("count") == len(rs), "%s: count %s, summary lists %d" % (kind, k.get("count"), len(rs)))
+        if rs:
+            mean = sum(r["stall_seconds"] for r in rs) / len(rs)
+            check(abs(k.get("stall_seconds_measured", -1) - mean) < 2e-6,
+                  "%s: measured stall %s, records say %.6f" % (kind, k.get("stall_seconds_measured"), mean))
+            check((k.get("stall_seconds_predicted") or 0) > 0, "%s: no prediction" % kind)
+        else:
+            check(k.get("stall_seconds_predicted", 0) is None, "%s: a prediction with no migration" % kind)
+finally:
+    shutil.rmtree(d, ignore_errors=True)
+print("%d failures" % len(failures))
+sys.exit(1 if failures else 0)
