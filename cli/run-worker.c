@@ -19,6 +19,7 @@
 #include "common.h"
 #include "coordinator.h" /* coord_token_read */
 #include "kernels.h"     /* kern_blas_load */
+#include "migrate.h"     /* the chaos suite's hooks: ENOSPC, a cut data plane */
 #include "run-worker.h"
 #include "worker.h"
 #include "worker-runner.h"
@@ -308,6 +309,30 @@ int cli_worker_job_main(int argc, char **argv) {
         sigaction(SIGTERM, &sa, NULL);
         cfg->poll_notice = poll_notices;
         cfg->notice_userdata = &ns;
+    }
+    /* A fault for scripts/chaos: this worker's Nth checkpoint layer write fails with ENOSPC. */
+    const char *enospc = getenv("SPOTTRAIN_TEST_CKPT_ENOSPC");
+    if (enospc && enospc[0]) {
+        char *e;
+        long n = strtol(enospc, &e, 10);
+        if (*e || n < 0) {
+            fprintf(stderr, "spottrain worker: invalid SPOTTRAIN_TEST_CKPT_ENOSPC '%s'\n", enospc);
+            ret = CLI_EXIT_INPUT;
+            goto out;
+        }
+        mig_ckpt_write_fail_at(n);
+    }
+    /* Another: this worker's Nth sending migration transfer is cut mid-message. */
+    const char *cut = getenv("SPOTTRAIN_TEST_DATA_CUT");
+    if (cut && cut[0]) {
+        char *e;
+        long n = strtol(cut, &e, 10);
+        if (*e || n < 0) {
+            fprintf(stderr, "spottrain worker: invalid SPOTTRAIN_TEST_DATA_CUT '%s'\n", cut);
+            ret = CLI_EXIT_INPUT;
+            goto out;
+        }
+        mig_execute_cut_at(n);
     }
     if (!cloud && getenv("AWS_EC2_METADATA_SERVICE_ENDPOINT"))
         cloud = "aws";

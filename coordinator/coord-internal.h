@@ -76,7 +76,8 @@ struct coord {
 
     /* metrics (memory only; the journal keeps the job's progress) */
     uint64_t mig_count[COORD_MIG_NKINDS], mig_bytes[COORD_MIG_NKINDS];
-    double mig_stall[COORD_MIG_NKINDS];
+    double mig_stall[COORD_MIG_NKINDS];          /* seconds */
+    uint64_t mig_replayed[COORD_MIG_NKINDS];     /* steps trained again after a restore */
     double stall_total, predicted, actual, spend;
     double spot_price_live;      /* $/instance-hour the cloud answers now; 0 = none */
     double od_spend;             /* on-demand dollars, tracked once a live price is in use */

@@ -293,8 +293,12 @@ void coord_planner_record(struct coord *c, const char *predictor,
 
 /* ---- metrics the end-to-end loop feeds (all start at 0 so /metrics names are stable) --- */
 
+/* Counts one reconfiguration once the epoch that ended it made its first step (shared/DESIGN.md
+ * "One meaning of stall"): bytes counted on the wire, its stall, and for a restore the steps
+ * done before the loss that are trained again. Shown per kind in GET /v1/job "migrations" and
+ * /metrics. A negative or non-finite stall is ignored (the call changes nothing). */
 void coord_metrics_add_migration(struct coord *c, enum coord_migration_kind kind,
-                                 uint64_t bytes, double stall_seconds);
+                                 uint64_t bytes, double stall_seconds, uint64_t steps_replayed);
 void coord_metrics_set_instances(struct coord *c, double predicted, double actual);
 void coord_metrics_add_spend(struct coord *c, double dollars);
 /* The same for a fleet whose provider answers a live spot price (aws: DescribeSpotPriceHistory):

@@ -1375,7 +1375,8 @@ static void stall_done(struct coord_loop *L, const struct wv *v, size_t nv) {
     S->stall[rec->kind] += stall;
     if (rec->dp_reshard)
         S->stall[COORD_LOOP_DP_RESHARD] += stall;
-    coord_metrics_add_migration(L->c, metrics_kind(rec->kind), rec->moved_bytes, stall);
+    coord_metrics_add_migration(L->c, metrics_kind(rec->kind), rec->moved_bytes, stall,
+                                rec->steps_replayed);
     cm_migration(L, rec, rec->moved_bytes, stall);
     /* The epoch's one line: what ran, what it cost, and why. Epochs of the chain that the
      * next one replaced before their first step get theirs first (their stall is the

@@ -109,6 +109,21 @@ static json_t *planner_json(struct coord *c) {
                      "decisions", (json_int_t)c->planner_decisions, "last", last);
 }
 
+/* Each kind's totals, keyed by the /metrics label, so a client reads the same figures both
+ * ways (the summary of `spottrain run` spells the kinds with hyphens; the API keeps the
+ * names its history and metrics already use). */
+static json_t *migrations_json(const struct coord *c) {
+    json_t *m = json_object();
+    for (int k = 0; m && k < COORD_MIG_NKINDS; k++)
+        json_object_set_new(m, coord_migration_kind_name((enum coord_migration_kind)k),
+                            json_pack("{s:I, s:I, s:f, s:I}", "count",
+                                      (json_int_t)c->mig_count[k], "bytes",
+                                      (json_int_t)c->mig_bytes[k], "stall_seconds",
+                                      c->mig_stall[k], "steps_replayed",
+                                      (json_int_t)c->mig_replayed[k]));
+    return m;
+}
+
 static json_t *job_json(struct coord *c) {
     size_t counts[COORD_WORKER_NSTATES];
     coord__count_states(c, counts);
@@ -133,6 +148,7 @@ static json_t *job_json(struct coord *c) {
                             json_real(c->spot_price_live > 0 ? c->spot_price_live
                                                              : c->spec.fleet.spot_price));
         json_object_set_new(j, "spot_price_live", json_boolean(c->spot_price_live > 0));
+        json_object_set_new(j, "migrations", migrations_json(c));
     }
     return j;
 }
@@ -278,6 +294,18 @@ char *coord__metrics_text(struct coord *c) {
         M("spottrain_migration_bytes_total{kind=\"%s\"} %llu\n",
           coord_migration_kind_name((enum coord_migration_kind)k),
           (unsigned long long)c->mig_bytes[k]);
+    M("# HELP spottrain_migration_stall_seconds_total Seconds training stalled, by the kind "
+      "of the reconfiguration that ended it (shared/DESIGN.md).\n"
+      "# TYPE spottrain_migration_stall_seconds_total counter\n");
+    for (int k = 0; k < COORD_MIG_NKINDS; k++)
+        M("spottrain_migration_stall_seconds_total{kind=\"%s\"} %.6f\n",
+          coord_migration_kind_name((enum coord_migration_kind)k), c->mig_stall[k]);
+    M("# HELP spottrain_steps_replayed_total Steps done before an unannounced loss and trained "
+      "again after the restore, by kind.\n# TYPE spottrain_steps_replayed_total counter\n");
+    for (int k = 0; k < COORD_MIG_NKINDS; k++)
+        M("spottrain_steps_replayed_total{kind=\"%s\"} %llu\n",
+          coord_migration_kind_name((enum coord_migration_kind)k),
+          (unsigned long long)c->mig_replayed[k]);
     double stall = c->stall_total;
     for (int k = 0; k < COORD_MIG_NKINDS; k++)
         stall += c->mig_stall[k];

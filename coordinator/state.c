@@ -1227,7 +1227,7 @@ int coord_plan_detail_set(struct coord *c, const char *json) {
 }
 
 void coord_metrics_add_migration(struct coord *c, enum coord_migration_kind kind,
-                                 uint64_t bytes, double stall_seconds) {
+                                 uint64_t bytes, double stall_seconds, uint64_t steps_replayed) {
     if (!c || c->magic != COORD_MAGIC || (unsigned)kind >= COORD_MIG_NKINDS ||
         !isfinite(stall_seconds) || stall_seconds < 0)
         return;
@@ -1235,6 +1235,7 @@ void coord_metrics_add_migration(struct coord *c, enum coord_migration_kind kind
     c->mig_count[kind]++;
     c->mig_bytes[kind] += bytes;
     c->mig_stall[kind] += stall_seconds;
+    c->mig_replayed[kind] += steps_replayed;
     coord__history_migration(&c->history, st_wall(), c->job.epoch, c->job.step, c->job.dp,
                              c->job.pp, kind, bytes, stall_seconds);
     pthread_mutex_unlock(&c->lock);

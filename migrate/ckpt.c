@@ -95,6 +95,21 @@ static int fsync_dir(const char *dir) {
     return r;
 }
 
+/* mig_ckpt_write_fail_at(): layer writes counted since it was armed, and the one that fails.
+ * Atomic: the runner writes from a background thread. */
+static long write_fail_at, write_count;
+
+/* See migrate.h. */
+void mig_ckpt_write_fail_at(long n) {
+    __atomic_store_n(&write_count, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&write_fail_at, n, __ATOMIC_SEQ_CST);
+}
+
+static bool write_should_fail(void) {
+    long at = __atomic_load_n(&write_fail_at, __ATOMIC_SEQ_CST);
+    return at > 0 && __atomic_add_fetch(&write_count, 1, __ATOMIC_SEQ_CST) == at;
+}
+
 static int write_all(int fd, const void *buf, size_t len) {
     const char *p = buf;
     while (len) {
@@ -449,6 +464,8 @@ int mig_ckpt_write_layer(struct mig_ckpt_writer *w, int layer, const struct mig_
     size_t pad = (size_t)(payload - off);
     mig__xxh64_update(&hs, zeros, pad);
     TRY_GOTO(write_all(fd, zeros, pad), r, out);
+    if (write_should_fail())
+        TRY_GOTO(-ENOSPC, r, out); /* the test hook: the disk filled before the trailer */
     unsigned char trailer[TRAILER];
     put64(trailer, mig__xxh64_digest(&hs));
     memcpy(trailer + 8, TRAILER_MAGIC, 8);

@@ -10,6 +10,7 @@
 #include "common.h"
 #include "migrate.h"
 #include "migrate-execute.h"
+#include "migrate-internal.h" /* struct mig_comm: cut_send */
 
 static int xfer_check(const struct mig_xfer *x, int nranks) {
     if (x->src < 0 || x->dst < 0 || x->src >= nranks || x->dst >= nranks || x->src == x->dst ||
@@ -32,6 +33,15 @@ void mig_xfer_bytes(const struct mig_xfer *x, size_t n, int rank, uint64_t *ret_
         *ret_send = s;
     if (ret_recv)
         *ret_recv = r;
+}
+
+/* mig_execute_cut_at(): sending executions counted since it was armed, and the one cut. */
+static long cut_at, cut_count;
+
+/* See migrate-execute.h. */
+void mig_execute_cut_at(long n) {
+    __atomic_store_n(&cut_count, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&cut_at, n, __ATOMIC_SEQ_CST);
 }
 
 /* See migrate-execute.h. */
@@ -79,8 +89,14 @@ int mig_execute(struct mig_comm *c, const struct mig_xfer *x, size_t n, mig_xfer
         k++;
     }
     if (nops > 0) {
+        long at = __atomic_load_n(&cut_at, __ATOMIC_SEQ_CST);
+        c->cut_send = st.nsend > 0 && at > 0 &&
+                      __atomic_add_fetch(&cut_count, 1, __ATOMIC_SEQ_CST) == at;
         double t0 = st_now();
-        TRY_GOTO(mig_batch(c, ops, nops), r, out);
+        r = mig_batch(c, ops, nops);
+        c->cut_send = false;
+        if (r < 0)
+            goto out;
         st.seconds = st_now() - t0;
     }
     if (ret_stats)

@@ -50,6 +50,14 @@ struct mig_exec_stats {
 int mig_execute(struct mig_comm *c, const struct mig_xfer *x, size_t n, mig_xfer_buf_fn *buf,
                 void *userdata, struct mig_exec_stats *ret_stats);
 
+/* Test hook (like st_alloc_fail_after): the nth mig_execute() from now (1-based, counted per
+ * process) in which this rank sends has its first message's connection cut on the TCP data
+ * plane after the header and part of the payload (shutdown both ways, as a failing network
+ * cuts it): that call returns -ECONNRESET, its receiver sees the stream end mid-message, and
+ * the rest of the epoch's traffic on that connection fails. 0 disarms. A worker arms it from
+ * SPOTTRAIN_TEST_DATA_CUT=N so that scripts/chaos can cut a migration mid-transfer. */
+void mig_execute_cut_at(long n);
+
 /* Bytes rank `rank` sends (ret_send) and receives (ret_recv) under x[0..n). Either pointer may
  * be NULL. Lets a caller compare a plan's bytes with what mig_execute reports. */
 void mig_xfer_bytes(const struct mig_xfer *x, size_t n, int rank, uint64_t *ret_send,

@@ -47,6 +47,7 @@ struct mig_comm {
     struct mig_auth auth; /* all-zero key when !keyed; wiped by mig_comm_free */
     uint64_t sent;     /* payload bytes */
     uint64_t recvd;
+    bool cut_send;     /* mig_execute_cut_at fired: the transport cuts the next send (tcp) */
     void *priv;        /* the transport's state */
 };
 

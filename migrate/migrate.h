@@ -240,6 +240,12 @@ struct mig_ckpt_writer *mig_ckpt_writer_free(struct mig_ckpt_writer *w);
  * different layers of the same directory. The caller's buffers are only read. */
 int mig_ckpt_write_layer(struct mig_ckpt_writer *w, int layer, const struct mig_tensor *t,
                          size_t n);
+/* Test hook (like st_alloc_fail_after): the nth mig_ckpt_write_layer() from now (1-based,
+ * counted per process, all threads) fails with -ENOSPC after writing its payload, as on a disk
+ * that filled up mid-file: the temporary file is removed and the layer is not there; the calls
+ * after it write again (the space came back). 0 disarms. A worker arms it from the environment
+ * (SPOTTRAIN_TEST_CKPT_ENOSPC=N) so that scripts/chaos can fail one checkpoint of a fleet. */
+void mig_ckpt_write_fail_at(long n);
 
 /* Metadata of a checkpoint, written into manifest.json by mig_ckpt_commit(). */
 struct mig_ckpt_meta {

@@ -1067,6 +1067,23 @@ static ssize_t recv_some(struct mig_comm *c, int peer, struct conn *cn, struct m
 /* The one poll loop of every data-plane call. Queues: one per (peer, direction), ops in array
  * order. A queue is tried while it is "ready" and parked after a short read or write until poll
  * reports its socket, so a busy stream costs one syscall per wakeup plus one poll for all. */
+/* mig_execute_cut_at(): the header and at most half (up to 4 KiB) of op's payload go out,
+ * then the connection is shut down both ways, mid-message, as a failing network would leave
+ * it. The peer reads a short message and then the end of the stream. */
+static int cut_mid_message(struct mig_comm *c, struct conn *cn, const struct mig_op *op) {
+    unsigned char hdr[HDR_SIZE];
+    size_t done = 0, half = ST_MIN(op->bytes / 2, (size_t)4096);
+    hdr_encode(hdr, c->epoch, cn->send_seq, op->bytes);
+    if (send_rest(cn->fd, hdr, HDR_SIZE, &done) > 0 && half > 0) {
+        done = 0;
+        (void)send_rest(cn->fd, op->buf, half, &done);
+    }
+    (void)shutdown(cn->fd, SHUT_RDWR);
+    st_log(ST_LOG_WARN, "migrate", "rank %d: epoch %llu: the test hook cut the connection to "
+           "rank %d mid-message", c->rank, (unsigned long long)c->epoch, op->peer);
+    return -ECONNRESET;
+}
+
 static int tcp_batch(struct mig_comm *c, struct mig_op *ops, size_t n) {
     struct tcp_comm *tc = c->priv;
     int nr = c->nranks, r = 0;
@@ -1113,6 +1130,11 @@ static int tcp_batch(struct mig_comm *c, struct mig_op *ops, size_t n) {
             if (i < 0 || !ready[q])
                 continue;
             bool short_io = false;
+            if (c->cut_send && q % 2 == 0 && st[i].hdone == 0) {
+                c->cut_send = false;
+                r = cut_mid_message(c, &tc->conns[p], &ops[i]);
+                goto out;
+            }
             ssize_t m = q % 2 == 0
                             ? send_some(c, p, &tc->conns[p], &ops[i], &st[i], &short_io)
                             : recv_some(c, p, &tc->conns[p], &ops[i], &st[i], &short_io);

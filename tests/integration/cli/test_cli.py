@@ -62,5 +62,18 @@ check(rc == 0 and out.startswith("spottrain "), "version")
 rc, out, err = run("version", "extra")
 check(rc == 2, "version with an argument exits 2")
 
+# The chaos suite's hooks are armed from the environment: a malformed count is bad input.
+import tempfile  # noqa: E402
+SPEC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "examples",
+                    "quickstart.yaml")
+with tempfile.TemporaryDirectory(prefix="st-cli-") as d:
+    for var in ("SPOTTRAIN_TEST_CKPT_ENOSPC", "SPOTTRAIN_TEST_DATA_CUT"):
+        for bad in ("x", "-1", "3k"):
+            p = subprocess.run([BIN, "worker", "--coordinator", "127.0.0.1:1", "--job", SPEC,
+                                "--state-dir", d], capture_output=True, text=True, timeout=30,
+                               env=dict(os.environ, **{var: bad}))
+            check(p.returncode == 2 and f"invalid {var} '{bad}'" in p.stderr,
+                  f"worker with {var}={bad} exits 2 ({p.returncode})")
+
 print(f"{len(failures) == 0 and 'all' or len(failures)} {'passed' if not failures else 'failed'}")
 sys.exit(1 if failures else 0)

@@ -8,6 +8,7 @@
  *  bad:        malformed transfers (src == dst, rank out of range, count 0, unknown kind) and
  *              a failing buffer callback are rejected before any byte moves;
  *  dead:       a peer that dies makes the others fail with an error, never hang;
+ *  cut:        a connection cut mid-message (mig_execute_cut_at) fails both ends at once;
  *  rendezvous: worker_rendezvous_parse accepts the four modes and rejects malformed strings;
  *  forced:     coord_loop_parse_forced. */
 #include <string.h>
@@ -168,6 +169,45 @@ static int test_dead(void) {
     return 0;
 }
 
+/* The chaos suite's data-plane cut (mig_execute_cut_at) on rank 0: an execution where it only
+ * receives is not counted, the first where it sends moves every byte, the second is cut
+ * mid-message: both ends fail with -ECONNRESET at once (not the timeout), and the connection
+ * stays broken for the rest of the epoch. */
+static int rank_cut(int rank, int n, struct mig_endpoint *ep, const char *const *addrs,
+                    void *arg) {
+    (void)arg;
+    struct mig_comm *c = NULL;
+    static struct hold h;
+    fill(&h, rank);
+    RCHECK_R(mig_comm_new("tcp", ep, 4, rank, n, addrs, 10.0, &c), 0);
+    if (rank == 0)
+        mig_execute_cut_at(2);
+    struct mig_xfer in = {1, 0, 0, MIG_ADAM_M, 0, LN};
+    struct mig_xfer out = {0, 1, 1, MIG_PARAM, 0, LN};
+    struct mig_xfer cut = {0, 1, 2, MIG_ADAM_V, 0, LN};
+    RCHECK_R(mig_execute(c, &in, 1, buf_cb, &h, NULL), 0);
+    RCHECK_R(mig_execute(c, &out, 1, buf_cb, &h, NULL), 0);
+    if (rank == 1)
+        for (int i = 0; i < LN; i++)
+            RCHECK(h.v[1][MIG_PARAM][i] == ru_f32(SEED, 0, ((size_t)1 * 3 + MIG_PARAM) * LN + i));
+    double t0 = st_now();
+    RCHECK_R(mig_execute(c, &cut, 1, buf_cb, &h, NULL), -ECONNRESET);
+    RCHECK(st_now() - t0 < 5.0);
+    RCHECK_R(mig_execute(c, &in, 1, buf_cb, &h, NULL), -ECONNRESET);
+    if (rank == 0)
+        mig_execute_cut_at(0);
+    mig_comm_free(c);
+    return 0;
+}
+
+static int test_cut(void) {
+    int st[2];
+    ASSERT_OK(ru_run(2, rank_cut, NULL, st));
+    ASSERT_EQ(st[0], 0);
+    ASSERT_EQ(st[1], 0);
+    return 0;
+}
+
 static int test_rendezvous(void) {
     char mode[16], dir[256];
     int split[8], n = 0;
@@ -269,5 +309,5 @@ static int test_forced(void) {
     return 0;
 }
 
-TEST_MAIN(TEST(test_pairs), TEST(test_bad), TEST(test_dead), TEST(test_rendezvous),
+TEST_MAIN(TEST(test_pairs), TEST(test_bad), TEST(test_dead), TEST(test_cut), TEST(test_rendezvous),
           TEST(test_configure_setup), TEST(test_forced))

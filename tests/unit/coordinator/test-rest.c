@@ -2,6 +2,7 @@
  * libmicrohttpd's callback and tests/fuzz/fuzz-rest.c share): each route's status, content
  * type and body shape, authentication, the body limit, client certificates, bad arguments. */
 #include <jansson.h>
+#include <math.h> /* NAN */
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -226,4 +227,60 @@ static int test_limits(void) {
     return 0;
 }
 
-TEST_MAIN(TEST(test_routes), TEST(test_events_args_and_stop), TEST(test_limits))
+/* The recovery figures the loop feeds reach both GET /v1/job "migrations" and /metrics, per
+ * kind and summed exactly; a call with a senseless stall or kind changes nothing. */
+static int test_migration_figures(void) {
+    struct coord *c = NULL;
+    ASSERT_OK(open_coord(&c));
+    struct coord_rest_reply rep;
+    json_t *j;
+    coord_metrics_add_migration(c, COORD_MIG_PEER_RESTORE, 1000, 0.25, 7);
+    coord_metrics_add_migration(c, COORD_MIG_PEER_RESTORE, 500, 0.5, 3);
+    coord_metrics_add_migration(c, COORD_MIG_CHECKPOINT_RESTORE, 0, 1.5, 40);
+    coord_metrics_add_migration(c, COORD_MIG_INTER_STAGE, 4096, 0.125, 0);
+    coord_metrics_add_migration(c, COORD_MIG_PEER_RESTORE, 9, -1.0, 9);
+    coord_metrics_add_migration(c, COORD_MIG_PEER_RESTORE, 9, NAN, 9);
+    coord_metrics_add_migration(c, COORD_MIG_NKINDS, 9, 1.0, 9);
+
+    ASSERT_EQ(ask(c, "GET", "/v1/job", NULL, 0, false, 0, &rep, &j), 200);
+    json_t *m = json_object_get(j, "migrations");
+    ASSERT_EQ(json_object_size(m), COORD_MIG_NKINDS);
+    static const struct {
+        const char *kind;
+        long long count, bytes, replayed;
+        double stall;
+    } want[] = {{"peer_restore", 2, 1500, 10, 0.75},  {"checkpoint_restore", 1, 0, 40, 1.5},
+                {"inter_stage", 1, 4096, 0, 0.125},   {"intra_stage", 0, 0, 0, 0},
+                {"pipeline", 0, 0, 0, 0},             {"fresh_start", 0, 0, 0, 0}};
+    for (size_t i = 0; i < ST_ARRAY_SIZE(want); i++) {
+        json_t *k = json_object_get(m, want[i].kind);
+        ASSERT_EQ(json_object_size(k), 4);
+        ASSERT_EQ(json_integer_value(json_object_get(k, "count")), want[i].count);
+        ASSERT_EQ(json_integer_value(json_object_get(k, "bytes")), want[i].bytes);
+        ASSERT_EQ(json_integer_value(json_object_get(k, "steps_replayed")), want[i].replayed);
+        /* Sums of binary fractions: exact. */
+        ASSERT_TRUE(json_real_value(json_object_get(k, "stall_seconds")) == want[i].stall);
+    }
+    json_decref(j);
+    coord__rest_reply_done(&rep);
+
+    ASSERT_EQ(ask(c, "GET", "/metrics", NULL, 0, false, 0, &rep, &j), 200);
+    ASSERT_CONTAINS(rep.body, "\nspottrain_migrations_total{kind=\"peer_restore\"} 2\n");
+    ASSERT_CONTAINS(rep.body, "\nspottrain_migration_bytes_total{kind=\"peer_restore\"} 1500\n");
+    ASSERT_CONTAINS(rep.body,
+                    "\nspottrain_migration_stall_seconds_total{kind=\"peer_restore\"} 0.750000\n");
+    ASSERT_CONTAINS(rep.body, "\nspottrain_steps_replayed_total{kind=\"peer_restore\"} 10\n");
+    ASSERT_CONTAINS(rep.body, "\nspottrain_migrations_total{kind=\"checkpoint_restore\"} 1\n");
+    ASSERT_CONTAINS(rep.body, "\nspottrain_steps_replayed_total{kind=\"checkpoint_restore\"} 40\n");
+    ASSERT_CONTAINS(rep.body,
+                    "\nspottrain_migration_stall_seconds_total{kind=\"inter_stage\"} 0.125000\n");
+    ASSERT_CONTAINS(rep.body, "\nspottrain_migrations_total{kind=\"fresh_start\"} 0\n");
+    ASSERT_CONTAINS(rep.body, "\nspottrain_steps_replayed_total{kind=\"inter_stage\"} 0\n");
+    ASSERT_CONTAINS(rep.body, "\nspottrain_stall_seconds_total 2.375000\n");
+    coord__rest_reply_done(&rep);
+    close_coord(c);
+    return 0;
+}
+
+TEST_MAIN(TEST(test_routes), TEST(test_events_args_and_stop), TEST(test_limits),
+          TEST(test_migration_figures))

@@ -5,6 +5,7 @@
  *
  * The one idea: each corruption is made by editing real files written by the writer, and each
  * test asserts on which check fired, not only that something failed. */
+#include <dirent.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -503,6 +504,54 @@ static int test_cli(void) {
     return 0;
 }
 
+/* Names in dir (not . and ..): how many, and how many are temporary files. */
+static int count_files(const char *dir, int *ret_tmp) {
+    DIR *d = opendir(dir);
+    if (!d)
+        return -errno;
+    int n = 0, tmp = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        n++;
+        tmp += strstr(e->d_name, ".tmp.") != NULL;
+    }
+    closedir(d);
+    *ret_tmp = tmp;
+    return n;
+}
+
+/* A disk that fills while the second layer is written (the hook): that write fails with
+ * -ENOSPC and leaves neither the layer nor its temporary file, the checkpoint is never
+ * committed (latest finds none), and once space is back the same directory is written whole. */
+static int test_write_enospc(void) {
+    char dir[512], path[600];
+    int tmp = -1;
+    ASSERT_OK(mk_root());
+    snprintf(dir, sizeof(dir), "%s/step-5", tmproot);
+    mig_ckpt_write_fail_at(2);
+    ASSERT_ERR(write_ckpt(dir, 5, 0, MODEL), -ENOSPC);
+    ASSERT_EQ(count_files(dir, &tmp), 1); /* layer 0 only */
+    ASSERT_EQ(tmp, 0);
+    snprintf(path, sizeof(path), "%s/layer-0001.bin", dir);
+    ASSERT_ERR(access(path, F_OK) < 0 ? -errno : 0, -ENOENT);
+    ASSERT_ERR(mig_ckpt_latest(tmproot, path, sizeof(path)), -ENOENT);
+    ASSERT_OK(write_ckpt(dir, 5, 0, MODEL));
+    mig_ckpt_write_fail_at(0);
+    ASSERT_EQ(count_files(dir, &tmp), NLAYERS + 1);
+    ASSERT_EQ(tmp, 0);
+    struct mig_ckpt *c = NULL;
+    struct st_error err;
+    ASSERT_OK(mig_ckpt_open(dir, &c, &err));
+    ASSERT_OK(mig_ckpt_verify(c, &err));
+    mig_ckpt_free(c);
+    ASSERT_OK(mig_ckpt_latest(tmproot, path, sizeof(path)));
+    ASSERT_STREQ(path, dir);
+    rm_rf(tmproot);
+    return 0;
+}
+
 TEST_MAIN(TEST(test_xxh64), TEST(test_round_trip), TEST(test_corrupt), TEST(test_latest),
           TEST(test_parallel_writers), TEST(test_alloc_failures),
-          TEST(test_cli))
+          TEST(test_write_enospc), TEST(test_cli))
