@@ -600,7 +600,8 @@ kind: TrainingJob
 metadata:
   name: ktrain
 spec:
-  model: {layers: 2, hidden: 32, heads: 2, vocab: 64, seq_len: 16}
+  model: {layers: 2, hidden: 64, heads: 4, vocab: 64, seq_len: 32}  # steps long enough that
+  # the eviction's grace (4 s) ends well before the job does
   training:
     micro_batch: 2
     global_batch: 8
