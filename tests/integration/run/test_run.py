@@ -414,6 +414,11 @@ def test_peer():
             return j if j and j["migrations"]["peer_restore"]["count"] >= 1 else None
         jm = wait_for("REST to count the peer restore", counted, 90)["migrations"]
         metrics = http_get(base, "/metrics")
+        # The double kill must find a committed checkpoint to restore from (on a slow machine,
+        # under ASan, the first may not be written yet): wait for one on disk.
+        import glob
+        wait_for("a committed checkpoint", lambda: glob.glob(os.path.join(
+            d, "state", "ckpt", "step-*", "manifest.json")), 90)
         kill("i-00000000000000003", "i-00000000000000004")
         rp = jm["peer_restore"]
         check(rp["count"] == 1 and rp["bytes"] > 0 and rp["stall_seconds"] > 0 and
