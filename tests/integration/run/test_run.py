@@ -514,7 +514,7 @@ def test_restart():
     d = tempfile.mkdtemp(prefix="st-run-")
     procs = []
     try:
-        steps = 1500
+        steps = 4000  # enough that the notice comes long before the end, even after a slow resume
         job = write_job(d, "restart", steps, "seconds,N\n0,3\n600,3\n",
                         planner="dp: {min: 1, max: 2}, pp: 1", ckpt="0s")
         ref = reference(d, job, steps)
@@ -583,7 +583,8 @@ def test_restart():
                 pass
         check(victim is not None, "no process for worker %s" % pos[0]["id"])
         victim.send_signal(signal.SIGTERM)
-        wait_for("the notice's migration epoch", lambda: at(0, j["epoch"] + 1), 60)
+        wait_for("the notice's migration epoch", lambda: at(0, j["epoch"] + 1), 60,
+                 show=lambda: (job_(), open(os.path.join(d, "coord.log")).read()[-6000:]))
         c = restart(c)
         rc = c.wait(timeout=150)
         log.close()
@@ -623,7 +624,7 @@ def wait_for(what, cond, timeout, show=None):
         if v:
             return v
         time.sleep(0.1)
-    raise Fail("timed out waiting for %s%s" % (what, ("; last seen: %r" % show()) if show else ""))
+    raise Fail("timed out waiting for %s%s" % (what, ("; last seen: %r" % (show(),)) if show else ""))
 
 
 def test_standalone():
