@@ -963,10 +963,12 @@ out:
     return r;
 }
 
-/* Sends one participant its part of the migration with the epoch's communicator. */
+/* Sends one participant its part of the migration with the epoch's communicator; copy_epoch
+ * (not 0) makes it a peer restore from the copies of (copy_epoch, at). */
 static int order_migrate(struct coord_loop *L, const char *id, const struct coord_transfer *t,
-                         size_t n, uint64_t at, const struct coord_peer *peers, size_t npeers) {
-    return coord_migrate_peers(L->c, id, t, n, at, peers, npeers, NULL);
+                         size_t n, uint64_t at, const struct coord_peer *peers, size_t npeers,
+                         uint64_t copy_epoch) {
+    return coord_migrate_peers(L->c, id, t, n, at, peers, npeers, copy_epoch, NULL);
 }
 
 /* A peer restore's sources: the step every survivor rolls back to, and for each worker of the
@@ -1132,7 +1134,10 @@ static int start_migrate(struct coord_loop *L, const struct wv *v, size_t nv, in
             tr[nt].count = x->count;
             nt++;
         }
-        r = order_migrate(L, peers[k].worker_id, tr, nt, at, peers, np);
+        /* A peer restore names the copies' epoch: a worker that applied part of a failed
+         * epoch holds state of another layout in its engine, and only its copy of the run
+         * epoch is what this plan assumes it holds. */
+        r = order_migrate(L, peers[k].worker_id, tr, nt, at, peers, np, ps ? L->run_epoch : 0);
         if (r < 0) {
             /* The epoch is open but incomplete: its workers cannot finish it. Restore. */
             set_event(L, "epoch %" PRIu64 ": cannot send the migration order to %.8s: %s",

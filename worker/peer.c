@@ -188,6 +188,52 @@ const struct worker_peer_gen *worker__peer_find(const struct worker_peer_store *
 }
 
 /* See worker-peer.h. */
+const struct worker_peer_gen *worker__peer_get(const struct worker_peer_store *s, uint64_t epoch,
+                                               uint64_t step) {
+    for (int k = 0; s && k < WORKER_PEER_GENS; k++)
+        if (s->gen[k].valid && s->gen[k].epoch == epoch && s->gen[k].step == step)
+            return &s->gen[k];
+    return NULL;
+}
+
+/* See worker-peer.h. */
+bool worker__peer_holds(const struct worker_peer_store *s, uint64_t epoch) {
+    for (int k = 0; s && k < WORKER_PEER_GENS; k++)
+        if (s->gen[k].valid && s->gen[k].epoch == epoch)
+            return true;
+    return false;
+}
+
+/* See worker-peer.h. */
+int worker__peer_fill(const struct worker_peer_gen *g, struct worker_engine *eng) {
+    if (!g || !eng || !g->valid)
+        return -EINVAL;
+    for (int k = 0; k < g->own.nl; k++) {
+        const struct worker_peer_layer *x = &g->own.l[k];
+        struct worker_layer_bufs b;
+        /* Layer 0 answers with the tied copy where the engine holds only that: a reshape
+         * keeps the embedding's parameters there too, and no moments. */
+        int r = worker_engine_layer(eng, WORKER_VIEW_CURRENT, (int)x->layer, &b);
+        if (r == -ENOENT)
+            continue;
+        TRY(r);
+        if (b.n != x->n)
+            return -EINVAL;
+        const float *d = g->own.data + x->off;
+        memcpy(b.param, d, (size_t)x->n * sizeof(float));
+        uint64_t lo = ST_MAX(x->lo, (uint64_t)b.shard_lo), hi = ST_MIN(x->hi, (uint64_t)b.shard_hi);
+        if (lo < hi && b.adam_m && b.adam_v) {
+            size_t sh = (size_t)(x->hi - x->lo);
+            memcpy(b.adam_m + (lo - b.shard_lo), d + x->n + (lo - x->lo),
+                   (size_t)(hi - lo) * sizeof(float));
+            memcpy(b.adam_v + (lo - b.shard_lo), d + x->n + sh + (lo - x->lo),
+                   (size_t)(hi - lo) * sizeof(float));
+        }
+    }
+    return worker_engine_set_opt_step(eng, g->opt_step);
+}
+
+/* See worker-peer.h. */
 int worker__peer_rollback(const struct worker_peer_gen *g, struct worker_engine *eng) {
     if (!g || !eng || !g->valid)
         return -EINVAL;
@@ -196,16 +242,13 @@ int worker__peer_rollback(const struct worker_peer_gen *g, struct worker_engine 
     return worker_engine_set_opt_step(eng, g->opt_step);
 }
 
-/* See worker-peer.h. */
-int worker__peer_held_buf(const struct worker_peer_gen *g, const struct mig_xfer *x,
-                          float **ret) {
-    if (!g || !x || !ret || !g->valid)
-        return -EINVAL;
-    for (int k = 0; k < g->held.nl; k++) {
-        const struct worker_peer_layer *L = &g->held.l[k];
+/* The range of part p that transfer x names (whole-layer offsets), or -ERANGE. */
+static int part_buf(const struct worker_peer_part *p, const struct mig_xfer *x, float **ret) {
+    for (int k = 0; k < p->nl; k++) {
+        const struct worker_peer_layer *L = &p->l[k];
         if (L->layer != x->layer)
             continue;
-        float *d = g->held.data + L->off;
+        float *d = p->data + L->off;
         if (x->kind == MIG_PARAM) {
             if (x->offset + x->count > L->n)
                 return -ERANGE;
@@ -219,6 +262,21 @@ int worker__peer_held_buf(const struct worker_peer_gen *g, const struct mig_xfer
         return 0;
     }
     return -ERANGE;
+}
+
+/* See worker-peer.h. */
+int worker__peer_held_buf(const struct worker_peer_gen *g, const struct mig_xfer *x,
+                          float **ret) {
+    if (!g || !x || !ret || !g->valid)
+        return -EINVAL;
+    return part_buf(&g->held, x, ret);
+}
+
+/* See worker-peer.h. */
+int worker__peer_own_buf(const struct worker_peer_gen *g, const struct mig_xfer *x, float **ret) {
+    if (!g || !x || !ret || !g->valid)
+        return -EINVAL;
+    return part_buf(&g->own, x, ret);
 }
 
 /* See worker-peer.h. */

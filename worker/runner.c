@@ -241,21 +241,13 @@ static void drop_state(struct runner *R) {
     R->comm = mig_comm_free(R->comm);
 }
 
-static bool have_peer_copy(const struct runner *R) {
-    for (int k = 0; k < WORKER_PEER_GENS; k++)
-        if (R->peers.gen[k].valid)
-            return true;
-    return false;
-}
-
-/* After a failed step or reconfiguration: closes our connections (the peers fail fast too),
- * and keeps the engine's buffers only when a peer copy can roll them back to a known step
- * (a peer restore); their contents are undefined until then. */
+/* After a failed step or reconfiguration: closes our connections (the peers fail fast too)
+ * and drops the engine, whose contents are undefined now. What survives is on disk and in
+ * the peer copies (R->peers), which a failure never touches: a restore starts from those. */
 static void fail_state(struct runner *R) {
     R->failed = true;
     R->comm = mig_comm_free(R->comm);
-    if (!have_peer_copy(R))
-        R->eng = worker_engine_free(R->eng);
+    R->eng = worker_engine_free(R->eng);
 }
 
 /* A new epoch starts: its stall runs from the end of our last step (or from the order when we
@@ -395,14 +387,22 @@ struct bufctx {
     bool reshaped;  /* OLD view holds the sending side */
     const struct mig_xfer *base;      /* the transfer list */
     const bool *from_copy;            /* per transfer: send from the held peer copy */
-    const struct worker_peer_gen *held; /* the generation at the boundary; NULL = none */
+    bool restore;                     /* a peer restore: every send comes from copy */
+    const struct worker_peer_gen *copy; /* its generation here; NULL = we hold none */
 };
 
 static int xfer_buf(void *userdata, const struct mig_xfer *x, bool send, float **ret) {
     struct bufctx *b = userdata;
     struct worker_layer_bufs L;
+    if (send && b->restore) {
+        /* Our own state as the plan knows it is our copy, not the engine (try_reconfigure). */
+        if (!b->copy)
+            return -ENODATA;
+        return b->from_copy && b->from_copy[x - b->base] ? worker__peer_held_buf(b->copy, x, ret)
+                                                         : worker__peer_own_buf(b->copy, x, ret);
+    }
     if (send && b->from_copy && b->from_copy[x - b->base])
-        return b->held ? worker__peer_held_buf(b->held, x, ret) : -ENODATA;
+        return -ENODATA; /* only a peer restore sends from copies */
     enum worker_view view = send && b->reshaped ? WORKER_VIEW_OLD : WORKER_VIEW_CURRENT;
     TRY(worker_engine_layer(b->eng, view, (int)x->layer, &L));
     float *p;
@@ -482,10 +482,14 @@ static int xfers_build(const Spottrain__V1__Migrate *m, struct peerlist pl, stru
 }
 
 /* mode=migrate at the boundary: reshape (or create) the engine on the migration's comm, move
- * the transfers, commit. cfg is NULL for a send-only participant. */
+ * the transfers, commit. cfg is NULL for a send-only participant. A peer restore
+ * (Migrate.peer_copy_epoch) creates the engine and fills it from pg, our generation of the
+ * copies it names (NULL: we hold none; then we send nothing and take only transfers). */
 static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
-                         const Spottrain__V1__Command *mig, const int *split, int nsplit) {
+                         const Spottrain__V1__Command *mig, const int *split, int nsplit,
+                         const struct worker_peer_gen *pg) {
     const Spottrain__V1__Migrate *m = mig->migrate;
+    bool restore = m->peer_copy_epoch > 0;
     struct mig_comm *comm = NULL;
     struct mig_xfer *x = NULL;
     bool *fc = NULL;
@@ -511,7 +515,7 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
             TRY_GOTO(-EINVAL, r, out);
         TRY_GOTO(layout_build(R, (int)cf->shape->dp, (int)cf->shape->pp, split, nsplit,
                               pl.p, pl.n, &lay), r, out);
-        if (R->eng && !R->failed) {
+        if (R->eng && !R->failed && !restore) {
             TRY_GOTO(worker_engine_reshape_begin(R->eng, &lay, (int)cf->stage, (int)cf->replica,
                                                  comm), r, out);
             reshaped = true;
@@ -519,19 +523,24 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
             R->eng = worker_engine_free(R->eng);
             TRY_GOTO(worker_engine_new(&R->tc, &lay, (int)cf->stage, (int)cf->replica, comm,
                                        R->tokens, &R->eng), r, out);
-            TRY_GOTO(worker_engine_set_opt_step(R->eng, (int)m->at_step), r, out);
             created = true;
+            /* A peer restore keeps what our copy and our new position share, as a reshape of
+             * the copy's engine would; the rest arrives in the transfers. */
+            if (pg)
+                TRY_GOTO(worker__peer_fill(pg, R->eng), r, out);
+            else
+                TRY_GOTO(worker_engine_set_opt_step(R->eng, (int)m->at_step), r, out);
         }
-    } else if (!R->eng || R->failed) {
+    } else if (restore ? !pg : !R->eng || R->failed) {
         /* Nothing to send from: only a send-only participant that holds state is asked. */
         TRY_GOTO(-ENODATA, r, out);
     }
-    struct bufctx b = {R->eng, reshaped, x, fc, worker__peer_find(&R->peers, NULL, m->at_step)};
+    struct bufctx b = {R->eng, reshaped, x, fc, restore, pg};
     /* A peer restore may hand us a range of the copy we hold ourselves (we take over the lost
      * worker's position): copy it locally; the transport only moves between two ranks. */
     size_t keep = 0;
     for (size_t i = 0; i < nx; i++) {
-        if (!(fc[i] && x[i].src == rank && x[i].dst == rank)) {
+        if (!(restore && x[i].src == rank && x[i].dst == rank)) {
             x[keep] = x[i];
             fc[keep] = fc[i];
             keep++;
@@ -539,7 +548,7 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
         }
         float *from, *to;
         TRY_GOTO(xfer_buf(&b, &x[i], true, &from), r, out);
-        struct bufctx nb = {R->eng, false, NULL, NULL, NULL};
+        struct bufctx nb = {R->eng, false, NULL, NULL, false, NULL};
         TRY_GOTO(xfer_buf(&nb, &x[i], false, &to), r, out);
         memcpy(to, from, (size_t)x[i].count * sizeof(float));
     }
@@ -582,7 +591,8 @@ out:
             worker_engine_reshape_abort(R->eng);
         if (created)
             R->eng = worker_engine_free(R->eng);
-        /* Our old state may already be half-sent but is intact; the epoch is still broken. */
+        /* The epoch is broken. Whatever we applied of it goes with the engine: what survives
+         * is on disk and in our peer copies, and the restore that follows starts from those. */
         fail_state(R);
         R->epoch = mig->epoch;
     }
@@ -723,54 +733,58 @@ static bool try_reconfigure(struct runner *R) {
         }
         return false;
     }
-    uint64_t at = R->pmig->migrate->at_step;
-    /* A peer restore: the boundary is a step we hold a peer copy of, behind us (or where a
-     * failed step left our buffers undefined). Roll back to it; the steps since are replayed,
-     * and data order is a function of the step, so they come out the same. */
-    const struct worker_peer_gen *g = R->eng ? worker__peer_find(&R->peers, R->eng, at) : NULL;
-    bool roll = g && (peer_mode || R->failed || R->done > at);
-    /* An engine whose layout we took copies in, asked to roll back to a step we no longer hold
-     * (the coordinator's view of our copies lags), or asked to migrate after a failed step (an
-     * order that crossed our failure): proceeding would start from the wrong state, or drop
-     * the engine a peer restore needs. Refuse; the coordinator then restores from the copies or
-     * from disk. A stale engine of an older layout (a spare) is simply replaced below. */
-    bool ours = false;
-    for (int k = 0; R->eng && k < WORKER_PEER_GENS; k++)
-        ours = ours || (R->peers.gen[k].valid &&
-                        worker__peer_find(&R->peers, R->eng, R->peers.gen[k].step) != NULL);
-    if (!g && ours && (peer_mode || R->done > at || R->failed)) {
-        notice(R, "reconfig-failed", "epoch=%llu: no peer copy of step %llu here",
-               (unsigned long long)R->pmig->epoch, (unsigned long long)at);
+    uint64_t at = R->pmig->migrate->at_step, copy_epoch = R->pmig->migrate->peer_copy_epoch;
+    const struct worker_peer_gen *g = NULL;
+    const char *refuse = NULL;
+    char why[120];
+    R->rolled_back = 0;
+    if (copy_epoch > 0) {
+        /* A peer restore. The state the plan assumes we hold is our copy of step `at` of the
+         * copies' epoch, never our engine: a failed epoch may have reshaped it (we committed
+         * our half of a migration whose other half failed) or left it mid-step. So the engine
+         * goes, and apply_migrate() builds a new one from the copy; the steps since are
+         * replayed, and data order is a function of the step, so they come out the same. */
+        g = worker__peer_get(&R->peers, copy_epoch, at);
+        if (!g && worker__peer_holds(&R->peers, copy_epoch)) {
+            /* We were a position of that epoch but no longer hold that step (the
+             * coordinator's view of our copies lags): starting from anything else would
+             * change the bits. */
+            snprintf(why, sizeof(why), "no peer copy of step %llu of epoch %llu here",
+                     (unsigned long long)at, (unsigned long long)copy_epoch);
+            refuse = why;
+        } else {
+            if (g && R->done > at)
+                R->rolled_back = R->done - at;
+            if (R->eng)
+                st_log(ST_LOG_NOTICE, "runner", "Peer restore: from %s of step %llu (epoch %llu), "
+                       "not the engine at step %llu", g ? "our copy" : "nothing of ours",
+                       (unsigned long long)at, (unsigned long long)copy_epoch,
+                       (unsigned long long)R->done);
+            drop_state(R);
+            R->failed = false;
+        }
+    } else if (peer_mode) {
+        refuse = "a peer restore that names no copies"; /* a coordinator of another release */
+    } else if (R->failed && R->epoch + 1 == R->pmig->epoch) {
+        /* A live migration planned on our state of the epoch we failed in (the order crossed
+         * our failure; after a failed epoch the coordinator orders only restores): that state
+         * is gone, and a new engine in its place would silently change the bits. Refuse; the
+         * coordinator restores instead. */
+        refuse = "our state was lost in a failed step";
+    } else if (R->eng && (R->failed || R->epoch + 1 != R->pmig->epoch)) {
+        /* State counts only if it is the previous epoch's: a worker left out of an epoch (a
+         * spare during a restore) holds stale state the plan knows nothing about. */
+        drop_state(R);
+        R->failed = false;
+    }
+    if (refuse) {
+        notice(R, "reconfig-failed", "epoch=%llu: %s", (unsigned long long)R->pmig->epoch,
+               refuse);
         fail_state(R);
         cmd_free(&R->pcfg);
         cmd_free(&R->pmig);
         R->pending_since = 0;
         return true;
-    }
-    if (roll) {
-        int r = worker__peer_rollback(g, R->eng);
-        if (r < 0) {
-            notice(R, "reconfig-failed", "epoch=%llu: rollback to step %llu: %s",
-                   (unsigned long long)R->pmig->epoch, (unsigned long long)at, st_strerror(r));
-            fail_state(R);
-            cmd_free(&R->pcfg);
-            cmd_free(&R->pmig);
-            R->pending_since = 0;
-            return true;
-        }
-        st_log(ST_LOG_NOTICE, "runner", "Rolled back from step %llu to the peer copy of step "
-               "%llu", (unsigned long long)R->done, (unsigned long long)at);
-        R->rolled_back = R->done - at;
-        R->done = at;
-        R->failed = false;
-    } else {
-        R->rolled_back = 0;
-    }
-    /* State counts only if it is the previous epoch's: a worker left out of an epoch (a
-     * spare during a restore) holds stale state the plan knows nothing about. */
-    if (!roll && R->eng && (R->failed || R->epoch + 1 != R->pmig->epoch)) {
-        drop_state(R);
-        R->failed = false;
     }
     bool have_state = R->eng != NULL;
     if (have_state && R->done < at)
@@ -784,7 +798,7 @@ static bool try_reconfigure(struct runner *R) {
         R->pending_since = 0;
         return true;
     }
-    int r = apply_migrate(R, R->pcfg, R->pmig, split, nsplit);
+    int r = apply_migrate(R, R->pcfg, R->pmig, split, nsplit, g);
     if (r < 0)
         notice(R, "reconfig-failed", "epoch=%llu mode=migrate: %s",
                (unsigned long long)R->pmig->epoch, st_strerror(r));

@@ -74,6 +74,20 @@ int worker__peer_exchange(struct worker_peer_store *s, const struct worker_train
 const struct worker_peer_gen *worker__peer_find(const struct worker_peer_store *s,
                                                 struct worker_engine *eng, uint64_t step);
 
+/* The generation of (epoch, step), whatever its layout, or NULL. A peer restore names both:
+ * after a replay two generations may share a step in different layouts. */
+const struct worker_peer_gen *worker__peer_get(const struct worker_peer_store *s, uint64_t epoch,
+                                               uint64_t step);
+/* Whether some generation of `epoch` is held (this worker was a position of that epoch). */
+bool worker__peer_holds(const struct worker_peer_store *s, uint64_t epoch);
+/* Writes generation g's own part into eng's current view wherever the two overlap, exactly as
+ * worker_engine_reshape_begin() would keep it locally from an engine in g's layout: the
+ * parameters of every layer both hold (the tied embedding included), the overlap of the
+ * moment shards. Sets the AdamW step to g's. eng may have any layout; what it does not take
+ * from g must come from transfers. A peer restore builds its engine this way, so nothing the
+ * engine held before (a failed epoch may have reshaped it) reaches the restored state.
+ * Returns 0 or -EINVAL (a layer of another size). */
+int worker__peer_fill(const struct worker_peer_gen *g, struct worker_engine *eng);
 /* Writes the own part of generation g back into eng's current view and sets the AdamW step:
  * the engine is then exactly as it was after step g->step. Returns 0, -EINVAL (g does not
  * fit eng). */
@@ -84,6 +98,8 @@ int worker__peer_rollback(const struct worker_peer_gen *g, struct worker_engine 
  * -ERANGE when the held copy does not cover it. */
 int worker__peer_held_buf(const struct worker_peer_gen *g, const struct mig_xfer *x,
                           float **ret);
+/* The same for the own part: what a survivor sends of its own state in a peer restore. */
+int worker__peer_own_buf(const struct worker_peer_gen *g, const struct mig_xfer *x, float **ret);
 
 /* Frees every generation. */
 void worker__peer_store_done(struct worker_peer_store *s);
