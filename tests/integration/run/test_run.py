@@ -36,8 +36,11 @@ engine, can appear and then grow; `train --local --dp 2` shows it against `--dp 
               the logs, the journal, the state directory, REST or the summary
   mitm        a loopback proxy in front of each worker's data port (`worker
               --advertise-data-addr`) flips one bit in the first transfer of a forced 1x2 -> 2x1
-              migration: the receiver's MAC check fails the epoch (reconfig-failed, "Bad
-              message"), the loop falls back to a checkpoint, and the run ends with the same bits
+              migration and holds that direction back until the other worker has committed its
+              half: the receiver's MAC check then fails the epoch (reconfig-failed, "Bad
+              message"), the loop restores from the peer copies of step 40 (the half-applied
+              worker takes its state from its copy, not its reshaped engine), and the run ends
+              with the same bits
 Each per-kind test checks that the bytes the workers received equal the plan's bytes.
 
 Usage: test_run.py NAME  (env SPOTTRAIN_BIN, SPOTTRAIN_SRCDIR). Exit 0 pass, 1 fail, 77 skip.
@@ -926,7 +929,10 @@ class FlipProxy:
     an 80-byte answer from the acceptor, then messages of a 32-byte header, the payload and a
     16-byte GMAC trailer) and, in the first connection of the target epoch that carries a
     payload of at least 256 bytes (a transfer, not a barrier), flips one bit in the middle of
-    that payload. `shared` is common to every proxy of a test, so one bit is flipped in all."""
+    that payload. `shared` is common to every proxy of a test, so one bit is flipped in all.
+    From the flipped byte on, that direction is held back (read, not forwarded) until
+    shared["release"] is set: the test lets the other direction complete first, so one worker
+    commits its half of the migration before the other sees the bad MAC."""
     HDR, MAC = 32, 16
 
     def __init__(self, target_port, shared):
@@ -966,17 +972,33 @@ class FlipProxy:
 
     def pump(self, src, dst, pre, conn):
         """Copies src to dst, parsing the stream to find the byte to flip."""
+        import select
         import struct
         phase, need, head, flip_at, off = "pre", pre, b"", -1, 0
+        held, pending, hold_from = False, b"", 0
         while True:
+            if held and self.shared["release"].is_set():
+                held = False
+                try:
+                    dst.sendall(pending)
+                except OSError:
+                    break
+                pending = b""
             try:
+                if held and not select.select([src], [], [], 0.05)[0]:
+                    continue  # nothing to read: look at the release again
                 data = src.recv(65536)
             except OSError:
                 data = b""
             if not data:
+                if held and self.shared["release"].wait(120):
+                    try:
+                        dst.sendall(pending)
+                    except OSError:
+                        pass
                 break
             buf = bytearray(data)
-            i = 0
+            i, hold_from = 0, 0 if held else -1
             while i < len(buf):
                 take = min(need, len(buf) - i)
                 if phase == "pre":
@@ -990,6 +1012,7 @@ class FlipProxy:
                     if off <= flip_at < off + take:
                         buf[i + flip_at - off] ^= 0x01
                         self.shared["flipped"].append((conn["epoch"], flip_at))
+                        held, hold_from = True, i + flip_at - off
                     off += take
                 i += take
                 need -= take
@@ -1009,6 +1032,11 @@ class FlipProxy:
                     phase, need = ("payload", length) if length else ("trailer", self.MAC)
                 elif phase == "payload":
                     phase, need = "trailer", self.MAC
+            if held:
+                # What came before the flipped byte (the handshake's proof may share this
+                # read) goes on at once; the rest waits for the release.
+                pending += bytes(buf[hold_from:])
+                buf = buf[:hold_from]
             try:
                 dst.sendall(bytes(buf))
             except OSError:
@@ -1034,10 +1062,13 @@ def test_mitm():
         steps = 80
         # 1x2 (a pipeline: rank 0 dials rank 1) until step 40, then 2x1: each worker needs
         # the other's layers, so the migration sends transfers both ways over one connection.
-        # No peer copies: the fallback is a restore from disk, which every worker reloads,
-        # whatever half of the failed migration it had applied.
+        # Peer copies every 10 steps: both workers hold their copies of step 40 when the
+        # migration starts. The flipped direction is held back until the other worker has
+        # committed its half of the migration, so the failed epoch always leaves one worker's
+        # engine reshaped to 2x1: the peer restore that follows must take that worker's state
+        # from its copy of step 40, not from its engine.
         job = write_job(d, "mitm", steps, "seconds,N\n0,2\n", ckpt="1s",
-                        extra="  fault_tolerance: {peer_copy_every: 0}\n")
+                        extra="  fault_tolerance: {peer_copy_every: 10}\n")
         with open(job) as f:
             text = f.read().replace("    min: 1\n", "    min: 2\n")
         with open(job, "w") as f:
@@ -1059,7 +1090,8 @@ def test_mitm():
         procs.append(c)
         # Which epoch is the migration: the one after the first (1x2), read off the first
         # connection either proxy sees (the pipeline's rank 0 dials rank 1 at once).
-        shared = {"lock": threading.Lock(), "flipped": [], "claimed": False, "epoch": None}
+        shared = {"lock": threading.Lock(), "flipped": [], "claimed": False, "epoch": None,
+                  "release": threading.Event()}
         for i in range(2):
             port = free_port()
             px = FlipProxy(port, shared)
@@ -1106,6 +1138,14 @@ def test_mitm():
                     seen["next"] = e["next"]
             except (OSError, ValueError):
                 return seen["text"]
+        # The other worker commits its half first (its direction was not held), then the
+        # flipped message goes on and fails its MAC at the receiver.
+        half = "reconfigured at "
+        done_mig = " epoch=%d mode=migrate " % mig
+        committed = wait_for("one worker's half of epoch %d committed" % mig, lambda: [
+            json.loads(l) for l in events().splitlines()
+            if half in l and done_mig in l], 120, coord_log)
+        shared["release"].set()
         ev = wait_for("the MAC failure of epoch %d in /v1/events" % mig, lambda: (
             lambda e: e if "reconfig-failed" in e and want in e else None)(events()), 120,
             coord_log)
@@ -1120,20 +1160,24 @@ def test_mitm():
         check(len(shared["flipped"]) == 1 and shared["flipped"][0][0] == mig,
               "one bit flipped, in epoch %d: %r" % (mig, shared["flipped"]))
         check(ev.count(want) == 1, "one worker reports the MAC failure: %d" % ev.count(want))
-        # The epoch failed into the loop's fallback, and no other epoch failed: the state went
-        # back to disk (a checkpoint, or the start when none was committed yet; the 40 steps
-        # can take less than a checkpoint interval), so the 2x1 is reached by a later epoch,
-        # either restoring straight into it or migrating again from 1x2 at step 40.
+        failed_ids = [json.loads(l)["worker_id"] for l in ev.splitlines() if want in l]
+        check(len(committed) == 1 and committed[0]["worker_id"] != failed_ids[0],
+              "the other worker committed its half of epoch %d: %r" % (mig, committed))
+        # The epoch failed into the loop's fallback, and no other epoch failed: the next epoch
+        # is a peer restore from the copies of step 40 (every worker holds its own, so nothing
+        # is replayed) straight into the forced 2x1, and it is the last reconfiguration. The
+        # worker that had committed its half rebuilt its state from its copy, or the bits below
+        # would differ.
         lines = [l.split(" loop: ", 1)[1] for l in text.splitlines() if " loop: " in l]
         fail = [l for l in lines if l.startswith("epoch ") and " failed (" in l]
         check(len(fail) == 1 and fail[0].startswith(
             "epoch %d: pipeline migration 1x2 -> 2x1 at step 40 failed (" % mig),
             "only epoch %d failed: %r" % (mig, fail))
         later = [l for l in lines if l.startswith("epoch ") and " failed (" not in l and
-                 int(l.split()[1].rstrip(":")) > mig]
-        check(any("pipeline migration 1x2 -> 2x1 at step 40, " in l or
-                  ("restore, running 2x1 " in l or "scratch, running 2x1 " in l)
-                  for l in later), "a later epoch reaches 2x1: %r" % later)
+                 " (failed) " not in l and int(l.split()[1].rstrip(":")) > mig]
+        check(len(later) == 1 and later[0].startswith(
+            "epoch %d: peer-restore 1x2 -> 2x1 at step 40, " % (mig + 1)),
+            "one later epoch, a peer restore of step 40 into 2x1: %r" % later)
         check("job finished: %d steps" % steps in text, "the job finished")
         same(ref, save)
     finally:
