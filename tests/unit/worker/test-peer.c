@@ -9,7 +9,12 @@
  *  ranges:    worker__peer_held_buf serves what the held part covers and -ERANGE otherwise;
  *             worker__peer_find ignores copies of another layout; the memory need is two
  *             generations of both parts;
- *  dead:      an exchange whose peer is gone fails and leaves the older generations intact. */
+ *  dead:      an exchange whose peer is gone fails and leaves the older generations intact;
+ *  fill:      a peer restore's engine of another layout (1x1 from a dp-2 copy) takes exactly
+ *             what the copy holds: every parameter, the copy's moment shard and nothing else of
+ *             the moments, the AdamW step; worker__peer_get finds a generation by (epoch,
+ *             step) whatever the layout; worker__peer_own_buf serves the own part's ranges;
+ *             a model of another size is refused. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -251,6 +256,74 @@ static int test_ranges(void) {
     return 0;
 }
 
+static int test_fill(void) {
+    const struct worker_peer_gen *g = worker__peer_get(&ra[0].store, 1, 4);
+    ASSERT_TRUE(g != NULL);
+    ASSERT_EQ(g->step, 4);
+    ASSERT_TRUE(worker__peer_get(&ra[0].store, 2, 4) == NULL); /* another epoch's step 4 */
+    ASSERT_TRUE(worker__peer_get(&ra[0].store, 1, 3) == NULL);
+    ASSERT_TRUE(worker__peer_holds(&ra[0].store, 1));
+    ASSERT_TRUE(!worker__peer_holds(&ra[0].store, 2));
+    ASSERT_ERR(worker__peer_fill(NULL, NULL), -EINVAL);
+    /* Rank 0's copy (replica 0 of a dp-2 stage: the first half of every moment) into a 1x1
+     * engine, as a peer restore that takes the whole model onto one worker does. */
+    struct worker_train_config cfg = make_cfg();
+    struct worker_layout one;
+    int nl = kern_num_layers(&model), split[2] = {0, nl};
+    ASSERT_OK(worker_layout_init(&one, 1, 1, split, nl));
+    struct worker_engine *e = NULL;
+    ASSERT_OK(worker_engine_new(&cfg, &one, 0, 0, NULL, tokens, &e));
+    /* Mark the moments so what the fill leaves alone shows. */
+    for (int l = 0; l < nl; l++) {
+        struct worker_layer_bufs b;
+        ASSERT_OK(worker_engine_layer(e, WORKER_VIEW_CURRENT, l, &b));
+        for (size_t i = 0; i < b.n; i++)
+            b.adam_m[i] = b.adam_v[i] = -7.0f;
+    }
+    ASSERT_OK(worker__peer_fill(g, e));
+    ASSERT_EQ(worker_engine_opt_step(e), g->opt_step);
+    ASSERT_EQ(g->opt_step, 4);
+    ASSERT_EQ(g->own.nl, nl);
+    size_t wrong = 0;
+    for (int k = 0; k < g->own.nl; k++) {
+        const struct worker_peer_layer *x = &g->own.l[k];
+        const float *d = g->own.data + x->off;
+        size_t sh = (size_t)(x->hi - x->lo);
+        struct worker_layer_bufs b;
+        ASSERT_OK(worker_engine_layer(e, WORKER_VIEW_CURRENT, (int)x->layer, &b));
+        ASSERT_EQ(b.n, x->n);
+        ASSERT_EQ(x->lo, 0);
+        ASSERT_TRUE(x->hi > 0 && x->hi < x->n);
+        wrong += memcmp(b.param, d, b.n * sizeof(float)) != 0;
+        wrong += memcmp(b.adam_m, d + x->n, sh * sizeof(float)) != 0;
+        wrong += memcmp(b.adam_v, d + x->n + sh, sh * sizeof(float)) != 0;
+        for (size_t i = sh; i < b.n; i++)
+            wrong += b.adam_m[i] != -7.0f || b.adam_v[i] != -7.0f;
+        /* The own part's ranges, as worker__peer_held_buf serves the held one's. */
+        float *p = NULL;
+        struct mig_xfer t = {.src = 0, .dst = 1, .layer = (uint32_t)x->layer,
+                             .kind = MIG_ADAM_V, .offset = 1, .count = sh - 1};
+        ASSERT_OK(worker__peer_own_buf(g, &t, &p));
+        ASSERT_TRUE(p == g->own.data + x->off + x->n + sh + 1);
+        t.count = sh; /* one past the shard */
+        ASSERT_ERR(worker__peer_own_buf(g, &t, &p), -ERANGE);
+        t.kind = MIG_PARAM;
+        t.offset = 0;
+        t.count = x->n;
+        ASSERT_OK(worker__peer_own_buf(g, &t, &p));
+        ASSERT_TRUE(p == g->own.data + x->off);
+    }
+    ASSERT_EQ(wrong, 0);
+    worker_engine_free(e);
+    /* A model of another width: its layers are of another size. */
+    struct worker_train_config wide = make_cfg();
+    wide.model.channels = 32;
+    ASSERT_OK(worker_engine_new(&wide, &one, 0, 0, NULL, tokens, &e));
+    ASSERT_ERR(worker__peer_fill(g, e), -EINVAL);
+    worker_engine_free(e);
+    return 0;
+}
+
 static int test_cleanup(void) {
     for (int i = 0; i < 2; i++) {
         worker__peer_store_done(&ra[i].store);
@@ -264,4 +337,4 @@ static int test_cleanup(void) {
     return 0;
 }
 
-TEST_MAIN(TEST(test_exchange_rollback), TEST(test_ranges), TEST(test_cleanup))
+TEST_MAIN(TEST(test_exchange_rollback), TEST(test_ranges), TEST(test_fill), TEST(test_cleanup))
