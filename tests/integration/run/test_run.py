@@ -424,8 +424,10 @@ def test_peer():
             d, "state", "ckpt", "step-*", "manifest.json")), 90)
         kill("i-00000000000000003", "i-00000000000000004")
         rp = jm["peer_restore"]
+        # Replayed: the survivors' steps since the copy, 0 when the kill landed between a
+        # copy and the next step's end (at ~2 ms a step, about one run in 25 here).
         check(rp["count"] == 1 and rp["bytes"] > 0 and rp["stall_seconds"] > 0 and
-              0 < rp["steps_replayed"] <= 2 * every, "REST peer_restore: %r" % rp)
+              0 <= rp["steps_replayed"] <= 2 * every, "REST peer_restore: %r" % rp)
         for k in ("checkpoint_restore", "fresh_start"):
             check(jm[k] == {"count": 0, "bytes": 0, "stall_seconds": 0, "steps_replayed": 0},
                   "REST %s before the second loss: %r" % (k, jm[k]))
