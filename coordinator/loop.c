@@ -1438,7 +1438,7 @@ static void stall_done(struct coord_loop *L, const struct wv *v, size_t nv) {
         S->records[i].stall_seconds = stall;
     S->records[L->stall_rec].parts = parts;
     const struct coord_loop_record *rec = &S->records[L->stall_rec];
-    st_log(ST_LOG_INFO, "loop", "epoch %" PRIu64 " stall %.6f s: wait %.6f connect %.6f "
+    st_log(ST_LOG_INFO, "loop", "Epoch %" PRIu64 " stall %.6f s: wait %.6f connect %.6f "
            "reshape %.6f transfer %.6f commit %.6f rest %.6f (first-step median %.6f)",
            L->epoch, stall, parts.wait, parts.connect, parts.reshape, parts.transfer,
            parts.commit, parts.rest, med);
