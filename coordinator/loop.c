@@ -1550,7 +1550,16 @@ static void phase_reconf(struct coord_loop *L, const struct wv *v, size_t nv, do
     L->run_pp = L->pp;
     memcpy(L->run_split, L->split, sizeof(L->run_split));
     L->max_step = L->rc.at;
-    L->lease = ST_MAX(L->rc.at, L->rc.first_lease); /* the workers may be training on already */
+    L->lease = L->rc.at;
+    /* The workers may be training on already, up to the first lease their orders carried.
+     * Grant it explicitly too: a worker that did not take it from its order (one of the
+     * previous release) would otherwise wait at the boundary for a grant that never comes,
+     * as the loop extends a lease only once half of it is used. */
+    if (L->rc.first_lease > L->rc.at) {
+        for (int p = 0; L->run_pos && p < L->run_dp * L->run_pp; p++)
+            (void)coord_migrate(L->c, L->run_pos[p], NULL, 0, L->rc.first_lease, NULL);
+        L->lease = L->rc.first_lease;
+    }
     L->rate_step = L->rc.at;
     L->rate_t = now;
     L->last_grant = 0;
