@@ -326,11 +326,14 @@ int cli_job_write_json(const char *path, const struct coord_loop_summary *s) {
                    "\"dp_resharding\": %s, \"from\": [%d, %d], \"to\": [%d, %d], "
                    "\"planned_bytes\": %" PRIu64 ", \"moved_bytes\": %" PRIu64 ", "
                    "\"stall_seconds\": %.6f, \"steps_replayed\": %" PRIu64 ", "
-                   "\"seconds\": %.6f, \"ok\": %s}",
+                   "\"seconds\": %.6f, \"stall_parts\": {\"wait\": %.6f, \"connect\": %.6f, "
+                   "\"reshape\": %.6f, \"transfer\": %.6f, \"commit\": %.6f, \"rest\": %.6f}, "
+                   "\"ok\": %s}",
                 i ? "," : "", r->epoch, r->at_step, coord_loop_kind_name(r->kind),
                 r->dp_reshard ? "true" : "false", r->from_dp, r->from_pp, r->to_dp, r->to_pp,
                 r->planned_bytes, r->moved_bytes, r->stall_seconds, r->steps_replayed, r->seconds,
-                r->ok ? "true" : "false");
+                r->parts.wait, r->parts.connect, r->parts.reshape, r->parts.transfer,
+                r->parts.commit, r->parts.rest, r->ok ? "true" : "false");
     }
     /* The planner's cost model, predicted against measured (means; null when nothing to
      * compare). */

@@ -105,6 +105,15 @@ struct coord_loop_record {
                                     * epoch, until the epoch that replaced it made a step */
     uint64_t steps_replayed;       /* restores: steps done before the loss, trained again */
     double seconds;                /* order to last "reconfigured" */
+    /* Where the stall went, on the worker whose span set it (seconds, docs/live-migration.md):
+     * waiting at the boundary for the order, the new communicator's handshake (which ends
+     * when the slowest peer reached the boundary), the engine's reshape, the transfers, the
+     * commit, and the rest: the stall less those, i.e. the first step beyond the median plus
+     * anything done at the boundary before (a checkpoint snapshot, a peer copy). Zero where
+     * the workers reported no parts (restores). */
+    struct coord_loop_stall_parts {
+        double wait, connect, reshape, transfer, commit, rest;
+    } parts;
     bool ok;
     char reason[96];
 };

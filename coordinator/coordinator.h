@@ -253,11 +253,15 @@ struct coord_peer {
 /* coord_migrate() with the epoch's communicator: the coordinator fills each peer's data-plane
  * address from its table. copy_epoch, when not 0, makes it a peer restore: every participant
  * takes its state from its peer copies of (copy_epoch, at_step), never from its engine
- * (Migrate.peer_copy_epoch). Returns 0 and the command id (may be NULL), -ENOENT (unknown
- * worker), -EINVAL (bad transfer or peer, duplicate peer, a peer without a data address). */
+ * (Migrate.peer_copy_epoch). first_lease (0 = none) is the new epoch's first step lease, which a
+ * worker taking a position may train up to right after the migration (Migrate.lease); the
+ * caller must treat it as granted. Returns 0 and the command id (may be NULL), -ENOENT
+ * (unknown worker), -EINVAL (bad transfer or peer, duplicate peer, a peer without a data
+ * address, a first_lease not past at_step). */
 int coord_migrate_peers(struct coord *c, const char *worker_id, const struct coord_transfer *t,
                         size_t n, uint64_t at_step, const struct coord_peer *peers,
-                        size_t npeers, uint64_t copy_epoch, uint64_t *ret_command_id);
+                        size_t npeers, uint64_t copy_epoch, uint64_t first_lease,
+                        uint64_t *ret_command_id);
 
 /* Sends a Checkpoint (dir, at_step) to every ACTIVE worker. Returns the number of workers
  * addressed, or negative errno. */

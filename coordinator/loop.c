@@ -52,6 +52,7 @@ struct lworker {
     uint64_t recv, sent;       /* bytes of that reconfiguration */
     uint64_t replayed;         /* steps its rollback to a peer copy undid */
     double stall;
+    struct coord_loop_stall_parts parts; /* of that reconfiguration; rest unused */
     uint64_t fail_epoch;       /* epoch in which a step or checkpoint failed; 0 = none */
     double step_seconds;       /* wall seconds of its last step */
     uint64_t meas_epoch;       /* epoch whose step times it reports are measured (the first
@@ -98,6 +99,8 @@ struct reconf {
     struct coord_loop_record rec;
     int dp, pp;
     int split[PLAN_MIG_MAX_STAGES + 1];
+    uint64_t first_lease;      /* the new epoch's first lease, sent with a migration's
+                                * orders (Migrate.lease); 0 = none */
     double pred_step, pred_stall, pred_stall_dp; /* the fitted model's, when ordered */
     bool calibrated;           /* pred_step had measured steps behind it */
     char why[240];             /* the event line's tail: why this epoch (set at the order) */
@@ -341,6 +344,9 @@ static void hook_report(struct coord *c, const struct coord_report *r, void *use
             w->sent = kv_u64(d, "sent");
             w->replayed = kv_u64(d, "replayed");
             w->stall = kv_f(d, "stall");
+            w->parts = (struct coord_loop_stall_parts){kv_f(d, "wait"), kv_f(d, "connect"),
+                                                       kv_f(d, "reshape"), kv_f(d, "transfer"),
+                                                       kv_f(d, "commit"), 0.0};
         } else if (!strcmp(k, "reconfig-failed")) {
             w->reconf_fail_epoch = kv_u64(d, "epoch");
         } else if (!strcmp(k, "step-failed")) {
@@ -937,6 +943,7 @@ static int start_restore(struct coord_loop *L, const struct wv *v, size_t nv, do
     L->rc.epoch = epoch;
     L->rc.at = step;
     L->rc.restore = restore;
+    L->rc.first_lease = 0; /* a fresh engine is not timed: the loop's first grant will do */
     L->rc.started = now;
     L->rc.dp = dp;
     L->rc.pp = pp;
@@ -964,11 +971,54 @@ out:
 }
 
 /* Sends one participant its part of the migration with the epoch's communicator; copy_epoch
- * (not 0) makes it a peer restore from the copies of (copy_epoch, at). */
+ * (not 0) makes it a peer restore from the copies of (copy_epoch, at); a worker taking a
+ * position also gets the new epoch's first lease (L->rc.first_lease). */
 static int order_migrate(struct coord_loop *L, const char *id, const struct coord_transfer *t,
                          size_t n, uint64_t at, const struct coord_peer *peers, size_t npeers,
-                         uint64_t copy_epoch) {
-    return coord_migrate_peers(L->c, id, t, n, at, peers, npeers, copy_epoch, NULL);
+                         uint64_t copy_epoch, bool positioned) {
+    return coord_migrate_peers(L->c, id, t, n, at, peers, npeers, copy_epoch,
+                               positioned ? L->rc.first_lease : 0, NULL);
+}
+
+/* Steps in a lease window: about lease_seconds ahead of the slowest positioned worker, by its
+ * reported step time, capped by the rate actually observed. */
+static uint64_t lease_window(struct coord_loop *L, const struct wv *v, size_t nv) {
+    double slowest = 0;
+    pthread_mutex_lock(&L->lock);
+    for (size_t i = 0; i < nv; i++) {
+        struct lworker *lw = v[i].positioned ? lw_get(L, v[i].w.id) : NULL;
+        if (lw)
+            slowest = ST_MAX(slowest, lw->step_seconds);
+    }
+    pthread_mutex_unlock(&L->lock);
+    uint64_t w = slowest > 0 ? (uint64_t)ceil(L->cfg.lease_seconds / slowest) : 4;
+    /* A step's own time misses what happens between steps (other processes on the same
+     * cores, reports): also cap by the rate actually observed, which may at most double
+     * per window, so the lease stays about lease_seconds ahead in wall time. */
+    if (L->steps_per_s > 0)
+        w = ST_MIN(w, (uint64_t)ceil(2 * L->steps_per_s * L->cfg.lease_seconds) + 4);
+    return ST_MIN(ST_MAX(w, 4), 100000);
+}
+
+/* The first lease of a migration's new epoch (dp x pp from step at), sent with its orders so
+ * the workers train on right after the transfers: without it they would wait at `at` until
+ * the loop heard every "reconfigured" and granted one, a round trip through Reports, a loop
+ * tick and the Watch stream that was most of a migration's stall (docs/live-migration.md).
+ * About lease_seconds of the new shape's steps: the running window, shortened when the
+ * fitted model (with measured steps behind it) says the new shape's steps are slower, so a
+ * notice right after still waits at most about lease_seconds for its boundary; never past a
+ * forced shape's step or the last step. */
+static uint64_t first_lease(struct coord_loop *L, const struct wv *v, size_t nv, int dp, int pp,
+                            uint64_t at) {
+    uint64_t w = lease_window(L, v, nv);
+    double pred = L->fit && L->fit_has_steps ? plan_fit_step_seconds(L->fit, dp, pp) : 0;
+    if (pred > 0 && isfinite(pred))
+        w = ST_MIN(w, ST_MAX((uint64_t)ceil(L->cfg.lease_seconds / pred), 1));
+    uint64_t to = ST_MIN(L->total, at + w);
+    uint64_t fnext = forced_next(L, at);
+    if (fnext && to > fnext)
+        to = fnext;
+    return to > at ? to : 0;
 }
 
 /* A peer restore's sources: the step every survivor rolls back to, and for each worker of the
@@ -1111,10 +1161,12 @@ static int start_migrate(struct coord_loop *L, const struct wv *v, size_t nv, in
     char rs[200];
     snprintf(rs, sizeof(rs), "%s %s: %s", plan_mig_class_name(plan->cls),
              ps ? "peer restore" : "migration", reason);
+    double t_order = st_now();
     r = coord_configure_epoch(L->c, dp, pp, as, npos, es, at, rs, &epoch);
     st_free(es);
     if (r < 0)
         goto out;
+    L->rc.first_lease = first_lease(L, v, nv, dp, pp, at);
     for (size_t k = 0; k < np; k++) {
         size_t nt = 0;
         uint32_t wi = 0;
@@ -1137,7 +1189,8 @@ static int start_migrate(struct coord_loop *L, const struct wv *v, size_t nv, in
         /* A peer restore names the copies' epoch: a worker that applied part of a failed
          * epoch holds state of another layout in its engine, and only its copy of the run
          * epoch is what this plan assumes it holds. */
-        r = order_migrate(L, peers[k].worker_id, tr, nt, at, peers, np, ps ? L->run_epoch : 0);
+        r = order_migrate(L, peers[k].worker_id, tr, nt, at, peers, np, ps ? L->run_epoch : 0,
+                          k < npos);
         if (r < 0) {
             /* The epoch is open but incomplete: its workers cannot finish it. Restore. */
             set_event(L, "epoch %" PRIu64 ": cannot send the migration order to %.8s: %s",
@@ -1150,6 +1203,11 @@ static int start_migrate(struct coord_loop *L, const struct wv *v, size_t nv, in
             goto out;
         }
     }
+    /* The orders' journaling and delivery: what a worker that reached the boundary first
+     * waits for (the "wait" part of the stall). */
+    st_log(ST_LOG_INFO, "loop", "Epoch %" PRIu64 " ordered at step %" PRIu64 ": %zu orders in "
+           "%.6f s, %.6f s after the decision began", epoch, at, np + 1, st_now() - t_order,
+           st_now() - now);
     cm_epoch_end(L);
     shape_time(L, now);
     enum coord_loop_kind kind = plan->cls == PLAN_MIGCLASS_PIPELINE  ? COORD_LOOP_PIPELINE
@@ -1340,6 +1398,7 @@ static void stall_done(struct coord_loop *L, const struct wv *v, size_t nv) {
     if (L->stall_rec < 0 || L->chain < 0 || S->records[L->stall_rec].epoch != L->epoch)
         return;
     double span = 0, span_new = 0, steps[64];
+    struct coord_loop_stall_parts parts = {0}, parts_new = {0};
     int ns = 0;
     bool all = true, old = false;
     pthread_mutex_lock(&L->lock);
@@ -1357,26 +1416,43 @@ static void stall_done(struct coord_loop *L, const struct wv *v, size_t nv) {
         bool was = false;
         for (int p = 0; p < L->prev_n && !was; p++)
             was = !strcmp(L->prev_pos[p], v[i].w.id);
+        /* The parts are those of the worker whose span sets the stall. */
+        struct coord_loop_stall_parts wp = {0};
+        if (w->reconf_epoch == L->epoch)
+            wp = w->parts;
         if (was) {
-            span = ST_MAX(span, w->first_seconds);
+            if (!old || w->first_seconds > span) {
+                span = w->first_seconds;
+                parts = wp;
+            }
             old = true;
-        } else {
-            span_new = ST_MAX(span_new, w->first_seconds);
+        } else if (w->first_seconds > span_new) {
+            span_new = w->first_seconds;
+            parts_new = wp;
         }
         if (ns < (int)ST_ARRAY_SIZE(steps))
             steps[ns++] = w->first_step_seconds;
     }
     pthread_mutex_unlock(&L->lock);
-    if (!old)
+    if (!old) {
         span = span_new;
+        parts = parts_new;
+    }
     if (!all || ns == 0)
         return;
     qsort(steps, (size_t)ns, sizeof(steps[0]), cmp_double);
     double med = ns % 2 ? steps[ns / 2] : 0.5 * (steps[ns / 2 - 1] + steps[ns / 2]);
     double stall = ST_MAX(0.0, span - med);
+    parts.rest = stall - (parts.wait + parts.connect + parts.reshape + parts.transfer +
+                          parts.commit);
     for (int i = L->chain; i <= L->stall_rec; i++)
         S->records[i].stall_seconds = stall;
+    S->records[L->stall_rec].parts = parts;
     const struct coord_loop_record *rec = &S->records[L->stall_rec];
+    st_log(ST_LOG_INFO, "loop", "Epoch %" PRIu64 " stall %.6f s: wait %.6f connect %.6f "
+           "reshape %.6f transfer %.6f commit %.6f rest %.6f (first-step median %.6f)",
+           L->epoch, stall, parts.wait, parts.connect, parts.reshape, parts.transfer,
+           parts.commit, parts.rest, med);
     S->stall[rec->kind] += stall;
     if (rec->dp_reshard)
         S->stall[COORD_LOOP_DP_RESHARD] += stall;
@@ -1486,6 +1562,15 @@ static void phase_reconf(struct coord_loop *L, const struct wv *v, size_t nv, do
     memcpy(L->run_split, L->split, sizeof(L->run_split));
     L->max_step = L->rc.at;
     L->lease = L->rc.at;
+    /* The workers may be training on already, up to the first lease their orders carried.
+     * Grant it explicitly too: a worker that did not take it from its order (one of the
+     * previous release) would otherwise wait at the boundary for a grant that never comes,
+     * as the loop extends a lease only once half of it is used. */
+    if (L->rc.first_lease > L->rc.at) {
+        for (int p = 0; L->run_pos && p < L->run_dp * L->run_pp; p++)
+            (void)coord_migrate(L->c, L->run_pos[p], NULL, 0, L->rc.first_lease, NULL);
+        L->lease = L->rc.first_lease;
+    }
     L->rate_step = L->rc.at;
     L->rate_t = now;
     L->last_grant = 0;
@@ -1670,21 +1755,7 @@ static void phase_running(struct coord_loop *L, const struct wv *v, size_t nv, d
     }
     /* Lease: about lease_seconds of steps ahead of the slowest worker. */
     if (now - L->last_grant >= 0.05 || minstep >= L->lease) {
-        double slowest = 0;
-        pthread_mutex_lock(&L->lock);
-        for (size_t i = 0; i < nv; i++) {
-            struct lworker *lw = v[i].positioned ? lw_get(L, v[i].w.id) : NULL;
-            if (lw)
-                slowest = ST_MAX(slowest, lw->step_seconds);
-        }
-        pthread_mutex_unlock(&L->lock);
-        uint64_t w = slowest > 0 ? (uint64_t)ceil(L->cfg.lease_seconds / slowest) : 4;
-        /* A step's own time misses what happens between steps (other processes on the same
-         * cores, reports): also cap by the rate actually observed, which may at most double
-         * per window, so the lease stays about lease_seconds ahead in wall time. */
-        if (L->steps_per_s > 0)
-            w = ST_MIN(w, (uint64_t)ceil(2 * L->steps_per_s * L->cfg.lease_seconds) + 4);
-        w = ST_MIN(ST_MAX(w, 4), 100000);
+        uint64_t w = lease_window(L, v, nv);
         uint64_t to = ST_MIN(L->total, minstep + w);
         if (fnext && to > fnext)
             to = fnext;

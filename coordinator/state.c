@@ -445,13 +445,14 @@ int coord_configure_epoch(struct coord *c, int dp, int pp, const struct coord_as
 
 int coord_migrate(struct coord *c, const char *worker_id, const struct coord_transfer *t,
                   size_t n, uint64_t at_step, uint64_t *ret_command_id) {
-    return coord_migrate_peers(c, worker_id, t, n, at_step, NULL, 0, 0, ret_command_id);
+    return coord_migrate_peers(c, worker_id, t, n, at_step, NULL, 0, 0, 0, ret_command_id);
 }
 
 /* See coordinator.h. */
 int coord_migrate_peers(struct coord *c, const char *worker_id, const struct coord_transfer *t,
                         size_t n, uint64_t at_step, const struct coord_peer *peers,
-                        size_t npeers, uint64_t copy_epoch, uint64_t *ret_command_id) {
+                        size_t npeers, uint64_t copy_epoch, uint64_t first_lease,
+                        uint64_t *ret_command_id) {
     struct outbox o = {0};
     Spottrain__V1__Transfer *tr = NULL;
     Spottrain__V1__Transfer **trp = NULL;
@@ -461,7 +462,8 @@ int coord_migrate_peers(struct coord *c, const char *worker_id, const struct coo
     bool in_tx = false;
 
     if (!c || c->magic != COORD_MAGIC || !worker_id || (n > 0 && !t) || n > COORD_MAX_TRANSFERS ||
-        (npeers > 0 && !peers) || npeers > COORD_MAX_PEERS)
+        (npeers > 0 && !peers) || npeers > COORD_MAX_PEERS ||
+        (first_lease && first_lease <= at_step))
         return -EINVAL;
     pthread_mutex_lock(&c->lock);
     struct coord_wk *wk = coord__worker_find(c, worker_id);
@@ -524,6 +526,7 @@ int coord_migrate_peers(struct coord *c, const char *worker_id, const struct coo
     mg.n_peers = npeers;
     mg.peers = pp;
     mg.peer_copy_epoch = copy_epoch;
+    mg.lease = first_lease;
     Spottrain__V1__Command cmd = SPOTTRAIN__V1__COMMAND__INIT;
     cmd.id = wk->next_command;
     cmd.epoch = c->job.epoch;

@@ -217,7 +217,7 @@ static void cmd_free(Spottrain__V1__Command **c) {
 
 static void notice(struct runner *R, const char *kind, const char *fmt, ...) ST_PRINTF(3, 4);
 static void notice(struct runner *R, const char *kind, const char *fmt, ...) {
-    char detail[200];
+    char detail[256]; /* the coordinator takes 255 characters */
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(detail, sizeof(detail), fmt, ap);
@@ -509,6 +509,7 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
     if (secret->len == 0 && cfg)
         secret = &cfg->configure->data_plane_secret;
     TRY_GOTO(comm_build(R, mig->epoch, pl.p, pl.n, secret, &comm, &rank), r, out);
+    double t_comm = st_now();
     if (cfg) {
         const Spottrain__V1__Configure *cf = cfg->configure;
         if (!cf->shape)
@@ -556,8 +557,10 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
     /* The figures are the transport's: payload bytes that crossed the wire in this epoch's
      * communicator, not the transfer list's sum. */
     mig_comm_stats(comm, &wsent0, &wrecv0);
+    double t_reshape = st_now();
     TRY_GOTO(mig_execute(comm, x, nx, xfer_buf, &b, &st), r, out);
     mig_comm_stats(comm, &wsent, &wrecv);
+    double t_xfer = st_now();
     if (reshaped)
         TRY_GOTO(worker_engine_reshape_commit(R->eng), r, out);
     reshaped = false;
@@ -572,19 +575,27 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
     }
     R->epoch = mig->epoch;
     R->done = m->at_step;
-    R->lease = m->at_step;
+    /* The new epoch's first lease came with the order: train on at once rather than a round
+     * trip later, when the coordinator has heard every participant. */
+    R->lease = cfg && m->lease > m->at_step ? m->lease : m->at_step;
     R->failed = false;
     R->nckpt = 0;
     if (cfg)
         epoch_started(R, mig->epoch, t0);
-    double stall = st_now() - (R->blocked_since > 0 ? R->blocked_since : t0);
+    double t_end = st_now();
+    double stall = t_end - (R->blocked_since > 0 ? R->blocked_since : t0);
     progress(R, 0.0, stall); /* before the notice: the same Report carries both */
+    /* Where the time went, for the stall breakdown (docs/live-migration.md): waiting at the
+     * boundary for the order, the communicator's handshake (it ends when the slowest peer
+     * reached the boundary too), the engine's reshape, the transfers, the commit. */
     notice(R, "reconfigured", "epoch=%llu mode=migrate step=%llu stage=%d replica=%d sent=%llu "
-           "recv=%llu replayed=%llu seconds=%.6f stall=%.6f", (unsigned long long)mig->epoch,
+           "recv=%llu replayed=%llu seconds=%.6f stall=%.6f wait=%.6f connect=%.6f "
+           "reshape=%.6f transfer=%.6f commit=%.6f", (unsigned long long)mig->epoch,
            (unsigned long long)m->at_step, cfg ? (int)cfg->configure->stage : -1,
            cfg ? (int)cfg->configure->replica : -1, (unsigned long long)(wsent - wsent0),
            (unsigned long long)(wrecv - wrecv0), (unsigned long long)R->rolled_back, st.seconds,
-           stall);
+           stall, R->blocked_since > 0 ? t0 - R->blocked_since : 0.0, t_comm - t0,
+           t_reshape - t_comm, t_xfer - t_reshape, t_end - t_xfer);
 out:
     if (r < 0) {
         if (reshaped)

@@ -160,6 +160,25 @@ def check_bytes(s):
                                                               r["planned_bytes"]))
 
 
+PARTS = ("wait", "connect", "reshape", "transfer", "commit", "rest")
+
+
+def check_parts(s):
+    """Every live migration's stall comes with its breakdown, measured on the worker that set
+    it (which need not be one that sent or received anything): a handshake always happened, and
+    the parts add up to the stall (rest: what the first step and the boundary's own work took
+    beyond them)."""
+    for r in kinds(s):
+        p = r["stall_parts"]
+        check(set(p) == set(PARTS), "epoch %d: stall parts %r" % (r["epoch"], p))
+        check(all(p[k] >= 0 for k in PARTS[:5]), "epoch %d: a negative part in %r" %
+              (r["epoch"], p))
+        check(p["connect"] > 0, "epoch %d: no handshake measured: %r" % (r["epoch"], p))
+        check(abs(sum(p.values()) - r["stall_seconds"]) <= 1e-5,
+              "epoch %d: parts %r do not add up to the stall %.6f" %
+              (r["epoch"], p, r["stall_seconds"]))
+
+
 def forced(name, shapes, trace, want, steps=30):
     d = tempfile.mkdtemp(prefix="st-run-")
     try:
@@ -168,6 +187,7 @@ def forced(name, shapes, trace, want, steps=30):
         save, s = run(d, job, steps, ["--shapes", shapes])
         check(s["finished"] and s["steps"] == steps, "job did not finish: %s" % s)
         check_bytes(s)
+        check_parts(s)
         got = [r["kind"] for r in kinds(s)]
         for k in want:
             check(k in got or (k == "dp-resharding" and any(r["dp_resharding"]
@@ -341,6 +361,13 @@ def test_central():
         check(m["peer-restore"]["count"] == 1, "peer restores: %r" % m["peer-restore"])
         check(m["fresh-start"]["count"] == 0, "fresh starts: %r" % m["fresh-start"])
         check(m["peer-restore"]["bytes"] > 0, "a peer restore moves state")
+        check_parts(s)
+        # A disk restore builds a fresh engine: no migration parts, its stall is all rest.
+        for r in s["reconfigurations"]:
+            if r["kind"] == "checkpoint-restore" and r["ok"]:
+                check(all(r["stall_parts"][k] == 0 for k in PARTS[:5]) and
+                      abs(r["stall_parts"]["rest"] - r["stall_seconds"]) <= 1e-5,
+                      "restore at step %d: parts %r" % (r["at_step"], r["stall_parts"]))
         same(ref, save)
     finally:
         if proc and proc.poll() is None:

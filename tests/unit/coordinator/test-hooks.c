@@ -13,6 +13,7 @@
 struct seen {
     atomic_int joined, membership, reports, acks, acks_failed, lost, ticks;
     atomic_int configures, migrates, stops, transfers;
+    atomic_int lease;         /* Migrate.lease of the last migration order */
     atomic_int configure_err; /* r of coord_configure inside the hook */
 };
 
@@ -95,6 +96,7 @@ static int on_command(struct worker_agent *a, const Spottrain__V1__Command *cmd,
     case SPOTTRAIN__V1__COMMAND__BODY_MIGRATE:
         seen.migrates++;
         seen.transfers += (int)cmd->migrate->n_transfers;
+        seen.lease = (int)cmd->migrate->lease;
         if (cmd->migrate->n_transfers == 0) {
             snprintf(err, errsz, "empty transfer list");
             return -EINVAL;
@@ -193,6 +195,24 @@ static int test_hooks_and_agent(void) {
     ASSERT_OK(coord_migrate(c, worker_agent_id(ag[1]), NULL, 0, 5, &cid));
     WAIT_FOR(seen.migrates == 2 && seen.acks_failed == 1, "migrate applied and one refused");
     ASSERT_EQ(seen.transfers, 1);
+    ASSERT_EQ(seen.lease, 0); /* coord_migrate() gives no first lease */
+
+    /* A migration with its communicator and the new epoch's first lease: the worker gets the
+     * lease in the order; a first lease not past the boundary is refused unsent. */
+    struct coord_peer cp[2];
+    memset(cp, 0, sizeof(cp));
+    for (int i = 0; i < 2; i++) {
+        snprintf(cp[i].worker_id, sizeof(cp[i].worker_id), "%s", worker_agent_id(ag[i]));
+        cp[i].stage = i;
+    }
+    ASSERT_ERR(coord_migrate_peers(c, worker_agent_id(ag[1]), &t, 1, 5, cp, 2, 0, 5, &cid),
+               -EINVAL);
+    ASSERT_ERR(coord_migrate_peers(c, worker_agent_id(ag[1]), &t, 1, 5, cp, 2, 0, 4, &cid),
+               -EINVAL);
+    ASSERT_OK(coord_migrate_peers(c, worker_agent_id(ag[1]), &t, 1, 5, cp, 2, 0, 9, &cid));
+    WAIT_FOR(seen.migrates == 3, "the migration with a first lease");
+    ASSERT_EQ(seen.lease, 9);
+    ASSERT_EQ(seen.transfers, 2);
 
     /* A worker that goes silent is lost; the hook re-plans with the survivor. */
     int membership_before = seen.membership;
