@@ -92,6 +92,8 @@ int mig_comm_new(const char *transport, struct mig_endpoint *ep, uint64_t epoch,
 struct mig_auth {
     unsigned char key[MIG_KEY_BYTES];
     char job_id[MIG_JOB_ID_MAX];
+    bool tls; /* encrypt: TLS 1.3 with a PSK from the handshake (fleet.data_plane.tls); every
+                 rank of the epoch must agree, a peer that does not is refused */
 };
 
 /* Wipes a struct mig_auth the caller filled (the compiler keeps the wipe). NULL-safe. */
