@@ -1082,6 +1082,7 @@ struct opstate {
     size_t done;              /* payload bytes moved */
     size_t hdone;             /* header bytes moved */
     size_t tdone;             /* MAC trailer bytes moved (keyed comms) */
+    bool tmade;               /* the trailer is computed (the MAC context is finalised) */
     int next;                 /* next op index with the same (peer, direction), or -1 */
     bool finished;
     unsigned char hdr[HDR_SIZE];
@@ -1236,8 +1237,11 @@ static ssize_t send_some(struct mig_comm *c, int peer, struct conn *cn, struct m
             iov[niov++] = (struct iovec){(char *)op->buf + s->done, chunk};
         offered += chunk;
         if (tsize && s->done == op->bytes) {
-            if (s->tdone == 0 && mac_final(cn->tx, s->trailer) < 0)
+            /* Once: a write that took none of the trailer (EAGAIN, or a short write that ended
+             * with the payload) comes back here, and a finalised context fails a second time. */
+            if (!s->tmade && mac_final(cn->tx, s->trailer) < 0)
                 return -EIO;
+            s->tmade = true;
             iov[niov++] = (struct iovec){s->trailer + s->tdone, tsize - s->tdone};
             offered += tsize - s->tdone;
         }
