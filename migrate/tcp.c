@@ -598,11 +598,17 @@ static SSL_CTX *tls_ctx_new(void) {
 }
 
 /* Maps a failed SSL call (e = SSL_get_error) to a negative errno and logs it once. A record
- * that fails its AEAD tag (or any protocol error: a byte changed anywhere) is -EBADMSG, as a
- * GMAC mismatch is on a keyed comm; an end of stream is -ECONNRESET. */
+ * that fails its AEAD tag (or any protocol error: a byte changed anywhere, or the peer's alert
+ * saying it saw one) is -EBADMSG, as a GMAC mismatch is on a keyed comm; an end of stream is
+ * -ECONNRESET. */
 static int tls_errno(const struct mig_comm *c, int peer, int e, const char *what) {
     char msg[160] = "";
     int sys = errno;
+    /* OpenSSL 3 reports a peer that closed mid-record or mid-handshake as a protocol error;
+     * for us it is a closed connection, as on a plain stream. */
+    if (e == SSL_ERROR_SSL &&
+        ERR_GET_REASON(ERR_peek_last_error()) == SSL_R_UNEXPECTED_EOF_WHILE_READING)
+        e = SSL_ERROR_ZERO_RETURN;
     if (e == SSL_ERROR_SSL) {
         ERR_error_string_n(ERR_peek_last_error(), msg, sizeof(msg));
         ERR_clear_error();
