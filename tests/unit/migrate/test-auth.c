@@ -746,6 +746,52 @@ static int test_tls_mitm_flip(void) {
     return 0;
 }
 
+/* A dialler that holds the key and passes the protocol-2 handshake with the TLS flag (flags 3:
+ * the wire format of docs/data-plane-security.md), then never starts TLS. */
+struct silent {
+    const char *to;
+    int go_fd; /* one byte from the parent: it gave up; close */
+};
+
+static int silent_tls_dialler(void *arg) {
+    struct silent *sl = arg;
+    unsigned char ack[80], mac[32], b;
+    struct raw_hello h = hello_for(9, 0, 1, 2);
+    h.flags = 3;
+    int fd = raw_connect(sl->to);
+    if (fd < 0 || raw_send_hello(fd, &h, 64) < 0 || raw_read(fd, ack, 80) != 80 ||
+        rd32(ack + 4) != 0)
+        return 40;
+    raw_proof(&AUTH_TLS, 'C', &h, ack + 16, mac);
+    if (raw_send_proof(fd, mac) < 0 || read(sl->go_fd, &b, 1) != 1)
+        return 41;
+    close(fd);
+    return 0;
+}
+
+/* The acceptor adopts the proven connection, then waits for a ClientHello that never comes:
+ * -ETIMEDOUT after timeout_s, and nothing is recorded as an authentication failure (the peer
+ * proved the secret; it is slow or broken, not a stranger). */
+static int test_tls_handshake_timeout(void) {
+    struct mig_endpoint *ep;
+    struct mig_comm *c = NULL;
+    int go[2];
+    ASSERT_OK(mig_endpoint_new("127.0.0.1", 0, &ep));
+    ASSERT_OK(pipe(go));
+    struct silent sl = {mig_endpoint_addr(ep), go[0]};
+    pid_t p = spawn(silent_tls_dialler, &sl);
+    const char *addrs[2] = {"127.0.0.1:1", mig_endpoint_addr(ep)};
+    ASSERT_ERR(mig_comm_new_auth("tcp", ep, 9, 1, 2, addrs, &AUTH_TLS, 0.5, &c), -ETIMEDOUT);
+    ASSERT_TRUE(c == NULL);
+    ASSERT_EQ(mig_endpoint_auth_failure_total(ep), 0);
+    ASSERT_EQ(write(go[1], "x", 1), 1);
+    ASSERT_EQ(reap(p), 0);
+    close(go[0]);
+    close(go[1]);
+    mig_endpoint_free(ep);
+    return 0;
+}
+
 /* True when the 64 bytes at pat occur anywhere in rec[0..n). */
 static bool contains(const unsigned char *rec, size_t n, const unsigned char *pat) {
     for (size_t i = 0; i + 64 <= n; i++)
@@ -813,4 +859,5 @@ static int test_tls_wire_encrypted(void) {
 TEST_MAIN(TEST(test_keyed_roundtrip), TEST(test_wrong_key), TEST(test_rogue_without_secret),
           TEST(test_replayed_handshake), TEST(test_wrong_epoch_rank_truncated),
           TEST(test_service_between_epochs), TEST(test_mitm_flip), TEST(test_tls_roundtrip),
-          TEST(test_tls_mismatch), TEST(test_tls_mitm_flip), TEST(test_tls_wire_encrypted))
+          TEST(test_tls_mismatch), TEST(test_tls_mitm_flip), TEST(test_tls_wire_encrypted),
+          TEST(test_tls_handshake_timeout))
