@@ -533,7 +533,8 @@ struct tcp_comm {
 static const unsigned char TLS_SUITE_ID[2] = {0x13, 0x01};
 /* A message up to this size goes out with its header in one record (one copy, one write). */
 #define TLS_COALESCE (16384 - HDR_SIZE)
-#define TLS_READ_BUF (256u << 10) /* read-ahead buffer: many records per recv() */
+#define TLS_READ_BUF (256u << 10)  /* read-ahead buffer: many records per recv() */
+#define TLS_WRITE_BUF (256u << 10) /* records gathered into one send() (flushed per message) */
 
 /* The connection's PSK as the session both PSK callbacks give OpenSSL. NULL on failure. */
 static SSL_SESSION *psk_session(SSL *ssl) {
@@ -636,7 +637,17 @@ static int tls_start(struct mig_comm *c, struct tcp_comm *tc, struct pollfd *pfd
         cn->stage = st_malloc(HDR_SIZE + TLS_COALESCE);
         if (!cn->stage || !(cn->ssl = SSL_new(tc->ctx)))
             return -ENOMEM;
-        if (SSL_set_app_data(cn->ssl, cn) != 1 || SSL_set_fd(cn->ssl, cn->fd) != 1)
+        /* Reads straight from the socket; writes through a buffer, so that the 16 KiB records
+         * of a large message leave in few send() calls (OpenSSL writes each record on its own). */
+        BIO *sb = BIO_new_socket(cn->fd, BIO_NOCLOSE), *wb = BIO_new(BIO_f_buffer());
+        if (!sb || !wb || BIO_set_write_buffer_size(wb, TLS_WRITE_BUF) != 1 || !BIO_up_ref(sb)) {
+            BIO_free(sb);
+            BIO_free(wb);
+            return -ENOMEM;
+        }
+        BIO_push(wb, sb);
+        SSL_set_bio(cn->ssl, sb, wb); /* the session owns both; sb twice (read, under wb) */
+        if (SSL_set_app_data(cn->ssl, cn) != 1)
             return -EIO;
         if (j > c->rank)
             SSL_set_connect_state(cn->ssl);
@@ -1124,14 +1135,16 @@ static int hdr_check(const struct mig_comm *c, int peer, const struct conn *cn,
 }
 
 /* send_some on a TLS comm: the header with a small payload in one record, or the header and
- * then the payload in SSL_write_ex calls of at most CHUNK_BYTES. A call that would block is
- * retried later with the same bytes (OpenSSL keeps the records it already made); WANT_READ
- * too, although TLS 1.3 without tickets or key updates never asks for it when writing.
- * Returns the bytes that reached the socket (records, not payload) or a negative errno. */
+ * then the payload in SSL_write_ex calls of at most CHUNK_BYTES; then a flush of the write
+ * buffer, after which the message is finished. A call that would block is retried later with
+ * the same bytes (OpenSSL keeps the records it already made), a flush that would block is
+ * retried as it is; WANT_READ too, although TLS 1.3 without tickets or key updates never asks
+ * for it when writing. Returns the bytes that reached the socket (records, not payload) or a
+ * negative errno. */
 static ssize_t tls_send_some(struct mig_comm *c, int peer, struct conn *cn, struct mig_op *op,
                              struct opstate *s, bool *ret_short) {
-    BIO *wb = SSL_get_wbio(cn->ssl);
-    uint64_t w0 = BIO_number_written(wb);
+    BIO *wb = SSL_get_wbio(cn->ssl), *sb = BIO_next(wb);
+    uint64_t w0 = BIO_number_written(sb);
     while (!(s->hdone == HDR_SIZE && s->done == op->bytes)) {
         const void *p;
         size_t want, n = 0;
@@ -1171,10 +1184,17 @@ static ssize_t tls_send_some(struct mig_comm *c, int peer, struct conn *cn, stru
         }
     }
     if (s->hdone == HDR_SIZE && s->done == op->bytes) {
-        s->finished = true;
-        cn->send_seq++;
+        /* The message's last records may sit in the write buffer: out before it counts. */
+        if (BIO_flush(wb) == 1) {
+            s->finished = true;
+            cn->send_seq++;
+        } else if (BIO_should_retry(wb)) {
+            *ret_short = true;
+        } else {
+            return tls_errno(c, peer, SSL_ERROR_SYSCALL, "send");
+        }
     }
-    return (ssize_t)(BIO_number_written(wb) - w0);
+    return (ssize_t)(BIO_number_written(sb) - w0);
 }
 
 /* recv_some on a TLS comm. SSL_read_ex returns at most one record, so a read shorter than
