@@ -168,6 +168,11 @@ static const struct field kubernetes_fields[] = {
 };
 static const struct table kubernetes_table = TABLE(kubernetes_fields);
 
+static const struct field data_plane_fields[] = {
+    {"tls", F_BOOL, OFF(fleet.data_plane_tls), 0, 0, 0, NULL, NULL, 0, NULL},
+};
+static const struct table data_plane_table = TABLE(data_plane_fields);
+
 static const struct field fleet_fields[] = {
     {"provider", F_ENUM, OFF(fleet.provider), 0, 0, 0, provider_names, NULL, 0, NULL},
     {"instance_type", F_STRING, STR(fleet.instance_type), 0, 0, NULL, NULL, EMPTY_OK, NULL},
@@ -193,6 +198,7 @@ static const struct field fleet_fields[] = {
     {"gpu_tflops", F_DOUBLE, OFF(fleet.gpu_tflops), 0, 0, 1e5, NULL, NULL, MIN_EXCL, NULL},
     {"net_gbps", F_DOUBLE, OFF(fleet.net_gbps), 0, 0, 1e5, NULL, NULL, MIN_EXCL, NULL},
     {"kubernetes", F_MAP, 0, 0, 0, 0, NULL, &kubernetes_table, 0, NULL},
+    {"data_plane", F_MAP, 0, 0, 0, 0, NULL, &data_plane_table, 0, NULL},
 };
 static const struct table fleet_table = TABLE(fleet_fields);
 
@@ -1741,6 +1747,9 @@ char *st_spec_to_json(const struct st_spec *spec) {
     jset(fleet, "gpu_tflops", json_real(spec->fleet.gpu_tflops), &ok);
     jset(fleet, "net_gbps", json_real(spec->fleet.net_gbps), &ok);
     jset(fleet, "kubernetes", kubernetes_json(&spec->fleet.kubernetes, &ok), &ok);
+    json_t *dplane = json_object();
+    jset(dplane, "tls", json_boolean(spec->fleet.data_plane_tls), &ok);
+    jset(fleet, "data_plane", dplane, &ok);
     jset(sp, "fleet", fleet, &ok);
 
     jset(planner, "interval", json_real(spec->planner.interval), &ok);

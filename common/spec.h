@@ -137,6 +137,8 @@ struct st_spec_fleet {
      * PUBLISHER:OFFER:SKU:VERSION) with spottrain on PATH; "" = none */
     char image[256];
     struct st_spec_kubernetes kubernetes;
+    /* fleet.data_plane: how workers protect the data connections between them */
+    bool data_plane_tls; /* TLS 1.3 (epoch secret as PSK) on every data connection */
 };
 
 struct st_spec_planner {

@@ -140,6 +140,12 @@ int coord__dp_pack(const struct coord *c, Spottrain__V1__Command *cmd, bool with
         f = secret_field(cmd);
         saved = *f;
         *f = (ProtobufCBinaryData){0, NULL}; /* whatever the caller left there never goes out */
+        /* Not secret, so journaled too; set here, beside the secret, so that every command
+         * that builds a communicator carries it, a redelivery after a restart included. */
+        if (cmd->body_case == SPOTTRAIN__V1__COMMAND__BODY_CONFIGURE)
+            cmd->configure->data_plane_tls = c->spec.fleet.data_plane_tls;
+        else
+            cmd->migrate->data_plane_tls = c->spec.fleet.data_plane_tls;
     }
     if (add) {
         TRY_GOTO(coord__dp_secret(c, cmd->epoch, key), r, out);

@@ -5,8 +5,9 @@
  * concurrent pairs (4 sender and 4 receiver processes, each moving its share in one batch),
  * against 4 raw pairs. Each figure is bytes / wall seconds from a common start to the last
  * receiver's acknowledgement; prints both and the ratio (target >= 0.8). Run by
- * scripts/bench.d/migration. The mig cases run twice: without a key, and with an epoch secret
- * (a GMAC per message), which is how `spottrain run` moves state.
+ * scripts/bench.d/migration. The mig cases run three times: without a key, with an epoch secret
+ * (a GMAC per message), which is how `spottrain run` moves state, and with the secret and TLS
+ * 1.3 (fleet.data_plane.tls: AES-128-GCM records).
  *
  * The one idea: every side is its own process, started together through a pipe, so the
  * baseline and ours pay the same scheduling and copies. */
@@ -30,7 +31,8 @@
 static size_t opt_bytes = (size_t)1 << 30; /* per stream */
 static size_t opt_msg = (size_t)64 << 20;  /* mig message size */
 static int opt_reps = 3;
-static bool cur_keyed; /* the mig cases run with an epoch secret (HMAC per message) */
+static bool cur_keyed; /* the mig cases run with an epoch secret (GMAC per message) */
+static bool cur_tls;   /* ... and encrypted (TLS 1.3 with the handshake's PSK) */
 
 /* Waits for the start signal: the parent closes the pipe's write end. */
 static void wait_go(int fd) {
@@ -139,6 +141,7 @@ static int mig_rank(int rank, int nranks, struct mig_endpoint *ep, const char *c
         memset(&auth, 0, sizeof(auth));
         memset(auth.key, 0x42, sizeof(auth.key));
         snprintf(auth.job_id, sizeof(auth.job_id), "bench-transport");
+        auth.tls = cur_tls;
         r = mig_comm_new_auth("tcp", ep, 1, rank, nranks, addrs, &auth, 60, &c);
         mig_auth_clear(&auth);
     } else {
@@ -311,7 +314,10 @@ int main(int argc, char **argv) {
     double rawp = best_of(false, false, pairs), migp = best_of(true, true, pairs);
     cur_keyed = true;
     double key1 = best_of(true, false, 1), keyp = best_of(true, true, pairs);
-    if (raw1 < 0 || mig1 < 0 || rawp < 0 || migp < 0 || key1 < 0 || keyp < 0) {
+    cur_tls = true;
+    double tls1 = best_of(true, false, 1), tlsp = best_of(true, true, pairs);
+    if (raw1 < 0 || mig1 < 0 || rawp < 0 || migp < 0 || key1 < 0 || keyp < 0 || tls1 < 0 ||
+        tlsp < 0) {
         fprintf(stderr, "bench-transport: a run failed\n");
         return 1;
     }
@@ -329,8 +335,13 @@ int main(int argc, char **argv) {
            key1 / raw1);
     printf("  mig_batch %d concurrent pairs, keyed    %8.2f GB/s   ratio %.2f\n", pairs,
            keyp / G, keyp / rawp);
-    printf("data_plane_ratio %.3f %.3f %.3f %.3f\n", mig1 / raw1, migp / rawp, key1 / raw1,
-           keyp / rawp);
+    printf("  with the epoch secret and TLS 1.3 (fleet.data_plane.tls: true):\n");
+    printf("  mig_send/mig_recv 1 pair, tls          %8.2f GB/s   ratio %.2f\n", tls1 / G,
+           tls1 / raw1);
+    printf("  mig_batch %d concurrent pairs, tls      %8.2f GB/s   ratio %.2f\n", pairs,
+           tlsp / G, tlsp / rawp);
+    printf("data_plane_ratio %.3f %.3f %.3f %.3f %.3f %.3f\n", mig1 / raw1, migp / rawp,
+           key1 / raw1, keyp / rawp, tls1 / raw1, tlsp / rawp);
     /* For scripts/bench.d/migration's cost file: raw and ours (keyed, as runs are), one pair
      * and all pairs. */
     printf("data_plane_bytes_per_s %.0f %.0f %.0f %.0f\n", raw1, key1, rawp, keyp);

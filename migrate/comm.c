@@ -64,6 +64,7 @@ int mig__comm_new_ops(const struct mig_transport_ops *ops, struct mig_endpoint *
         c->keyed = true;
         c->auth = *auth;
         c->auth.job_id[sizeof(c->auth.job_id) - 1] = '\0';
+        c->tls = auth->tls;
     }
     r = ops->init(c, peer_addrs);
     if (r < 0) {

@@ -44,6 +44,7 @@ struct mig_comm {
     int rank, nranks;
     double timeout_s;  /* seconds without progress before -ETIMEDOUT */
     bool keyed;        /* built with a secret: messages carry MACs */
+    bool tls;          /* keyed and encrypted: connections run TLS 1.3, no GMAC trailers */
     struct mig_auth auth; /* all-zero key when !keyed; wiped by mig_comm_free */
     uint64_t sent;     /* payload bytes */
     uint64_t recvd;

@@ -11,16 +11,18 @@
  * Authentication (docs/data-plane-security.md): a communicator built with mig_comm_new_auth()
  * holds the epoch's secret. Both ends of every connection prove they know it (HMAC-SHA256 over
  * both nonces, the epoch, both ranks, nranks and the job id) before any payload moves, and
- * every message then carries an HMAC-SHA256 of its header and bytes under a key derived for
- * that connection. A connection that fails the handshake is closed and recorded on the
- * endpoint (mig_endpoint_auth_failures()); the genuine peers are adopted all the same.
+ * every message then carries a GMAC of its header and bytes under a key derived for that
+ * connection. A connection that fails the handshake is closed and recorded on the endpoint
+ * (mig_endpoint_auth_failures()); the genuine peers are adopted all the same. With
+ * mig_auth.tls (fleet.data_plane.tls) every connection then runs TLS 1.3 with that derived key
+ * as its PSK, and the TLS records, not GMACs, carry the messages.
  *
  * Errors are negative errno: -EINVAL bad argument, -ENOMEM, -ETIMEDOUT (no progress for
  * timeout_s), -ECONNRESET (a peer died or closed), -EPROTO (message header does not match what
  * the receiver posted: size, sequence or epoch), -ESTALE (our handshake was rejected because
  * the peer is in a newer epoch), -EACCES (the address we connected to failed to prove the
- * epoch's secret, or refused ours), -EBADMSG (a message's MAC does not match: bytes altered in
- * transit; also corrupt checkpoint files), -EIO (checkpoint files; the crypto library).
+ * epoch's secret, or refused ours), -EBADMSG (a message's MAC or a TLS record does not verify,
+ * or the TLS peer said so: bytes altered in transit; also corrupt checkpoint files), -EIO (checkpoint files; the crypto library).
  *
  * Threading: a struct mig_comm and a struct mig_endpoint are used by one thread at a time.
  * Checkpoint functions are independent of each other and may run in any thread. */
@@ -92,6 +94,8 @@ int mig_comm_new(const char *transport, struct mig_endpoint *ep, uint64_t epoch,
 struct mig_auth {
     unsigned char key[MIG_KEY_BYTES];
     char job_id[MIG_JOB_ID_MAX];
+    bool tls; /* encrypt: TLS 1.3 with a PSK from the handshake (fleet.data_plane.tls); every
+                 rank of the epoch must agree, a peer that does not is refused */
 };
 
 /* Wipes a struct mig_auth the caller filled (the compiler keeps the wipe). NULL-safe. */

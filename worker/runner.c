@@ -273,9 +273,11 @@ static void relay_auth_failures(struct runner *R) {
 
 /* Builds the communicator of `epoch` from peers (rank i = peers[i]); own rank by worker id.
  * secret is the epoch's data-plane secret from its Configure or Migrate: without one (a
- * coordinator that predates it) no comm is built. */
+ * coordinator that predates it) no comm is built. tls (fleet.data_plane.tls) comes from the
+ * same command as the secret. */
 static int comm_build(struct runner *R, uint64_t epoch, Spottrain__V1__Peer **peers, size_t n,
-                      const ProtobufCBinaryData *secret, struct mig_comm **ret, int *ret_rank) {
+                      const ProtobufCBinaryData *secret, bool tls, struct mig_comm **ret,
+                      int *ret_rank) {
     struct mig_auth auth;
     if (!secret || secret->len != MIG_KEY_BYTES || !secret->data)
         return st_log_errno(-EACCES, "Epoch %llu: the order carries no data-plane secret",
@@ -292,6 +294,7 @@ static int comm_build(struct runner *R, uint64_t epoch, Spottrain__V1__Peer **pe
     memset(&auth, 0, sizeof(auth));
     memcpy(auth.key, secret->data, MIG_KEY_BYTES);
     worker_agent_job_id(R->agent, auth.job_id);
+    auth.tls = tls;
     int r = -EINVAL;
     if (me >= 0)
         r = mig_comm_new_auth("tcp", R->ep, epoch, me, (int)n, addrs, &auth, R->cfg.timeout,
@@ -344,8 +347,8 @@ static int apply_fresh(struct runner *R, const Spottrain__V1__Command *cmd, cons
         return -EINVAL;
     TRY(layout_build(R, (int)cf->shape->dp, (int)cf->shape->pp, split, nsplit, cf->peers,
                      cf->n_peers, &lay));
-    TRY_GOTO(comm_build(R, cmd->epoch, cf->peers, cf->n_peers, &cf->data_plane_secret, &comm,
-                        &rank), r, out);
+    TRY_GOTO(comm_build(R, cmd->epoch, cf->peers, cf->n_peers, &cf->data_plane_secret,
+                        cf->data_plane_tls, &comm, &rank), r, out);
     TRY_GOTO(worker_engine_new(&R->tc, &lay, (int)cf->stage, (int)cf->replica, comm, R->tokens,
                                &eng), r, out);
     uint64_t step = 0;
@@ -506,9 +509,12 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
     TRY_GOTO(xfers_build(m, pl, &x, &fc, &nx), r, out);
     /* The Migrate carries the secret for send-only participants; the Configure for all. */
     const ProtobufCBinaryData *secret = &m->data_plane_secret;
-    if (secret->len == 0 && cfg)
+    bool tls = m->data_plane_tls;
+    if (secret->len == 0 && cfg) {
         secret = &cfg->configure->data_plane_secret;
-    TRY_GOTO(comm_build(R, mig->epoch, pl.p, pl.n, secret, &comm, &rank), r, out);
+        tls = cfg->configure->data_plane_tls;
+    }
+    TRY_GOTO(comm_build(R, mig->epoch, pl.p, pl.n, secret, tls, &comm, &rank), r, out);
     double t_comm = st_now();
     if (cfg) {
         const Spottrain__V1__Configure *cf = cfg->configure;

@@ -76,6 +76,10 @@ static const struct bad_case bad_cases[] = {
      "spec.coordinator.heartbeat_deadline", "must be in (0, 3600], found 7200 s"},
     {HEAD MODEL DATA TRAIN "  fleet: {max: 4, trace: trace.csv, spot: yes}\n", 1, 9, 43,
      "spec.fleet.spot", "expected true or false, found 'yes'"},
+    {HEAD MODEL DATA TRAIN "  fleet: {max: 4, trace: trace.csv, data_plane: {tls: on}}\n", 1, 9,
+     55, "spec.fleet.data_plane.tls", "expected true or false, found 'on'"},
+    {HEAD MODEL DATA TRAIN "  fleet: {max: 4, trace: trace.csv, data_plane: {tsl: true}}\n", 1, 9,
+     50, "spec.fleet.data_plane", "unknown key 'tsl' (did you mean 'tls'?)"},
     {HEAD MODEL DATA TRAIN "  fleet: {max: 4, trace: trace.csv, unannounced: 1.5}\n", 1, 9, 50,
      "spec.fleet.unannounced", "must be in [0, 1], found 1.5"},
     {HEAD MODEL DATA TRAIN "  fleet: {max: 4, trace: trace.csv, gpu_memory: lots}\n", 1, 9, 49,
@@ -500,6 +504,7 @@ static int test_defaults(void) {
     ASSERT_NEAR(s.fleet.time_scale, 1.0, 0, 0);
     ASSERT_NEAR(s.fleet.notice_seconds, 120, 0, 0);
     ASSERT_NEAR(s.fleet.unannounced, 0, 0, 0);
+    ASSERT_FALSE(s.fleet.data_plane_tls);
     ASSERT_NEAR(s.fleet.spot_price, 0.918, 0, 1e-12);
     ASSERT_NEAR(s.fleet.on_demand_price, 3.06, 0, 1e-12);
     ASSERT_EQ(s.fleet.gpu_memory, 16ull << 30);
@@ -712,6 +717,7 @@ static int test_json(void) {
     json_t *fl = json_object_get(sp, "fleet");
     ASSERT_STREQ(json_string_value(json_object_get(fl, "provider")), "sim");
     ASSERT_NEAR(json_real_value(json_object_get(fl, "notice")), 120, 0, 0);
+    ASSERT_TRUE(json_is_false(json_object_get(json_object_get(fl, "data_plane"), "tls")));
     ASSERT_STREQ(json_string_value(json_object_get(json_object_get(sp, "planner"), "predictor")),
                  "notice");
     json_decref(root);
@@ -869,13 +875,16 @@ static int test_cli_validate(void) {
  * JSON carries them. */
 static int test_tls_fields(void) {
     setup();
-    static const char yaml[] = BASE "  coordinator:\n    events_keep: 500\n"
-                                    "    tls: {cert: token, key: token, client_ca: token}\n";
+    static const char yaml[] = HEAD MODEL DATA TRAIN
+        "  fleet: {max: 4, trace: trace.csv, data_plane: {tls: true}}\n"
+        "  coordinator:\n    events_keep: 500\n"
+        "    tls: {cert: token, key: token, client_ca: token}\n";
     struct st_spec s;
     struct st_error errs[4];
     size_t n = 0;
     ASSERT_OK(st_spec_parse(inline_name, yaml, strlen(yaml), &s, errs, 4, &n));
     ASSERT_EQ(s.coordinator.events_keep, 500);
+    ASSERT_TRUE(s.fleet.data_plane_tls);
     ASSERT_TRUE(s.coordinator.tls_cert[0] == '/');
     ASSERT_CONTAINS(s.coordinator.tls_cert, "/tests/unit/common/specs/token");
     ASSERT_CONTAINS(s.coordinator.tls_key, "/specs/token");
@@ -887,6 +896,9 @@ static int test_tls_fields(void) {
     ASSERT_TRUE(root != NULL);
     json_t *co = json_object_get(json_object_get(root, "spec"), "coordinator");
     ASSERT_EQ(json_integer_value(json_object_get(co, "events_keep")), 500);
+    json_t *dpl = json_object_get(json_object_get(json_object_get(root, "spec"), "fleet"),
+                                  "data_plane");
+    ASSERT_TRUE(json_is_true(json_object_get(dpl, "tls")));
     ASSERT_CONTAINS(json_string_value(json_object_get(json_object_get(co, "tls"), "key")),
                     "/specs/token");
     json_decref(root);
