@@ -434,6 +434,7 @@ class BlobFake:
                 return xml_error(404, "BlobNotFound", "The specified blob does not exist.")
             data = self.blobs[name]
             rg = re.match(r"^bytes=(\d+)-(\d*)$", headers.get("x-ms-range", ""))
+            self.log.append(("get", name, rg.group(0) if rg else ""))
             if rg:
                 a = int(rg.group(1))
                 b = min(int(rg.group(2)) if rg.group(2) else len(data) - 1, len(data) - 1)
@@ -790,11 +791,17 @@ def t_az_shared_key(d):
         rc, o, e = train(spec, c.url("run"), c.env)
         check(rc == 0, "train --save az:// signed with Shared Key (%s)" % e.strip()[-300:])
         ops = sorted({x[0] for x in c.fake.log})
-        check(ops == ["block", "blocklist", "put"], "Put Blob, Put Block and Put Block List "
-              "were all signed as the SDK signs them: %s" % ops)
+        check(ops == ["block", "blocklist", "get", "list", "put"], "List Blobs and Get Blob "
+              "(the checks before training), Put Blob, Put Block and Put Block List were all "
+              "signed as the SDK signs them: %s" % ops)
         rc, o, e = run(["ckpt", "verify", c.url("run")], c.env)
-        check(rc == 0, "ckpt verify reads with Shared Key (List Blobs, Get Blob with "
-              "x-ms-range): %s%s" % (o, e))
+        check(rc == 0, "ckpt verify reads with Shared Key: %s%s" % (o, e))
+        del c.fake.log[:]
+        rc, o, e = run(["ckpt", "info", c.url("run")], c.env)
+        ranged = sorted(x[1] for x in c.fake.log if x[0] == "get" and x[2])
+        check(rc == 0 and ranged == ["run/layer-%04d.bin" % i for i in range(4)],
+              "ckpt info reads each layer's header with a signed x-ms-range: %s %s" %
+              (ranged, e.strip()[-300:]))
         check(FAKE_KEY not in o + e, "the key is not printed")
     finally:
         c.stop()
