@@ -41,7 +41,14 @@ Scenarios (argv[1]), each for gs and az:
   az-shared-key     AZURE_STORAGE_KEY: every request signed with Shared Key (the SDK's policy
                     agrees); a wrong key: exit 2 with AuthenticationFailed
   gs-metadata       no key file: the token comes from a loopback metadata server
-                    (GCE_METADATA_HOST, Metadata-Flavor: Google)
+                    (GCE_METADATA_HOST, Metadata-Flavor: Google), once per process
+  gs-anonymous      an emulator (STORAGE_EMULATOR_HOST) and no credentials at all: every
+                    request goes without Authorization, as Google's libraries send them there
+  {gs,az}-throttled the first two answers are 429 rateLimitExceeded / 503 ServerBusy: retried,
+                    the checkpoint is written; a service that stays busy: 4 tries, then an
+                    error naming the service's code
+  bad-input         bad URLs, an http:// endpoint off loopback, a key that is not base64, no
+                    credentials: `ckpt verify` exits 2 with the reason, before any request
 
 Every wait is a subprocess with a timeout. Needs SPOTTRAIN_BIN and SPOTTRAIN_S3_TOOL (the
 restore lookup / retention helper, s3-ckpt-tool.c, which takes any store URL).
@@ -126,6 +133,10 @@ class GcsFake:
         self.log = []       # (op, name, detail)
         self.errors = []
         self.refuse = None  # a name prefix whose last chunk / media upload answers 503
+        self.throttle = 0   # the next N requests answer 429 (rateLimitExceeded)
+        self.anonymous_ok = False  # an emulator that takes requests without credentials
+        self.anonymous = 0  # requests that came without Authorization
+        self.requests = 0   # storage requests (not token requests)
         self.lock = threading.Lock()
         self.gen = 0
 
@@ -190,9 +201,17 @@ class GcsFake:
             return self.token(dict(urllib.parse.parse_qsl(body.decode())))
         if path == "/computeMetadata/v1/instance/service-accounts/default/token":
             return self.metadata_token(headers)
+        self.requests += 1
         auth = headers.get("Authorization", "")
-        if not auth.startswith("Bearer ") or auth[7:] not in self.tokens:
+        if not auth and self.anonymous_ok:
+            self.anonymous += 1
+        elif not auth.startswith("Bearer ") or auth[7:] not in self.tokens:
             return self.error(401, "authError", "Invalid Credentials")
+        if self.throttle:
+            self.throttle -= 1
+            self.log.append(("throttled", path, ""))
+            return self.error(429, "rateLimitExceeded", "The rate of change requests to the "
+                              "object exceeds the rate limit.")
         for verb, rx, op in self.routes:
             m = rx.match(path)
             if verb != method or not m:
@@ -333,6 +352,7 @@ class BlobFake:
         self.log = []
         self.errors = []
         self.refuse = None  # a name prefix whose Put Block List / Put Blob answers 503
+        self.throttle = 0   # the next N requests answer 503 ServerBusy
         self.lock = threading.Lock()
         self.port = 0
 
@@ -387,6 +407,10 @@ class BlobFake:
         elif not auth.startswith("Bearer ") or auth[7:] not in self.tokens:
             return xml_error(401, "InvalidAuthenticationInfo",
                              "Authentication information is not given in the correct format.")
+        if self.throttle:
+            self.throttle -= 1
+            self.log.append(("throttled", path, ""))
+            return xml_error(503, "ServerBusy", "The server is busy.")
         parts = path.split("/", 3)  # "", account, container, blob
         if len(parts) < 3 or parts[1] != ACCOUNT:
             return xml_error(400, "InvalidUri", "The requested URI does not represent any "
@@ -823,25 +847,92 @@ def t_gs_metadata(c):
     check(asked == 2, "one token per process (train, verify): %d" % asked)
 
 
+def t_throttled(c):
+    spec = write_spec(c.d, c.url("job"))
+    c.fake.throttle = 2
+    rc, o, e = train(spec, c.url("run"), c.env)
+    check(rc == 0, "train --save with the first two answers throttled (%s)" % e.strip()[-300:])
+    check(len([x for x in c.fake.log if x[0] == "throttled"]) == 2 and c.fake.throttle == 0,
+          "both throttled answers were retried")
+    rc, o, e = run(["ckpt", "verify", c.url("run")], c.env)
+    check(rc == 0, "and the checkpoint verifies: %s%s" % (o, e))
+    c.fake.throttle = 10 ** 6  # never recovers: the tries run out
+    rc, o, e = run(["ckpt", "verify", c.url("run")], c.env)
+    word = "rateLimitExceeded" if c.kind == "gs" else "ServerBusy"
+    check(rc != 0 and word in e, "a service that stays busy: ckpt verify fails naming %s "
+          "(rc %d: %s)" % (word, rc, e.strip()[-300:]))
+    tries = len([x for x in c.fake.log if x[0] == "throttled"]) - 2
+    check(tries == 4, "after 4 tries of the one request: %d" % tries)
+    c.fake.throttle = 0
+
+
+def t_bad_input(d):
+    """Bad URLs and settings: exit 2 before any request, with the reason."""
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("GOOGLE_", "GCE_", "AZURE_", "STORAGE_", "AWS_"))}
+    # No credentials lookup may leave loopback.
+    base.update({"GCE_METADATA_HOST": "127.0.0.1:1",
+                 "AZURE_POD_IDENTITY_AUTHORITY_HOST": "http://127.0.0.1:1"})
+    cases = [
+        ("gs://ab/run", {}, "Bad GCS URL 'gs://ab/run': the bucket name must have 3 to 222"),
+        ("gs://%s/run" % BUCKET, {"STORAGE_EMULATOR_HOST": "http://gcs.example.com:9000"},
+         "Bad STORAGE_EMULATOR_HOST 'http://gcs.example.com:9000'"),
+        ("gs://%s/run" % BUCKET, {}, "Cannot reach 'gs://%s/run': no credentials: "
+         "GOOGLE_APPLICATION_CREDENTIALS is not set and the metadata server" % BUCKET),
+        ("az://%s" % ACCOUNT, {}, "Bad Azure URL 'az://%s' (want az://ACCOUNT/CONTAINER/PREFIX"
+         % ACCOUNT),
+        ("az://%s/%s/run" % (ACCOUNT, CONTAINER),
+         {"AZURE_STORAGE_ENDPOINT": "http://blob.example.com/%s" % ACCOUNT},
+         "Bad AZURE_STORAGE_ENDPOINT 'http://blob.example.com/%s'" % ACCOUNT),
+        ("az://%s/%s/run" % (ACCOUNT, CONTAINER), {"AZURE_STORAGE_KEY": "not*base64"},
+         "AZURE_STORAGE_KEY is not a base64 account key"),
+        ("az://%s/%s/run" % (ACCOUNT, CONTAINER), {}, "Cannot reach 'az://%s/%s/run': no "
+         "credentials: AZURE_TENANT_ID, AZURE_CLIENT_ID and AZURE_CLIENT_SECRET are not all "
+         "set and IMDS" % (ACCOUNT, CONTAINER)),
+    ]
+    for url, extra, want in cases:
+        rc, o, e = run(["ckpt", "verify", url], dict(base, **extra), timeout=60)
+        check(rc == 2 and want in e, "ckpt verify %s %s: exit 2 with %r (rc %d: %s)" %
+              (url, extra, want, rc, e.strip()[-300:]))
+
+
+def t_gs_anonymous(c):
+    """An emulator and no credentials at all: requests go without Authorization, as Google's
+    libraries send them to an emulator."""
+    c.fake.anonymous_ok = True
+    spec = write_spec(c.d, c.url("job"))
+    rc, o, e = train(spec, c.url("run"), c.env)
+    check(rc == 0, "train --save gs:// to an emulator without credentials (%s)" %
+          e.strip()[-300:])
+    check(c.fake.anonymous == c.fake.requests and c.fake.requests >= 6 and not c.fake.tokens,
+          "every request went without credentials: %d of %d" % (c.fake.anonymous,
+                                                                 c.fake.requests))
+
+
 def main():
-    plain = {"contract": t_contract, "torn-prune": t_torn_prune, "corrupt": t_corrupt}
+    plain = {"contract": t_contract, "torn-prune": t_torn_prune, "corrupt": t_corrupt,
+             "throttled": t_throttled}
     kind, _, what = SCENARIO.partition("-")
     with tempfile.TemporaryDirectory(prefix="spottrain-stores-") as d:
         os.makedirs(os.path.join(d, "wrong"))
         if SCENARIO == "az-shared-key":
             t_az_shared_key(d)
+        elif SCENARIO == "bad-input":
+            t_bad_input(d)
         elif kind in ("gs", "az") and what in plain:
             c = Cloud(kind, d)
             try:
                 plain[what](c)
             finally:
                 c.stop()
-        elif SCENARIO in ("gs-bad-key", "az-bad-secret", "gs-metadata"):
-            c = Cloud(kind, d, wrong=SCENARIO != "gs-metadata",
-                      metadata=SCENARIO == "gs-metadata")
+        elif SCENARIO in ("gs-bad-key", "az-bad-secret", "gs-metadata", "gs-anonymous"):
+            c = Cloud(kind, d, wrong=SCENARIO in ("gs-bad-key", "az-bad-secret"),
+                      metadata=SCENARIO in ("gs-metadata", "gs-anonymous"))
+            if SCENARIO == "gs-anonymous":  # the metadata server does not exist either
+                c.env["GCE_METADATA_HOST"] = "127.0.0.1:1"
             try:
                 {"gs-bad-key": t_gs_bad_key, "az-bad-secret": t_az_bad_secret,
-                 "gs-metadata": t_gs_metadata}[SCENARIO](c)
+                 "gs-metadata": t_gs_metadata, "gs-anonymous": t_gs_anonymous}[SCENARIO](c)
             finally:
                 c.stop()
         else:
