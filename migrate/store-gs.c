@@ -490,7 +490,11 @@ static int gs_list(const char *url, mig__store_list_fn *fn, void *userdata) {
         snprintf(qurl, sizeof(qurl), "%s?delimiter=%%2F&prefix=%s%s%s", t.bucket_url, eprefix,
                  next[0] ? "&pageToken=" : "", next[0] ? etok : "");
         struct gs_req q = {.method = "GET", .url = qurl, .out = &b};
-        TRY_GOTO(gs_request(&t, &q), r, out);
+        r = gs_request(&t, &q);
+        if (r == -ENOENT) /* objects.list answers 404 only for a bucket that does not exist */
+            r = -ENXIO;
+        if (r < 0)
+            goto out;
         r = list_page(&b, strlen(prefix), fn, userdata, next, sizeof(next));
         if (r == -EBADMSG)
             st_log(ST_LOG_ERR, "migrate", "GCS objects.list of '%s': the answer is not an "

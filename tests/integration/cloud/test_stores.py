@@ -722,6 +722,13 @@ def t_contract(c):
           "ckpt info reads the same from the store as from the directory")
     secrets = [t for t in getattr(c.fake, "tokens", ())] + [SECRET, FAKE_KEY]
     check(not [s for s in secrets if s in o + e], "no token, secret or key is printed")
+    other = c.url("run").replace(BUCKET if c.kind == "gs" else CONTAINER, "nosuch")
+    word = "notFound: The specified bucket does not exist." if c.kind == "gs" else \
+        "ContainerNotFound: The specified container does not exist."
+    rc, o, e = run(["ckpt", "verify", other], c.env)
+    check(rc == 2 and word in e and "No such device or address" in e,
+          "ckpt verify of a bucket/container that does not exist: exit 2 with %r (%s)" %
+          (word, e.strip()[-300:]))
 
 
 def t_torn_prune(c):
@@ -859,7 +866,7 @@ def t_throttled(c):
     c.fake.throttle = 10 ** 6  # never recovers: the tries run out
     rc, o, e = run(["ckpt", "verify", c.url("run")], c.env)
     word = "rateLimitExceeded" if c.kind == "gs" else "ServerBusy"
-    check(rc != 0 and word in e, "a service that stays busy: ckpt verify fails naming %s "
+    check(rc == 2 and word in e, "a service that stays busy: ckpt verify exits 2 naming %s "
           "(rc %d: %s)" % (word, rc, e.strip()[-300:]))
     tries = len([x for x in c.fake.log if x[0] == "throttled"]) - 2
     check(tries == 4, "after 4 tries of the one request: %d" % tries)
