@@ -35,6 +35,12 @@ Scenarios (argv[1]), each for gs and az:
                     the restore lookup picks step 5; prune keep 1 with a committed step-7
                     removes step-5 only
   {gs,az}-corrupt   a flipped byte in a layer object: `ckpt verify` exits 1 naming the object
+  {gs,az}-resume    `spottrain run` (sim fleet: a 2x1 and a spare) with checkpoint.dir in the
+                    store: periodic checkpoints go to checkpoint.dir/JOB-ID; the fake kills both
+                    positioned workers when the first manifest arrives (no notice, no copy
+                    left), so the job restores from that checkpoint (one checkpoint restore at
+                    its step, its manifest and layers read from the store) onto the spare and
+                    ends bitwise equal to train --local --dp 1 --pp 1
   gs-bad-key        a key file whose private key is not the service account's: exit 2 with
                     invalid_grant, nothing trained, nothing written; `ckpt verify` exits 2 too
   az-bad-secret     a wrong AZURE_CLIENT_SECRET: exit 2 with invalid_client and AADSTS7000215
@@ -136,6 +142,7 @@ class GcsFake:
         self.throttle = 0   # the next N requests answer 429 (rateLimitExceeded)
         self.anonymous_ok = False  # an emulator that takes requests without credentials
         self.anonymous = 0  # requests that came without Authorization
+        self.on_put = None  # called with an object's name once it exists (under the lock)
         self.requests = 0   # storage requests (not token requests)
         self.lock = threading.Lock()
         self.gen = 0
@@ -232,6 +239,8 @@ class GcsFake:
                 return self.error(503, "backendError", "Backend Error")
             self.objects[name] = body
             self.log.append(("media", name, len(body)))
+            if self.on_put:
+                self.on_put(name)
             return 200, self.resource(name)
         if kind == "resumable":
             uid = uuid.uuid4().hex
@@ -285,6 +294,7 @@ class GcsFake:
             return self.error(404, "notFound", "No such object: %s/%s" % (BUCKET, name))
         data = self.objects[name]
         rg = re.match(r"^bytes=(\d+)-(\d*)$", headers.get("Range", ""))
+        self.log.append(("get", name, rg.group(0) if rg else ""))
         if rg:
             a = int(rg.group(1))
             b = min(int(rg.group(2)) if rg.group(2) else len(data) - 1, len(data) - 1)
@@ -353,6 +363,7 @@ class BlobFake:
         self.errors = []
         self.refuse = None  # a name prefix whose Put Block List / Put Blob answers 503
         self.throttle = 0   # the next N requests answer 503 ServerBusy
+        self.on_put = None  # called with a blob's name once it exists (under the lock)
         self.lock = threading.Lock()
         self.port = 0
 
@@ -452,6 +463,8 @@ class BlobFake:
                 return xml_error(503, "ServerBusy", "The server is busy.")
             self.blobs[name] = body
             self.log.append(("put", name, len(body)))
+            if self.on_put:
+                self.on_put(name)
             return 201, b""
         if method == "GET" and comp is None:
             if name not in self.blobs:
@@ -916,9 +929,135 @@ def t_gs_anonymous(c):
                                                                  c.fake.requests))
 
 
+RUN_SPEC = """apiVersion: spottrain/v1
+kind: TrainingJob
+metadata:
+  name: store-resume
+spec:
+  model: {layers: 2, hidden: 32, heads: 2, vocab: 64, seq_len: 16}
+  training:
+    micro_batch: 2
+    global_batch: 8
+    steps: %d
+    seed: 7
+  data:
+    train: data.bin
+    synth: {kind: markov, order: 1, seed: 3, tokens: 50000}
+  fleet:
+    provider: sim
+    min: 1
+    max: 8
+    trace: trace.csv
+    time_scale: 0.02
+    unannounced: 1
+  planner: {interval: 60s, dp: {min: 1, max: 2}, pp: 1}
+  checkpoint: {dir: "%s", interval: 30s, keep: 2}
+"""
+
+
+def sim_worker_pids(d):
+    """{instance id: pid} of the sim's worker processes of the job in directory d (as
+    tests/integration/run/test_run.py finds them)."""
+    pids = {}
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % p, "rb") as f:
+                args = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if "worker" in args and "--instance-id" in args and any(d in a for a in args):
+            pids[args[args.index("--instance-id") + 1]] = int(p)
+    return pids
+
+
+def wait_for(what, cond, timeout):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.05)
+    fail("timed out after %.0f s waiting for %s" % (timeout, what))
+
+
+def t_resume(c):
+    """`spottrain run` on the sim fleet (a 2x1 and a spare) with checkpoint.dir in the store:
+    once a checkpoint is committed there, both positioned workers are killed together (no
+    notice, no surviving copy), so the job must restore from the store onto the spare; it
+    ends with the bits of the uninterrupted run."""
+    import signal
+    d, steps = c.d, 4000  # long enough that the kill comes well before the end
+    with open(os.path.join(d, "trace.csv"), "w") as f:
+        f.write("seconds,N\n0,3\n")
+    job = os.path.join(d, "job.yaml")
+    with open(job, "w") as f:
+        f.write(RUN_SPEC % (steps, c.url("job")))
+    ref = os.path.join(d, "ref")
+    rc, o, e = run(["train", "--local", "--dp", "1", "--pp", "1", "--steps", str(steps),
+                    "--save", ref, job], c.env)
+    check(rc == 0, "the uninterrupted reference run (%s)" % e.strip()[-300:])
+    save, summ = os.path.join(d, "save"), os.path.join(d, "summary.json")
+    killed = []
+
+    def on_put(name):
+        # The first checkpoint committed (its manifest now exists): kill the 2x1's two workers
+        # right here, before the coordinator hears that its PUT succeeded. Its loop is inside
+        # this commit, so the job cannot have ended (a checkpoint's step is short of the last
+        # one). Exactly once.
+        if killed or not re.match(r"^job/[0-9a-f-]{36}/step-\d+/manifest\.json$", name):
+            return
+        pids = sim_worker_pids(d)
+        for iid in ("i-00000000000000001", "i-00000000000000002"):  # the 2x1's positions
+            if iid in pids:
+                os.kill(pids[iid], signal.SIGKILL)
+        killed.append((name, sorted(pids)))
+        del c.fake.log[:]
+    c.fake.on_put = on_put
+    proc = subprocess.Popen([BIN, "run", job, "--steps", str(steps), "--save", save,
+                             "--json-summary", summ, "--state-dir", os.path.join(d, "state")],
+                            env=c.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    check(len(killed) == 1 and killed[0][1] == ["i-00000000000000001", "i-00000000000000002",
+                                                "i-00000000000000003"],
+          "the two positioned workers (of three) were killed at the first commit: %s" % killed)
+    first = [killed[0][0]]
+    check(proc.returncode == 0, "spottrain run exited %d: %s" % (proc.returncode,
+                                                                 err.strip()[-600:]))
+    with open(summ) as f:
+        sm = json.load(f)
+    m = sm["migrations"]
+    check(sm["finished"] and sm["steps"] == steps, "the job finished all %d steps" % steps)
+    check(m["checkpoint-restore"]["count"] == 1 and m["fresh-start"]["count"] == 0 and
+          m["peer-restore"]["count"] == 0, "one restore, from the checkpoint: %r" %
+          {k: m[k]["count"] for k in ("checkpoint-restore", "peer-restore", "fresh-start")})
+    ck = first[0].rsplit("/", 1)[0]  # job/JOB-ID/step-N: checkpoint.dir/JOB-ID/step-N
+    at = int(ck.rsplit("-", 1)[1])
+    recs = [r for r in sm["reconfigurations"] if r["ok"] and r["kind"] == "checkpoint-restore"]
+    check(len(recs) == 1 and recs[0]["at_step"] == at,
+          "the restore resumed from the step of the committed checkpoint, %d: %s" %
+          (at, [(r["kind"], r["at_step"]) for r in recs]))
+    # Whole reads (no range): the restore loads each layer whole (commits of later checkpoints
+    # read their own layers to check them, never this one's).
+    read = sorted({x[1] for x in c.fake.log if x[0] == "get" and x[1].startswith(ck + "/") and
+                   not x[2]})
+    check(read == [ck + "/layer-%04d.bin" % i for i in range(4)] + [ck + "/manifest.json"],
+          "the restore read that checkpoint's manifest and its 4 layers from the store: %s"
+          % read)
+    rc, o, e = run(["ckpt", "diff", ref, save], c.env)
+    check(rc == 0 and "max_rel 0," in o, "the run ends with the bits of the uninterrupted "
+          "run: %s%s" % (o.strip()[-300:], e.strip()[-300:]))
+
+
 def main():
     plain = {"contract": t_contract, "torn-prune": t_torn_prune, "corrupt": t_corrupt,
-             "throttled": t_throttled}
+             "throttled": t_throttled, "resume": t_resume}
     kind, _, what = SCENARIO.partition("-")
     with tempfile.TemporaryDirectory(prefix="spottrain-stores-") as d:
         os.makedirs(os.path.join(d, "wrong"))
