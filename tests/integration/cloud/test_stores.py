@@ -54,7 +54,11 @@ Scenarios (argv[1]), each for gs and az:
                     the checkpoint is written; a service that stays busy: 4 tries, then an
                     error naming the service's code
   bad-input         bad URLs, an http:// endpoint off loopback, a key that is not base64, no
-                    credentials: `ckpt verify` exits 2 with the reason, before any request
+                    credentials, an endpoint where nothing listens: `ckpt verify` exits 2 with
+                    the reason
+  {gs,az}-bad-answers  a listing that is not the API's (an HTML page, JSON for XML): exit 2
+                    naming it; a resumable upload answered without a session URI: train exits
+                    1 naming it, nothing committed
 
 Every wait is a subprocess with a timeout. Needs SPOTTRAIN_BIN and SPOTTRAIN_S3_TOOL (the
 restore lookup / retention helper, s3-ckpt-tool.c, which takes any store URL).
@@ -143,6 +147,7 @@ class GcsFake:
         self.anonymous_ok = False  # an emulator that takes requests without credentials
         self.anonymous = 0  # requests that came without Authorization
         self.on_put = None  # called with an object's name once it exists (under the lock)
+        self.garbage = set()  # answers to break: "no-location" (resumable), "list"
         self.requests = 0   # storage requests (not token requests)
         self.lock = threading.Lock()
         self.gen = 0
@@ -243,6 +248,8 @@ class GcsFake:
                 self.on_put(name)
             return 200, self.resource(name)
         if kind == "resumable":
+            if "no-location" in self.garbage:
+                return 200, None
             uid = uuid.uuid4().hex
             size = int(headers.get("X-Upload-Content-Length", "-1"))
             self.sessions[uid] = {"name": name, "size": size, "data": bytearray()}
@@ -303,6 +310,8 @@ class GcsFake:
 
     def op_list(self, m, query, headers, body):
         self.params_ok("list", query)
+        if "list" in self.garbage:
+            return 200, b"<html>a proxy's error page</html>", {"Content-Type": "text/html"}
         prefix, delim = query.get("prefix", ""), query.get("delimiter", "")
         entries = []
         for n in sorted(self.objects):
@@ -364,6 +373,7 @@ class BlobFake:
         self.refuse = None  # a name prefix whose Put Block List / Put Blob answers 503
         self.throttle = 0   # the next N requests answer 503 ServerBusy
         self.on_put = None  # called with a blob's name once it exists (under the lock)
+        self.garbage = set()  # answers to break: "list"
         self.lock = threading.Lock()
         self.port = 0
 
@@ -488,6 +498,8 @@ class BlobFake:
 
     def list_blobs(self, query):
         from azure.storage.blob._generated.models import ListBlobsHierarchySegmentResponse
+        if "list" in self.garbage:
+            return 200, b'{"not": "xml"}', {"Content-Type": "application/json"}
         prefix, delim = query.get("prefix", ""), query.get("delimiter", "")
         entries = []
         for n in sorted(self.blobs):
@@ -886,6 +898,28 @@ def t_throttled(c):
     c.fake.throttle = 0
 
 
+def t_bad_answers(c):
+    """Answers that are not what the API defines: refused with a clear error, nothing
+    committed."""
+    spec = write_spec(c.d, c.url("job"), hidden=256)
+    c.fake.garbage = {"list"}
+    rc, o, e = run(["ckpt", "verify", c.url("run")], c.env)
+    want = ("GCS objects.list of '%s': the answer is not an Objects resource" if c.kind == "gs"
+            else "Azure List Blobs of '%s': the answer is not an EnumerationResults") % c.url("run")
+    check(rc == 2 and want in e, "a listing that does not parse: exit 2 with %r (%s)" %
+          (want, e.strip()[-300:]))
+    c.fake.garbage = set()
+    if c.kind == "gs":
+        c.fake.garbage = {"no-location"}
+        rc, o, e = train(spec, c.url("run"), c.env)
+        want = "GCS resumable upload of '%s/layer-0001.bin': no session URI (Location)" % \
+            c.url("run")
+        check(rc == 1 and want in e and "run/manifest.json" not in c.store(),
+              "a resumable upload without a session URI: train fails naming it, no manifest "
+              "(rc %d: %s)" % (rc, e.strip()[-300:]))
+        c.fake.garbage = set()
+
+
 def t_bad_input(d):
     """Bad URLs and settings: exit 2 before any request, with the reason."""
     base = {k: v for k, v in os.environ.items()
@@ -906,6 +940,13 @@ def t_bad_input(d):
          "Bad AZURE_STORAGE_ENDPOINT 'http://blob.example.com/%s'" % ACCOUNT),
         ("az://%s/%s/run" % (ACCOUNT, CONTAINER), {"AZURE_STORAGE_KEY": "not*base64"},
          "AZURE_STORAGE_KEY is not a base64 account key"),
+        ("gs://%s/run" % BUCKET, {"STORAGE_EMULATOR_HOST": "127.0.0.1:1"},
+         "GCS GET http://127.0.0.1:1/storage/v1/b/%s/o?delimiter=%%2F&prefix=run%%2F: "
+         "Couldn't connect to server" % BUCKET),
+        ("az://%s/%s/run" % (ACCOUNT, CONTAINER),
+         {"AZURE_STORAGE_ENDPOINT": "http://127.0.0.1:1/%s" % ACCOUNT,
+          "AZURE_STORAGE_KEY": FAKE_KEY}, "Azure GET http://127.0.0.1:1/%s/%s?comp=list"
+         % (ACCOUNT, CONTAINER)),
         ("az://%s/%s/run" % (ACCOUNT, CONTAINER), {}, "Cannot reach 'az://%s/%s/run': no "
          "credentials: AZURE_TENANT_ID, AZURE_CLIENT_ID and AZURE_CLIENT_SECRET are not all "
          "set and IMDS" % (ACCOUNT, CONTAINER)),
@@ -1057,7 +1098,7 @@ def t_resume(c):
 
 def main():
     plain = {"contract": t_contract, "torn-prune": t_torn_prune, "corrupt": t_corrupt,
-             "throttled": t_throttled, "resume": t_resume}
+             "throttled": t_throttled, "resume": t_resume, "bad-answers": t_bad_answers}
     kind, _, what = SCENARIO.partition("-")
     with tempfile.TemporaryDirectory(prefix="spottrain-stores-") as d:
         os.makedirs(os.path.join(d, "wrong"))
