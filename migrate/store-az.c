@@ -34,14 +34,14 @@
 #include "migrate-store.h"
 #include "oauth.h" /* st_azure_token_get, st_url_is_loopback */
 
-#define AZ_VERSION "2021-08-06"             /* x-ms-version: bearer tokens need >= 2017-11-09 */
+#define AZ_VERSION "2021-08-06"      /* x-ms-version: bearer tokens need >= 2017-11-09 */
 #define AZ_RESOURCE "https://storage.azure.com"
-#define AZ_BLOCK_DEFAULT (64u << 20)        /* bytes per staged block */
-#define AZ_BLOCK_MIN (64u << 10)            /* smallest block size SPOTTRAIN_AZ_BLOCK_BYTES may set */
-#define AZ_BLOCKS_MAX 50000                 /* Azure: blocks per blob */
-#define AZ_REPLY_MAX (16u << 20)            /* XML answers larger than this are refused */
-#define AZ_TRIES 4                          /* tries of one request on 5xx / 429 / reset */
-#define AZ_QUERY_MAX 6                      /* query parameters of one request */
+#define AZ_BLOCK_DEFAULT (64u << 20) /* bytes per staged block */
+#define AZ_BLOCK_MIN (64u << 10)     /* smallest block SPOTTRAIN_AZ_BLOCK_BYTES may set */
+#define AZ_BLOCKS_MAX 50000          /* Azure: blocks per blob */
+#define AZ_REPLY_MAX (16u << 20)     /* XML answers larger than this are refused */
+#define AZ_TRIES 4                   /* tries of one request on 5xx / 429 / reset */
+#define AZ_QUERY_MAX 6               /* query parameters of one request */
 
 /* A parsed az://ACCOUNT/CONTAINER/BLOB and where to send it. */
 struct az_target {
@@ -296,8 +296,9 @@ static int az_request(struct az_target *t, const struct az_req *q) {
             h = curl_slist_append(h, range);
         }
         /* Content-Type only on PUT (it is signed); none on GET and DELETE. */
-        h = curl_slist_append(h, strcmp(q->method, "PUT") ? "Content-Type:"
-                                                           : "Content-Type: application/octet-stream");
+        h = curl_slist_append(h, strcmp(q->method, "PUT")
+                                     ? "Content-Type:"
+                                     : "Content-Type: application/octet-stream");
         h = curl_slist_append(h, "Expect:"); /* no 100-continue round trip for each block */
         if (!h) {
             r = -ENOMEM;

@@ -120,7 +120,8 @@ static int target_init(const char *url, struct gs_target *t) {
     int e = endpoint_find(t->ep, sizeof(t->ep));
     if (e < 0)
         return st_log_errno(-EINVAL, "Bad STORAGE_EMULATOR_HOST '%s' (want host:port, or an "
-                            "http:// URL on loopback, or https://)", getenv("STORAGE_EMULATOR_HOST"));
+                            "http:// URL on loopback, or https://)",
+                            getenv("STORAGE_EMULATOR_HOST"));
     TRY(mig__store_escape(ename, sizeof(ename), t->name, false));
     int w1 = snprintf(t->bucket_url, sizeof(t->bucket_url), "%s/storage/v1/b/%s/o", t->ep,
                       t->bucket);

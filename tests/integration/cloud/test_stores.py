@@ -953,8 +953,8 @@ def t_bad_input(d):
     ]
     for url, extra, want in cases:
         rc, o, e = run(["ckpt", "verify", url], dict(base, **extra), timeout=60)
-        check(rc == 2 and want in e, "ckpt verify %s %s: exit 2 with %r (rc %d: %s)" %
-              (url, extra, want, rc, e.strip()[-300:]))
+        check(rc == 2 and want in e, "ckpt verify %s with %s set: exit 2 with %r (rc %d: %s)" %
+              (url, sorted(extra) or "nothing", want, rc, e.strip()[-300:]))
 
 
 def t_gs_anonymous(c):
