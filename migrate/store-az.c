@@ -22,6 +22,7 @@
 #include <libxml/tree.h>
 #include <openssl/evp.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -205,31 +206,46 @@ struct az_req {
     bool quiet_404;
 };
 
+/* Appends to a bounded string; *n past sz marks it as too long (checked once at the end). */
+static void sts_add(char *buf, size_t sz, size_t *n, const char *fmt, ...) ST_PRINTF(4, 5);
+static void sts_add(char *buf, size_t sz, size_t *n, const char *fmt, ...) {
+    va_list ap;
+    if (*n >= sz)
+        return;
+    va_start(ap, fmt);
+    int w = vsnprintf(buf + *n, sz - *n, fmt, ap);
+    va_end(ap);
+    *n = w < 0 ? sz : *n + (size_t)w;
+}
+
 /* The Shared Key "Authorization: SharedKey ACCOUNT:SIG" header for q (Blob service, version
- * 2015-02-21 and later: an empty Content-Length when there is no body). */
+ * 2015-02-21 and later: an empty Content-Length when there is no body). The string to sign is
+ * the one the service documents: verb, the standard headers (only Content-Length and
+ * Content-Type are ever sent; x-ms-date stands for Date), the x-ms-* headers sorted, then
+ * /ACCOUNT + the encoded path and the query parameters sorted, unescaped. */
 static int shared_key(const struct az_target *t, const struct az_req *q, const char *path,
                       const char *date, const char *xrange, char *out, size_t sz) {
     char sts[8192];
-    int n = snprintf(sts, sizeof(sts), "%s\n\n\n", q->method);
+    size_t n = 0;
+    sts_add(sts, sizeof(sts), &n, "%s\n\n\n", q->method);
     if (q->body_len)
-        n += snprintf(sts + n, sizeof(sts) - (size_t)n, "%zu", q->body_len);
-    n += snprintf(sts + n, sizeof(sts) - (size_t)n, "\n\n%s\n\n\n\n\n\n\n",
-                  strcmp(q->method, "PUT") ? "" : "application/octet-stream");
+        sts_add(sts, sizeof(sts), &n, "%zu", q->body_len);
+    sts_add(sts, sizeof(sts), &n, "\n\n%s\n\n\n\n\n\n\n",
+            strcmp(q->method, "PUT") ? "" : "application/octet-stream");
     if (q->block_blob)
-        n += snprintf(sts + n, sizeof(sts) - (size_t)n, "x-ms-blob-type:BlockBlob\n");
-    n += snprintf(sts + n, sizeof(sts) - (size_t)n, "x-ms-date:%s\n", date);
+        sts_add(sts, sizeof(sts), &n, "x-ms-blob-type:BlockBlob\n");
+    sts_add(sts, sizeof(sts), &n, "x-ms-date:%s\n", date);
     if (xrange)
-        n += snprintf(sts + n, sizeof(sts) - (size_t)n, "x-ms-range:bytes=%s\n", xrange);
-    n += snprintf(sts + n, sizeof(sts) - (size_t)n, "x-ms-version:%s\n/%s%s", AZ_VERSION,
-                  t->account, path);
+        sts_add(sts, sizeof(sts), &n, "x-ms-range:bytes=%s\n", xrange);
+    sts_add(sts, sizeof(sts), &n, "x-ms-version:%s\n/%s%s", AZ_VERSION, t->account, path);
     for (int i = 0; i < AZ_QUERY_MAX && q->q[i].name; i++)
-        n += snprintf(sts + n, sizeof(sts) - (size_t)n, "\n%s:%s", q->q[i].name, q->q[i].value);
-    if (n < 0 || (size_t)n >= sizeof(sts))
+        sts_add(sts, sizeof(sts), &n, "\n%s:%s", q->q[i].name, q->q[i].value);
+    if (n >= sizeof(sts))
         return -ENAMETOOLONG;
     unsigned char mac[EVP_MAX_MD_SIZE], b64[2 * EVP_MAX_MD_SIZE];
     size_t maclen = 0;
     if (!EVP_Q_mac(NULL, "HMAC", NULL, "SHA256", NULL, t->key, t->key_len,
-                   (const unsigned char *)sts, (size_t)n, mac, sizeof(mac), &maclen))
+                   (const unsigned char *)sts, n, mac, sizeof(mac), &maclen))
         return -EIO;
     EVP_EncodeBlock(b64, mac, (int)maclen);
     snprintf(out, sz, "Authorization: SharedKey %s:%s", t->account, (const char *)b64);

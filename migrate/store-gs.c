@@ -73,7 +73,7 @@ static int token_get(struct gs_target *t, bool emulator, const char *url) {
         t->token = token_cache.token;
     pthread_mutex_unlock(&token_cache.lock);
     if (r < 0)
-        return st_log_errno(r == -ENOKEY ? -ENOKEY : r, "Cannot reach '%s': %s", url, why);
+        return st_log_errno(r, "Cannot reach '%s': %s", url, why);
     return 0;
 }
 
@@ -200,6 +200,7 @@ struct gs_req {
     const char *range;    /* "a-b" or NULL (GET) */
     const char *header;   /* one more "Name: value" (Content-Range, X-Upload-...) or NULL */
     const char *header2;  /* and another, or NULL */
+    const char *content_type; /* of body; NULL = application/octet-stream */
     struct mig__store_buf *out; /* answer body (success or error) */
     struct gs_hdrs *hdrs; /* may be NULL */
     bool quiet_404;       /* a missing object is an answer, not an error to log */
@@ -211,7 +212,7 @@ struct gs_req {
  * when ok_308), else negative errno with the service's reason logged (what, reason, message,
  * HTTP status). */
 static int gs_request(struct gs_target *t, const struct gs_req *q) {
-    char auth[sizeof(t->token.value) + 32], range[96];
+    char auth[sizeof(t->token.value) + 32], range[96], ctype[96];
     int r = -EIO;
     CURL *c = curl_easy_init();
     if (!c)
@@ -236,7 +237,9 @@ static int gs_request(struct gs_target *t, const struct gs_req *q) {
             h = curl_slist_append(h, q->header);
         if (q->header2)
             h = curl_slist_append(h, q->header2);
-        h = curl_slist_append(h, "Content-Type: application/octet-stream");
+        snprintf(ctype, sizeof(ctype), "Content-Type: %s",
+                 q->content_type ? q->content_type : "application/octet-stream");
+        h = curl_slist_append(h, ctype);
         if (!h) {
             r = -ENOMEM;
             break;
@@ -407,7 +410,9 @@ static int gs_put_file(const char *url, const char *path) {
     snprintf(qurl, sizeof(qurl), "%s?uploadType=resumable&name=%s", t.upload_url, ename);
     snprintf(h1, sizeof(h1), "X-Upload-Content-Length: %llu", (unsigned long long)size);
     struct gs_hdrs hd = {0};
-    struct gs_req oq = {.method = "POST", .url = qurl, .header = h1,
+    /* The session's metadata is the JSON body (none beyond the name in the query). */
+    struct gs_req oq = {.method = "POST", .url = qurl, .body = "{}", .body_len = 2,
+                        .content_type = "application/json; charset=UTF-8", .header = h1,
                         .header2 = "X-Upload-Content-Type: application/octet-stream", .out = &b,
                         .hdrs = &hd};
     TRY_GOTO(gs_request(&t, &oq), r, out);

@@ -250,6 +250,14 @@ class GcsFake:
         if kind == "resumable":
             if "no-location" in self.garbage:
                 return 200, None
+            # The session's metadata: the method's request schema (Object), as JSON.
+            if not headers.get("Content-Type", "").startswith("application/json"):
+                self.errors.append("resumable initiation with Content-Type %r" %
+                                   headers.get("Content-Type"))
+            errs = []
+            self.disc.validate(json.loads(body or b"{}"), self.methods["insert"]["request"],
+                               "Object", errs)
+            self.errors += errs
             uid = uuid.uuid4().hex
             size = int(headers.get("X-Upload-Content-Length", "-1"))
             self.sessions[uid] = {"name": name, "size": size, "data": bytearray()}
