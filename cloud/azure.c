@@ -22,6 +22,7 @@
 
 #include "check.h"          /* TRY, TRY_GOTO */
 #include "cloud-internal.h" /* cloud__fleet, cloud__rest_call */
+#include "oauth.h"          /* st_azure_token_get */
 #include "spec.h"           /* struct st_spec: subscription, resource group, subnet */
 
 #define AZ_API "2024-03-01"          /* Microsoft.Compute virtualMachines */
@@ -42,124 +43,21 @@ struct az_state {
     char *custom_data, *custom_data_shown; /* base64 bootstrap with and without the token */
     cloud_dry_run_fn *dry_run;
     void *dry_run_userdata;
-    char token[8192];   /* the access token: never logged */
-    double token_expiry;
+    struct st_token token; /* the access token: never logged */
 };
 
 /* ---- credentials ------------------------------------------------------------------------- */
 
-static double json_seconds(const json_t *v) {
-    if (json_is_integer(v))
-        return (double)json_integer_value(v);
-    if (json_is_string(v))
-        return atof(json_string_value(v)); /* IMDS sends "expires_in": "3599" */
-    return 0;
-}
-
-static void log_token_error(struct az_state *s, const char *where,
-                            const struct cloud__rest_reply *rep) {
-    const char *code = cloud__json_str(rep->json, "error");
-    const char *desc = cloud__json_str(rep->json, "error_description");
-    cloud__log(s->p, ST_LOG_ERR, "azure: %s refused the credentials (HTTP %ld): %s%s%s", where,
-               rep->status, code[0] ? code : "no error code", desc[0] ? ": " : "", desc);
-}
-
-/* The client-credentials grant at the Microsoft identity platform (v2.0 endpoint). */
-static int token_from_secret(struct az_state *s, const char *tenant, const char *client,
-                             const char *secret) {
-    const char *auth = getenv("AZURE_AUTHORITY_HOST");
-    struct cloud__sbuf url = {.max = 2048}, form = {.max = 8192};
-    struct cloud__rest_reply rep = {0};
-    int r;
-    if (!auth || !*auth)
-        auth = "https://login.microsoftonline.com";
-    if (strncmp(auth, "https://", 8) && !(strncmp(auth, "http://", 7) == 0 &&
-                                          cloud__url_is_loopback(auth))) {
-        cloud__log(s->p, ST_LOG_ERR, "azure: AZURE_AUTHORITY_HOST '%s' must be https:// "
-                   "(http:// only on loopback)", auth);
-        return -EINVAL;
-    }
-    size_t al = strlen(auth);
-    while (al > 0 && auth[al - 1] == '/')
-        al--;
-    cloud__sb_add(&url, auth, al);
-    cloud__sb_str(&url, "/");
-    cloud__sb_escape(&url, tenant);
-    cloud__sb_str(&url, "/oauth2/v2.0/token");
-    cloud__sb_str(&form, "grant_type=client_credentials&client_id=");
-    cloud__sb_escape(&form, client);
-    cloud__sb_str(&form, "&client_secret=");
-    cloud__sb_escape(&form, secret);
-    cloud__sb_str(&form, "&scope=");
-    cloud__sb_escape(&form, AZ_RESOURCE "/.default");
-    if (url.fail || form.fail)
-        TRY_GOTO(-ENOMEM, r, out);
-    struct cloud__rest_req req = {.method = "POST", .url = url.p, .body = form.p,
-                                  .content_type = "application/x-www-form-urlencoded"};
-    if ((r = cloud__rest_call(&req, &rep)) < 0) {
-        cloud__log(s->p, ST_LOG_ERR, "azure: token endpoint '%s': %s", url.p, st_strerror(r));
-        goto out;
-    }
-    const char *tok = cloud__json_str(rep.json, "access_token");
-    if (rep.status != 200 || !tok[0]) {
-        log_token_error(s, "the token endpoint", &rep);
-        TRY_GOTO(rep.status >= 500 ? -EIO : -EACCES, r, out);
-    }
-    snprintf(s->token, sizeof(s->token), "%s", tok);
-    double ttl = json_seconds(json_object_get(rep.json, "expires_in"));
-    s->token_expiry = st_now() + (ttl > 0 ? ttl : 3600);
-    r = 0;
-out:
-    cloud__rest_reply_done(&rep);
-    cloud__sb_done(&url);
-    cloud__sb_done(&form);
-    return r;
-}
-
-/* A managed identity's token from the instance metadata service. */
-static int token_from_imds(struct az_state *s) {
-    const char *host = getenv("AZURE_POD_IDENTITY_AUTHORITY_HOST");
-    char url[512];
-    struct cloud__rest_reply rep = {0};
-    int r;
-    if (!host || !*host)
-        host = "http://169.254.169.254";
-    size_t hl = strlen(host);
-    while (hl > 0 && host[hl - 1] == '/')
-        hl--;
-    snprintf(url, sizeof(url), "%.*s/metadata/identity/oauth2/token?api-version=2018-02-01"
-             "&resource=https%%3A%%2F%%2Fmanagement.azure.com%%2F", (int)hl, host);
-    struct cloud__rest_req req = {.method = "GET", .url = url, .header = "Metadata: true",
-                                  .timeout_ms = 1000};
-    if ((r = cloud__rest_call(&req, &rep)) < 0) {
-        cloud__log(s->p, ST_LOG_ERR, "azure: no credentials: AZURE_TENANT_ID, AZURE_CLIENT_ID "
-                   "and AZURE_CLIENT_SECRET are not all set and IMDS at '%.*s' did not answer "
-                   "(%s)", (int)hl, host, st_strerror(r));
-        return -ENOKEY;
-    }
-    const char *tok = cloud__json_str(rep.json, "access_token");
-    if (rep.status != 200 || !tok[0]) {
-        log_token_error(s, "IMDS", &rep);
-        r = rep.status == 400 || rep.status == 404 ? -ENOKEY : -EACCES;
-        goto out;
-    }
-    snprintf(s->token, sizeof(s->token), "%s", tok);
-    double ttl = json_seconds(json_object_get(rep.json, "expires_in"));
-    s->token_expiry = st_now() + (ttl > 0 ? ttl : 300);
-    r = 0;
-out:
-    cloud__rest_reply_done(&rep);
-    return r;
-}
-
+/* A valid access token, refreshed a minute before it expires. The lookup (client secret, else
+ * managed identity) is common/oauth.c's, shared with the az:// checkpoint store. */
 static int az_token(struct az_state *s) {
-    if (s->token[0] && st_now() < s->token_expiry - 60)
+    char why[1024];
+    if (s->token.value[0] && st_now() < s->token.expiry - 60)
         return 0;
-    const char *t = getenv("AZURE_TENANT_ID"), *c = getenv("AZURE_CLIENT_ID"),
-               *k = getenv("AZURE_CLIENT_SECRET");
-    if (t && *t && c && *c && k && *k)
-        return token_from_secret(s, t, c, k);
-    return token_from_imds(s);
+    int r = st_azure_token_get(AZ_RESOURCE, &s->token, why, sizeof(why));
+    if (r < 0)
+        cloud__log(s->p, ST_LOG_ERR, "azure: %s", why);
+    return r;
 }
 
 /* ---- calls ------------------------------------------------------------------------------- */
@@ -221,7 +119,7 @@ static int az_call(struct az_state *s, const char *method, const char *url, cons
     double wait = 0.25;
     for (int i = 0; i < AZ_TRIES; i++) {
         cloud__rest_reply_done(rep);
-        struct cloud__rest_req req = {.method = method, .url = url, .bearer = s->token,
+        struct cloud__rest_req req = {.method = method, .url = url, .bearer = s->token.value,
                                       .body = text,
                                       .content_type = text ? "application/json" : NULL};
         r = cloud__rest_call(&req, rep);
@@ -517,7 +415,7 @@ static void az_done(struct cloud_provider *p, void *state) {
     struct az_state *s = state;
     cloud__fleet_done(&s->fleet);
     az_free_data(s);
-    memset(s->token, 0, sizeof(s->token));
+    st_token_wipe(&s->token);
 }
 
 static int az_start(struct cloud_provider *p, void *state, double now) {
@@ -581,7 +479,7 @@ int cloud_azure_down(const struct cloud_config *cfg, const char *job_name) {
     r = cloud__fleet_sweep(&s->fleet);
 out:
     cloud__fleet_done(&s->fleet); /* never started: frees only */
-    memset(s->token, 0, sizeof(s->token));
+    st_token_wipe(&s->token);
     st_free(s);
     return r;
 }

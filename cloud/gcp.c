@@ -16,8 +16,6 @@
  * with /compute/v1/ appended, as the discovery document's rootUrl + servicePath. The access
  * token, the key and the join token in the startup-script are never logged nor shown by a
  * dry run. docs/gcp-azure.md. */
-#include <openssl/evp.h>
-#include <openssl/pem.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +23,7 @@
 
 #include "check.h"          /* TRY, TRY_GOTO */
 #include "cloud-internal.h" /* cloud__fleet, cloud__rest_call */
+#include "oauth.h"          /* st_gcp_token_get */
 #include "spec.h"           /* struct st_spec: project, endpoint */
 
 #define GCP_SCRIPT_MAX (256u << 10) /* GCE's limit on all metadata values together */
@@ -44,167 +43,21 @@ struct gcp_state {
     char *script, *script_shown; /* the startup-script with and without the join token */
     cloud_dry_run_fn *dry_run;
     void *dry_run_userdata;
-    char token[4096];   /* the access token: never logged */
-    double token_expiry; /* st_now() seconds */
+    struct st_token token; /* the access token: never logged */
 };
 
 /* ---- credentials ------------------------------------------------------------------------- */
 
-/* A token endpoint's or metadata server's refusal, as the user must see it. */
-static void log_token_error(struct gcp_state *s, const char *where,
-                            const struct cloud__rest_reply *rep) {
-    const json_t *e = json_object_get(rep->json, "error");
-    const char *code = json_is_string(e) ? json_string_value(e) : "";
-    const char *desc = cloud__json_str(rep->json, "error_description");
-    cloud__log(s->p, ST_LOG_ERR, "gcp: %s refused the credentials (HTTP %ld): %s%s%s", where,
-               rep->status, code[0] ? code : "no error code", desc[0] ? ": " : "", desc);
-}
-
-/* RS256 signature of data with the PEM key, base64url into out. */
-static int jwt_sign(const char *pem, const char *data, struct cloud__sbuf *out) {
-    BIO *bio = BIO_new_mem_buf(pem, -1);
-    EVP_PKEY *key = bio ? PEM_read_bio_PrivateKey(bio, NULL, NULL, NULL) : NULL;
-    EVP_MD_CTX *md = EVP_MD_CTX_new();
-    unsigned char sig[1024];
-    size_t siglen = sizeof(sig);
-    int r = -EINVAL;
-    if (!bio || !md)
-        TRY_GOTO(-ENOMEM, r, out);
-    if (!key)
-        goto out; /* not a PEM private key */
-    if (EVP_DigestSignInit(md, NULL, EVP_sha256(), NULL, key) != 1 ||
-        EVP_DigestSign(md, sig, &siglen, (const unsigned char *)data, strlen(data)) != 1)
-        goto out;
-    cloud__sb_base64(out, sig, siglen, true);
-    r = 0;
-out:
-    EVP_MD_CTX_free(md);
-    EVP_PKEY_free(key);
-    BIO_free(bio);
-    return r;
-}
-
-/* The service-account flow: a signed JWT exchanged at token_uri (RFC 7523). */
-static int token_from_key(struct gcp_state *s, const char *path) {
-    json_error_t jerr;
-    json_t *key = json_load_file(path, 0, &jerr);
-    struct cloud__sbuf jwt = {.max = 16384}, form = {.max = 32768};
-    struct cloud__rest_reply rep = {0};
-    char *claims = NULL, *header = NULL;
-    int r;
-    if (!key) {
-        cloud__log(s->p, ST_LOG_ERR, "gcp: GOOGLE_APPLICATION_CREDENTIALS '%s': %s", path,
-                   jerr.text);
-        return -EINVAL;
-    }
-    const char *email = cloud__json_str(key, "client_email");
-    const char *pem = cloud__json_str(key, "private_key");
-    const char *uri = cloud__json_str(key, "token_uri");
-    if (!uri[0])
-        uri = "https://oauth2.googleapis.com/token";
-    if (!email[0] || !pem[0]) {
-        cloud__log(s->p, ST_LOG_ERR, "gcp: '%s' is not a service-account key (no client_email "
-                   "or private_key)", path);
-        TRY_GOTO(-EINVAL, r, out);
-    }
-    if (strncmp(uri, "https://", 8) && !(strncmp(uri, "http://", 7) == 0 &&
-                                         cloud__url_is_loopback(uri))) {
-        cloud__log(s->p, ST_LOG_ERR, "gcp: token_uri '%s' must be https:// (http:// only on "
-                   "loopback)", uri);
-        TRY_GOTO(-EINVAL, r, out);
-    }
-    time_t now = time(NULL);
-    json_t *h = json_pack("{s:s, s:s, s:s}", "alg", "RS256", "typ", "JWT", "kid",
-                          cloud__json_str(key, "private_key_id"));
-    json_t *c = json_pack("{s:s, s:s, s:s, s:I, s:I}", "iss", email, "scope", GCP_SCOPE, "aud",
-                          uri, "iat", (json_int_t)now, "exp", (json_int_t)now + 3600);
-    header = h ? json_dumps(h, JSON_COMPACT) : NULL;
-    claims = c ? json_dumps(c, JSON_COMPACT) : NULL;
-    json_decref(h);
-    json_decref(c);
-    if (!header || !claims)
-        TRY_GOTO(-ENOMEM, r, out);
-    cloud__sb_base64(&jwt, header, strlen(header), true);
-    cloud__sb_str(&jwt, ".");
-    cloud__sb_base64(&jwt, claims, strlen(claims), true);
-    if (jwt.fail)
-        TRY_GOTO(-ENOMEM, r, out);
-    if ((r = jwt_sign(pem, jwt.p, &form)) < 0) {
-        cloud__log(s->p, ST_LOG_ERR, "gcp: cannot sign with the private key of '%s'", path);
-        goto out;
-    }
-    cloud__sb_str(&jwt, ".");
-    cloud__sb_add(&jwt, form.p, form.len);
-    form.len = 0;
-    cloud__sb_str(&form, "grant_type=urn%3Aietf%3Aparams%3Aoauth%3Agrant-type%3Ajwt-bearer"
-                         "&assertion=");
-    cloud__sb_escape(&form, jwt.p ? jwt.p : "");
-    if (jwt.fail || form.fail)
-        TRY_GOTO(-ENOMEM, r, out);
-    struct cloud__rest_req req = {.method = "POST", .url = uri, .body = form.p,
-                                  .content_type = "application/x-www-form-urlencoded"};
-    if ((r = cloud__rest_call(&req, &rep)) < 0) {
-        cloud__log(s->p, ST_LOG_ERR, "gcp: token endpoint '%s': %s", uri, st_strerror(r));
-        goto out;
-    }
-    const char *tok = cloud__json_str(rep.json, "access_token");
-    if (rep.status != 200 || !tok[0]) {
-        log_token_error(s, "the token endpoint", &rep);
-        TRY_GOTO(rep.status >= 500 ? -EIO : -EACCES, r, out);
-    }
-    snprintf(s->token, sizeof(s->token), "%s", tok);
-    json_int_t ttl = json_integer_value(json_object_get(rep.json, "expires_in"));
-    s->token_expiry = st_now() + (ttl > 0 ? (double)ttl : 3600);
-    r = 0;
-out:
-    cloud__rest_reply_done(&rep);
-    cloud__sb_done(&jwt);
-    cloud__sb_done(&form);
-    if (claims)
-        st_free(claims);
-    if (header)
-        st_free(header);
-    json_decref(key);
-    return r;
-}
-
-/* The metadata server's token for the instance's service account. */
-static int token_from_metadata(struct gcp_state *s) {
-    const char *host = getenv("GCE_METADATA_HOST");
-    char url[512];
-    struct cloud__rest_reply rep = {0};
-    int r;
-    snprintf(url, sizeof(url), "http://%s/computeMetadata/v1/instance/service-accounts/default/"
-             "token", host && *host ? host : "metadata.google.internal");
-    struct cloud__rest_req req = {.method = "GET", .url = url,
-                                  .header = "Metadata-Flavor: Google", .timeout_ms = 1000};
-    if ((r = cloud__rest_call(&req, &rep)) < 0) {
-        cloud__log(s->p, ST_LOG_ERR, "gcp: no credentials: GOOGLE_APPLICATION_CREDENTIALS is "
-                   "not set and the metadata server at '%s' did not answer (%s)", url,
-                   st_strerror(r));
-        return -ENOKEY;
-    }
-    const char *tok = cloud__json_str(rep.json, "access_token");
-    if (rep.status != 200 || !tok[0]) {
-        log_token_error(s, "the metadata server", &rep);
-        r = rep.status == 404 ? -ENOKEY : -EACCES;
-        goto out;
-    }
-    snprintf(s->token, sizeof(s->token), "%s", tok);
-    json_int_t ttl = json_integer_value(json_object_get(rep.json, "expires_in"));
-    s->token_expiry = st_now() + (ttl > 0 ? (double)ttl : 300);
-    r = 0;
-out:
-    cloud__rest_reply_done(&rep);
-    return r;
-}
-
-/* A valid access token, refreshed a minute before it expires. */
+/* A valid access token, refreshed a minute before it expires. The lookup (key file, else
+ * metadata server) is common/oauth.c's, shared with the gs:// checkpoint store. */
 static int gcp_token(struct gcp_state *s) {
-    if (s->token[0] && st_now() < s->token_expiry - 60)
+    char why[1024];
+    if (s->token.value[0] && st_now() < s->token.expiry - 60)
         return 0;
-    const char *key = getenv("GOOGLE_APPLICATION_CREDENTIALS");
-    return key && *key ? token_from_key(s, key) : token_from_metadata(s);
+    int r = st_gcp_token_get(GCP_SCOPE, &s->token, why, sizeof(why));
+    if (r < 0)
+        cloud__log(s->p, ST_LOG_ERR, "gcp: %s", why);
+    return r;
 }
 
 /* ---- calls ------------------------------------------------------------------------------- */
@@ -264,7 +117,7 @@ static int gcp_call(struct gcp_state *s, const char *method, const char *url,
     double wait = 0.25;
     for (int i = 0; i < GCP_TRIES; i++) {
         cloud__rest_reply_done(rep);
-        struct cloud__rest_req req = {.method = method, .url = url, .bearer = s->token,
+        struct cloud__rest_req req = {.method = method, .url = url, .bearer = s->token.value,
                                       .body = text,
                                       .content_type = text ? "application/json" : NULL};
         r = cloud__rest_call(&req, rep);
@@ -548,7 +401,7 @@ static void gcp_done(struct cloud_provider *p, void *state) {
     struct gcp_state *s = state;
     cloud__fleet_done(&s->fleet);
     gcp_free_scripts(s);
-    memset(s->token, 0, sizeof(s->token));
+    st_token_wipe(&s->token);
 }
 
 static int gcp_start(struct cloud_provider *p, void *state, double now) {
@@ -612,7 +465,7 @@ int cloud_gcp_down(const struct cloud_config *cfg, const char *job_name) {
     r = cloud__fleet_sweep(&s->fleet);
 out:
     cloud__fleet_done(&s->fleet); /* never started: frees only */
-    memset(s->token, 0, sizeof(s->token));
+    st_token_wipe(&s->token);
     st_free(s);
     return r;
 }

@@ -17,6 +17,7 @@
 
 #include "check.h"          /* TRY, TRY_GOTO */
 #include "cloud-internal.h" /* cloud__emit, cloud__log, cloud__rest_* */
+#include "oauth.h"          /* st_url_is_loopback */
 #include "spec.h"           /* struct st_spec: the spec file embedded in the bootstrap */
 
 #define REST_REPLY_MAX (8u << 20) /* larger answers are refused */
@@ -97,12 +98,7 @@ void cloud__sb_escape(struct cloud__sbuf *b, const char *s) {
 /* ---- HTTP -------------------------------------------------------------------------------- */
 
 bool cloud__url_is_loopback(const char *url) {
-    const char *h = strstr(url, "://");
-    if (!h)
-        return false;
-    h += 3;
-    return !strncmp(h, "127.", 4) || !strncmp(h, "localhost:", 10) ||
-           !strcmp(h, "localhost") || !strncmp(h, "localhost/", 10) || !strncmp(h, "[::1]", 5);
+    return st_url_is_loopback(url);
 }
 
 static int curl_errno(CURLcode c) {

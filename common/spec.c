@@ -611,8 +611,10 @@ static bool valid_quantity(const char *s) {
 /* Resolves a path relative to base_dir into out; false when the result does not fit. */
 static bool resolve_path(const struct parse_ctx *c, const char *p, char *out, size_t size) {
     int w;
-    /* An object-store URL (checkpoint.dir: s3://BUCKET/PREFIX) is not relative to anything. */
-    if (p[0] == '/' || !c->base_dir[0] || strncmp(p, "s3://", 5) == 0)
+    /* An object-store URL (checkpoint.dir: s3://BUCKET/PREFIX, gs://BUCKET/PREFIX,
+     * az://ACCOUNT/CONTAINER/PREFIX) is not relative to anything. */
+    if (p[0] == '/' || !c->base_dir[0] || strncmp(p, "s3://", 5) == 0 ||
+        strncmp(p, "gs://", 5) == 0 || strncmp(p, "az://", 5) == 0)
         w = snprintf(out, size, "%s", p);
     else
         w = snprintf(out, size, "%s/%s", c->base_dir, p);

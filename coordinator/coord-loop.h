@@ -174,6 +174,10 @@ int coord_loop_attach(struct coord_loop *L, struct coord *c);
 /* Sets the cloud provider the loop reads signals from (borrowed; NULL = none). The provider
  * usually needs the coordinator's address, so it is created after the loop. */
 void coord_loop_set_provider(struct coord_loop *L, struct cloud_provider *p);
+/* Replaces the root of periodic checkpoints (ROOT/step-N) the config gave; the job driver
+ * calls it before attaching, once the journal names the job (an object-store root is
+ * checkpoint.dir/JOB-ID). */
+void coord_loop_set_ckpt_root(struct coord_loop *L, const char *root);
 /* One tick at monotonic time now. Returns 1 when the job is over (finished or given up: see
  * the summary), 0 to go on, negative errno on an internal failure. */
 int coord_loop_tick(struct coord_loop *L, double now);

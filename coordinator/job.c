@@ -417,6 +417,24 @@ int coord_job_run(const struct coord_job_config *cfg, struct coord_loop_summary 
         (void)st_log_errno(r, "Cannot open the job state in '%s'", state_dir);
         goto out;
     }
+    if (J->lc->ckpt_root[0] && strstr(J->spec.checkpoint.dir, "://")) {
+        /* An object-store checkpoint.dir (s3://, gs://, az://) is the one place a cloud
+         * fleet's workers and a replacement coordinator all reach (the state directory is this
+         * machine's): checkpoints go to DIR/JOB-ID there, so that another run of the same name
+         * is never taken for this one's, as STATE/ckpt guarantees locally. */
+        char job_id[ST_UUID_STR_LEN], root[ST_SPEC_PATH_MAX];
+        coord_job_get(J->c, job_id, NULL, NULL, NULL, NULL, NULL);
+        size_t n = strlen(J->spec.checkpoint.dir);
+        while (n > 0 && J->spec.checkpoint.dir[n - 1] == '/')
+            n--;
+        int w = snprintf(root, sizeof(root), "%.*s/%s", (int)n, J->spec.checkpoint.dir, job_id);
+        if (w < 0 || (size_t)w >= sizeof(root)) {
+            r = st_log_errno(-ENAMETOOLONG, "checkpoint.dir '%s' is too long",
+                             J->spec.checkpoint.dir);
+            goto out;
+        }
+        coord_loop_set_ckpt_root(J->L, root);
+    }
     if ((r = coord_loop_attach(J->L, J->c)) < 0 || (r = coord_start(J->c)) < 0) {
         (void)st_log_errno(r, "Cannot start the coordinator");
         goto out;

@@ -2151,6 +2151,12 @@ void coord_loop_set_provider(struct coord_loop *L, struct cloud_provider *p) {
 }
 
 /* See coord-loop.h. */
+void coord_loop_set_ckpt_root(struct coord_loop *L, const char *root) {
+    if (L && root)
+        snprintf(L->cfg.ckpt_root, sizeof(L->cfg.ckpt_root), "%s", root);
+}
+
+/* See coord-loop.h. */
 void coord_loop_cancel(struct coord_loop *L) {
     if (L)
         L->cancel = true;

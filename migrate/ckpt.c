@@ -20,7 +20,7 @@
 
 #include "check.h" /* TRY, TRY_GOTO */
 #include "migrate-internal.h"
-#include "migrate-store.h" /* mig__store_for: s3:// checkpoints */
+#include "migrate-store.h" /* mig__store_for: s3://, gs://, az:// checkpoints */
 
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "checkpoint payloads are little-endian float32; add byte swapping for this host"

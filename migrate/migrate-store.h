@@ -4,7 +4,8 @@
  * (s3://BUCKET/PREFIX). ckpt.c keeps its file code for local paths (so their bytes and fsync
  * order stay exactly as they were) and goes through one of these backends for URLs. A backend
  * is a table of whole-object operations, the shape every object store offers: put, ranged get,
- * list one level, delete. A GCS or Azure backend is one more table and one more scheme. */
+ * list one level, delete. Each backend is one table and one scheme: s3, gs (the GCS JSON API), az
+ * (Azure Blob REST). */
 #ifndef SPOTTRAIN_MIGRATE_STORE_H
 #define SPOTTRAIN_MIGRATE_STORE_H
 
@@ -12,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common.h" /* struct st_error */
+#include "common.h" /* struct st_error, st_realloc */
 
 /* Called by list() once per child of a prefix: name is the last path element ("step-12",
  * "manifest.json"), is_dir true for a common prefix ("step-12/"). A negative return stops the
@@ -37,9 +38,35 @@ struct mig_store_ops {
     int (*remove)(const char *url);
 };
 
-extern const struct mig_store_ops mig__store_s3;
+extern const struct mig_store_ops mig__store_s3;  /* store-s3.c: s3://BUCKET/PREFIX */
+extern const struct mig_store_ops mig__store_gs;  /* store-gs.c: gs://BUCKET/PREFIX */
+extern const struct mig_store_ops mig__store_az;  /* store-az.c: az://ACCOUNT/CONTAINER/PREFIX */
 
 /* The backend for url, or NULL when url is a local path. */
 const struct mig_store_ops *mig__store_for(const char *url);
+
+/* ---- store-http.c: shared by the backends -------------------------------------------------- */
+
+/* An answer body, bounded (curl dynbuf style): toobig is set, and the transfer stopped, when it
+ * would exceed max bytes. p (st_free) holds len bytes plus a NUL. */
+struct mig__store_buf {
+    unsigned char *p;
+    size_t len, cap, max;
+    bool toobig;
+};
+/* CURLOPT_WRITEFUNCTION appending to a struct mig__store_buf. */
+size_t mig__store_on_body(char *ptr, size_t size, size_t nmemb, void *userdata);
+/* RFC 3986 escaping of s into out; '/' kept when keep_slash (object paths), escaped in query
+ * values. -ENAMETOOLONG when it does not fit. */
+int mig__store_escape(char *out, size_t sz, const char *s, bool keep_slash);
+/* n bytes at off of fd into buf (pread until done); -EIO at a premature end. */
+int mig__store_read_at(int fd, unsigned char *buf, size_t n, uint64_t off);
+/* The <Code> and <Message> of an <Error> XML body (S3, Azure Blob); empty when there is none. */
+void mig__store_xml_error(const struct mig__store_buf *b, char *code, size_t csz, char *msg,
+                          size_t msz);
+/* A CURLcode (passed as int so this header needs no curl.h) as negative errno. */
+int mig__store_curl_errno(int cc);
+/* Sleeps 0.25 s << attempt before a retry of a throttled or failed request. */
+void mig__store_backoff(int attempt);
 
 #endif

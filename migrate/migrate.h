@@ -206,10 +206,12 @@ bool mig_transport_available(const char *name);
  * Every layer file holds PARAM, ADAM_M and ADAM_V of each of its tensors, full (unsharded), so
  * a checkpoint loads into any (dp, pp). Format: docs/checkpoint-format.md.
  *
- * Every `dir` and `root` below may also be an object-store URL, s3://BUCKET/PREFIX: the same
- * files become objects (layer files uploaded whole, multipart when large; manifest.json put
- * last, still the commit point), read back with the same checks. Credentials, region and
- * endpoint as the AWS tools find them (common/aws-creds.h). */
+ * Every `dir` and `root` below may also be an object-store URL, s3://BUCKET/PREFIX,
+ * gs://BUCKET/PREFIX or az://ACCOUNT/CONTAINER/PREFIX: the same files become objects (layer
+ * files uploaded whole, in parts when large: S3 multipart, a GCS resumable upload, Azure
+ * staged blocks; manifest.json put last, still the commit point), read back with the same
+ * checks. Credentials and endpoints as each cloud's tools find them (common/aws-creds.h,
+ * common/oauth.h; docs/aws.md, docs/gcp-azure.md). */
 
 enum mig_tensor_kind {
     MIG_PARAM = 0,
@@ -325,8 +327,8 @@ int mig_ckpt_latest_step(const char *root, char *ret_dir, size_t size, uint64_t 
 int mig_ckpt_prune(const char *root, int keep);
 
 /* Checks that a checkpoint root can be used before any work is done: for an object-store URL
- * (s3://BUCKET/PREFIX) it lists the prefix, which proves the credentials, the endpoint and the
- * bucket (the failure is logged with the store's error code); a local path is always 0.
+ * (s3://, gs://, az://) it lists the prefix, which proves the credentials, the endpoint and the
+ * bucket or container (the failure is logged with the store's error code); a local path is 0.
  * Returns 0, -ENOKEY (no credentials), -EACCES (refused), -ENXIO (no such bucket), -EINVAL
  * (bad URL) or another negative errno. Callers use it to fail fast with exit 2. */
 int mig_ckpt_check_root(const char *root);

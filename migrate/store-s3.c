@@ -51,28 +51,6 @@ static void wipe(void *p, size_t n) {
         *q++ = 0;
 }
 
-/* RFC 3986 escaping; '/' kept when keep_slash (object paths), escaped in query values. */
-static int escape(char *out, size_t sz, const char *s, bool keep_slash) {
-    static const char hex[] = "0123456789ABCDEF";
-    size_t o = 0;
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        bool plain = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-                     c == '-' || c == '_' || c == '.' || c == '~' || (keep_slash && c == '/');
-        if (o + 4 > sz)
-            return -ENAMETOOLONG;
-        if (plain) {
-            out[o++] = (char)c;
-        } else {
-            out[o++] = '%';
-            out[o++] = hex[c >> 4];
-            out[o++] = hex[c & 15];
-        }
-    }
-    out[o] = '\0';
-    return 0;
-}
-
 /* The last credential lookup, shared by the threads of this process (a background checkpoint
  * writer and the training loop), so a checkpoint of many objects asks IMDS once, not per
  * object. Failures are not cached: the next call tries again. */
@@ -119,7 +97,7 @@ static int target_init(const char *url, struct s3_target *t) {
     int e = st_aws_endpoint_find("S3", endpoint, sizeof(endpoint));
     if (e < 0)
         return st_log_errno(-EINVAL, "Bad S3 endpoint '%s' (want http:// or https://)", endpoint);
-    TRY(escape(ekey, sizeof(ekey), t->key, true));
+    TRY(mig__store_escape(ekey, sizeof(ekey), t->key, true));
     int w1, w2;
     if (e > 0) {
         w1 = snprintf(t->bucket_url, sizeof(t->bucket_url), "%s/%s", endpoint, t->bucket);
@@ -144,35 +122,6 @@ static void target_done(struct s3_target *t) {
 }
 
 /* ---- one request ------------------------------------------------------------------------- */
-
-struct s3_buf {
-    unsigned char *p;
-    size_t len, cap, max;
-    bool toobig;
-};
-
-static size_t on_body(char *ptr, size_t size, size_t nmemb, void *userdata) {
-    struct s3_buf *b = userdata;
-    size_t n = size * nmemb;
-    if (b->len + n + 1 > b->max) {
-        b->toobig = true;
-        return 0;
-    }
-    if (b->len + n + 1 > b->cap) {
-        size_t nc = b->cap ? b->cap : 4096;
-        while (nc < b->len + n + 1)
-            nc *= 2;
-        unsigned char *np = st_realloc(b->p, nc);
-        if (!np)
-            return 0;
-        b->p = np;
-        b->cap = nc;
-    }
-    memcpy(b->p + b->len, ptr, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-    return n;
-}
 
 /* Response headers we need: the ETag of an uploaded part, the total of a ranged GET. */
 struct s3_hdrs {
@@ -202,29 +151,6 @@ static size_t on_header(char *ptr, size_t size, size_t nmemb, void *userdata) {
     return n;
 }
 
-/* The <Code> and <Message> of an S3 XML error body (empty when there is none). */
-static void xml_error(const struct s3_buf *b, char *code, size_t csz, char *msg, size_t msz) {
-    code[0] = msg[0] = '\0';
-    if (!b->len || b->len > INT32_MAX)
-        return;
-    xmlDoc *doc = xmlReadMemory((const char *)b->p, (int)b->len, "s3.xml", NULL,
-                                XML_PARSE_NONET | XML_PARSE_NOERROR | XML_PARSE_NOWARNING);
-    xmlNode *root = doc ? xmlDocGetRootElement(doc) : NULL;
-    if (root && !strcmp((const char *)root->name, "Error"))
-        for (xmlNode *c = root->children; c; c = c->next) {
-            if (c->type != XML_ELEMENT_NODE)
-                continue;
-            xmlChar *t = xmlNodeGetContent(c);
-            if (t && !strcmp((const char *)c->name, "Code"))
-                snprintf(code, csz, "%s", (const char *)t);
-            else if (t && !strcmp((const char *)c->name, "Message"))
-                snprintf(msg, msz, "%s", (const char *)t);
-            xmlFree(t);
-        }
-    if (doc)
-        xmlFreeDoc(doc);
-}
-
 static int code_errno(const char *code, long status) {
     static const char *const auth[] = {"AccessDenied", "InvalidAccessKeyId",
         "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken", "TokenRefreshRequired",
@@ -252,7 +178,7 @@ struct s3_req {
     const void *body;          /* PUT/POST body, or NULL */
     size_t body_len;
     const char *range;         /* "a-b" or NULL */
-    struct s3_buf *out;        /* answer body (success or error) */
+    struct mig__store_buf *out;        /* answer body (success or error) */
     struct s3_hdrs *hdrs;      /* may be NULL */
     bool quiet_404;            /* a missing object is an answer, not an error to log */
 };
@@ -313,7 +239,7 @@ static int s3_request(struct s3_target *t, const struct s3_req *q) {
         curl_easy_setopt(c, CURLOPT_AWS_SIGV4, sigv4);
         curl_easy_setopt(c, CURLOPT_USERNAME, t->creds.key_id);
         curl_easy_setopt(c, CURLOPT_PASSWORD, t->creds.secret);
-        curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+        curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, mig__store_on_body);
         curl_easy_setopt(c, CURLOPT_WRITEDATA, q->out);
         curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
         curl_easy_setopt(c, CURLOPT_HEADERDATA, &hd);
@@ -331,10 +257,7 @@ static int s3_request(struct s3_target *t, const struct s3_req *q) {
         if (cc != CURLE_OK) {
             bool retry = cc == CURLE_RECV_ERROR || cc == CURLE_SEND_ERROR ||
                          cc == CURLE_GOT_NOTHING;
-            r = cc == CURLE_COULDNT_CONNECT ? -ECONNREFUSED
-                : cc == CURLE_OPERATION_TIMEDOUT ? -ETIMEDOUT
-                : cc == CURLE_COULDNT_RESOLVE_HOST ? -EHOSTUNREACH
-                : cc == CURLE_OUT_OF_MEMORY ? -ENOMEM : -ECONNRESET;
+            r = mig__store_curl_errno(cc);
             if (retry && attempt + 1 < S3_TRIES)
                 continue;
             st_log(ST_LOG_ERR, "migrate", "S3 %s %s: %s", q->method, q->url,
@@ -349,12 +272,10 @@ static int s3_request(struct s3_target *t, const struct s3_req *q) {
             break;
         }
         char code[96], msg[512];
-        xml_error(q->out, code, sizeof(code), msg, sizeof(msg));
+        mig__store_xml_error(q->out, code, sizeof(code), msg, sizeof(msg));
         r = code_errno(code, status);
         if (r == -EBUSY && attempt + 1 < S3_TRIES) {
-            struct timespec ts = {0, (long)(250000000L << attempt)};
-            while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-                ;
+            mig__store_backoff(attempt);
             continue;
         }
         if (!(r == -ENOENT && q->quiet_404))
@@ -373,7 +294,7 @@ static int s3_request(struct s3_target *t, const struct s3_req *q) {
 static int s3_get(const char *url, uint64_t off, uint64_t len, size_t max, unsigned char **ret,
                   size_t *ret_len, uint64_t *ret_total, struct st_error *err) {
     struct s3_target t;
-    struct s3_buf b = {.max = max + 1};
+    struct mig__store_buf b = {.max = max + 1};
     struct s3_hdrs hd = {0};
     char range[64];
     int r;
@@ -420,7 +341,7 @@ out:
 
 static int s3_put(const char *url, const void *data, size_t len) {
     struct s3_target t;
-    struct s3_buf b = {.max = S3_REPLY_MAX};
+    struct mig__store_buf b = {.max = S3_REPLY_MAX};
     TRY(target_init(url, &t));
     struct s3_req q = {.method = "PUT", .url = t.base, .body = data, .body_len = len, .out = &b};
     int r = s3_request(&t, &q);
@@ -436,7 +357,7 @@ static size_t part_bytes(void) {
 }
 
 /* The text of the first <name> element of an XML answer. */
-static int xml_first(const struct s3_buf *b, const char *name, char *out, size_t sz) {
+static int xml_first(const struct mig__store_buf *b, const char *name, char *out, size_t sz) {
     int r = -EBADMSG;
     if (!b->len || b->len > INT32_MAX)
         return r;
@@ -456,23 +377,9 @@ static int xml_first(const struct s3_buf *b, const char *name, char *out, size_t
     return r;
 }
 
-static int read_at(int fd, unsigned char *buf, size_t n, uint64_t off) {
-    while (n) {
-        ssize_t g = pread(fd, buf, n, (off_t)off);
-        if (g < 0 && errno == EINTR)
-            continue;
-        if (g <= 0)
-            return g < 0 ? -errno : -EIO;
-        buf += g;
-        n -= (size_t)g;
-        off += (uint64_t)g;
-    }
-    return 0;
-}
-
 static int s3_put_file(const char *url, const char *path) {
     struct s3_target t;
-    struct s3_buf b = {.max = S3_REPLY_MAX};
+    struct mig__store_buf b = {.max = S3_REPLY_MAX};
     unsigned char *buf = NULL;
     char *complete = NULL;
     char upload[512] = "", qurl[2400], eid[1600];
@@ -498,7 +405,7 @@ static int s3_put_file(const char *url, const char *path) {
     if (!buf)
         TRY_GOTO(-ENOMEM, r, out);
     if (size <= psize) { /* one PUT */
-        TRY_GOTO(read_at(fd, buf, size, 0), r, out);
+        TRY_GOTO(mig__store_read_at(fd, buf, size, 0), r, out);
         struct s3_req q = {.method = "PUT", .url = t.base, .body = buf, .body_len = size,
                            .out = &b};
         r = s3_request(&t, &q);
@@ -512,7 +419,7 @@ static int s3_put_file(const char *url, const char *path) {
                          "answer", url);
         goto out;
     }
-    TRY_GOTO(escape(eid, sizeof(eid), upload, false), r, out);
+    TRY_GOTO(mig__store_escape(eid, sizeof(eid), upload, false), r, out);
     ccap = 256 + (size / psize + 1) * 200;
     complete = st_malloc(ccap);
     if (!complete)
@@ -521,7 +428,7 @@ static int s3_put_file(const char *url, const char *path) {
     int part = 1;
     for (uint64_t off = 0; off < size; off += psize, part++) {
         size_t n = (size_t)ST_MIN((uint64_t)psize, size - off);
-        TRY_GOTO(read_at(fd, buf, n, off), r, out);
+        TRY_GOTO(mig__store_read_at(fd, buf, n, off), r, out);
         struct s3_hdrs hd = {0};
         snprintf(qurl, sizeof(qurl), "%s?partNumber=%d&uploadId=%s", t.base, part, eid);
         struct s3_req pq = {.method = "PUT", .url = qurl, .body = buf, .body_len = n, .out = &b,
@@ -544,7 +451,7 @@ static int s3_put_file(const char *url, const char *path) {
     /* CompleteMultipartUpload may fail inside a 200 answer (S3 documents this). */
     if (r == 0 && b.len && strstr((const char *)b.p, "<Error>")) {
         char code[96], msg[512];
-        xml_error(&b, code, sizeof(code), msg, sizeof(msg));
+        mig__store_xml_error(&b, code, sizeof(code), msg, sizeof(msg));
         r = st_log_errno(-EIO, "S3 CompleteMultipartUpload of '%s' failed: %s: %s", url, code,
                          msg);
     }
@@ -570,7 +477,7 @@ struct list_ctx {
     bool truncated;
 };
 
-static int list_page(struct list_ctx *L, const struct s3_buf *b) {
+static int list_page(struct list_ctx *L, const struct mig__store_buf *b) {
     int r = 0;
     if (!b->len || b->len > INT32_MAX)
         return -EBADMSG;
@@ -622,7 +529,7 @@ out:
 
 static int s3_list(const char *url, mig__store_list_fn *fn, void *userdata) {
     struct s3_target t;
-    struct s3_buf b = {.max = S3_REPLY_MAX};
+    struct mig__store_buf b = {.max = S3_REPLY_MAX};
     char prefix[1100], eprefix[3400], etok[3100], qurl[8000];
     struct list_ctx L = {.fn = fn, .userdata = userdata};
     int r;
@@ -630,9 +537,9 @@ static int s3_list(const char *url, mig__store_list_fn *fn, void *userdata) {
     TRY(target_init(url, &t));
     snprintf(prefix, sizeof(prefix), "%s%s", t.key, t.key[0] ? "/" : "");
     L.plen = strlen(prefix);
-    TRY_GOTO(escape(eprefix, sizeof(eprefix), prefix, false), r, out);
+    TRY_GOTO(mig__store_escape(eprefix, sizeof(eprefix), prefix, false), r, out);
     do {
-        TRY_GOTO(escape(etok, sizeof(etok), L.next, false), r, out);
+        TRY_GOTO(mig__store_escape(etok, sizeof(etok), L.next, false), r, out);
         snprintf(qurl, sizeof(qurl), "%s?%s%s%sdelimiter=%%2F&list-type=2&prefix=%s",
                  t.bucket_url, L.next[0] ? "continuation-token=" : "", L.next[0] ? etok : "",
                  L.next[0] ? "&" : "", eprefix);
@@ -654,7 +561,7 @@ out:
 
 static int s3_remove(const char *url) {
     struct s3_target t;
-    struct s3_buf b = {.max = S3_REPLY_MAX};
+    struct mig__store_buf b = {.max = S3_REPLY_MAX};
     TRY(target_init(url, &t));
     struct s3_req q = {.method = "DELETE", .url = t.base, .out = &b, .quiet_404 = true};
     int r = s3_request(&t, &q);
@@ -676,7 +583,8 @@ const struct mig_store_ops mig__store_s3 = {
 
 /* See migrate-store.h. */
 const struct mig_store_ops *mig__store_for(const char *url) {
-    static const struct mig_store_ops *const all[] = {&mig__store_s3};
+    static const struct mig_store_ops *const all[] = {&mig__store_s3, &mig__store_gs,
+                                                       &mig__store_az};
     for (size_t i = 0; url && i < ST_ARRAY_SIZE(all); i++)
         if (!strncmp(url, all[i]->scheme, strlen(all[i]->scheme)))
             return all[i];
