@@ -266,7 +266,7 @@ def test_central():
     d = tempfile.mkdtemp(prefix="st-run-")
     proc = None
     try:
-        steps, every = 1500, 25
+        steps, every = 4000, 25
         job = write_job(d, "central", steps, "seconds,N\n0,8\n",
                         planner="dp: {min: 1, max: 2}, pp: 2", ckpt="20s",
                         extra="  fault_tolerance: {peer_copy_every: %d}\n" % every)
@@ -294,8 +294,14 @@ def test_central():
                 return None
 
         def counted(kind, n, step):
-            """The job once REST counts n reconfigurations of kind and it trained past step."""
+            """The job once REST counts n reconfigurations of kind and it trained past step;
+            a job that ended first fails the test at once, with the loop's log."""
             j = job()
+            if j and j["state"] not in ("running", "pending"):
+                with open(os.path.join(d, "run.err")) as f:
+                    sys.stdout.write("".join(l for l in f if " loop: " in l)[-6000:])
+                raise Fail("the job is %s at step %d before %d %s (want step >= %d)" %
+                           (j["state"], j["step"], n, kind, step))
             return j if (j and j["migrations"][kind]["count"] >= n and j["step"] >= step and
                          j["state"] == "running") else None
 
@@ -403,7 +409,7 @@ def test_peer():
     d = tempfile.mkdtemp(prefix="st-run-")
     proc = None
     try:
-        steps, every = 1500, 25
+        steps, every = 4000, 25
         # pp is pinned to 2 and dp must divide 4: five instances run a 2x2. Positions go to
         # instances in launch order: i-...1 to i-...4 hold it (position s*dp + r), i-...5 is
         # the spare. The test kills workers itself, at steps it chose (it waits on the job's
