@@ -324,8 +324,24 @@ static int tick_until_done(struct job *J) {
     }
 }
 
-/* After the job's Stop: waits (bounded) for the sim's worker processes to exit, then releases
- * whatever is still running. */
+/* Whether some worker may still be running the job: one not yet known to have acknowledged
+ * its Stop or been lost. An unreadable table counts as yes (the drain stays bounded). */
+static bool workers_running(struct job *J) {
+    struct coord_worker *w = NULL;
+    size_t n = 0;
+    if (coord_workers_get(J->c, &w, &n) < 0)
+        return true;
+    bool running = false;
+    for (size_t i = 0; i < n && !running; i++)
+        running = w[i].state != COORD_WORKER_STOPPED && w[i].state != COORD_WORKER_LOST;
+    st_free(w);
+    return running;
+}
+
+/* After the job's Stop: waits (bounded) for the workers to finish, then releases whatever is
+ * still running. A sim worker's process exits by itself; a cloud's VM or a pod does not, so
+ * there the wait ends once every worker has acknowledged its Stop (or was lost), and not
+ * when the bound runs out: a user's ^C or a finished job does not sit 5 s on idle VMs. */
 static void fleet_drain(struct job *J) {
     if (!J->prov)
         return;
@@ -335,7 +351,7 @@ static void fleet_drain(struct job *J) {
         size_t k = 0, alive = 0;
         (void)cloud_provider_poll(J->prov, st_now(), sig, ST_ARRAY_SIZE(sig), &k);
         (void)cloud_provider_instances(J->prov, NULL, 0, &alive);
-        if (alive == 0)
+        if (alive == 0 || (J->cfg->fleet != COORD_JOB_FLEET_SIM && !workers_running(J)))
             break;
         struct timespec ts = {0, 50 * 1000 * 1000};
         nanosleep(&ts, NULL);
