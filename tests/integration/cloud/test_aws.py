@@ -656,7 +656,9 @@ def t_train(d, url):
     port = s.getsockname()[1]
     s.close()
     coord = "127.0.0.1:%d" % port
-    spec = write_spec(d, fleet_max=2, coord=coord, advertise=coord, steps=150)
+    # Enough steps that the loss lands mid-job even when the progress line we wait on comes
+    # late (the 150 steps of this tiny model once all ran before the shim saw the termination).
+    spec = write_spec(d, fleet_max=2, coord=coord, advertise=coord, steps=600)
     ref = os.path.join(d, "ref")
     rc, o, e = run(["train", "--local", "--dp", "1", "--pp", "1", "--save", ref, spec], None,
                    timeout=120)
@@ -684,8 +686,8 @@ def t_train(d, url):
         check("lost: %s" % victim in out, "the terminated instance became a loss")
         # How many epochs the loss costs depends on whether the data plane or DescribeInstances
         # sees it first; what the job commits does not.
-        check("  steps              150\n  samples committed  600\n" in out,
-              "150 steps, 600 samples committed: none lost or repeated")
+        check("  steps              600\n  samples committed  2400\n" in out,
+              "600 steps, 2400 samples committed: none lost or repeated")
         grants = [l for l in out.splitlines() if l.startswith("granted: i-")]
         check(len(grants) == 3, "a replacement was granted after the loss: %d grants" %
               len(grants))
