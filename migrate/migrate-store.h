@@ -38,9 +38,10 @@ struct mig_store_ops {
     int (*remove)(const char *url);
 };
 
-extern const struct mig_store_ops mig__store_s3;  /* store-s3.c: s3://BUCKET/PREFIX */
-extern const struct mig_store_ops mig__store_gs;  /* store-gs.c: gs://BUCKET/PREFIX */
-extern const struct mig_store_ops mig__store_az;  /* store-az.c: az://ACCOUNT/CONTAINER/PREFIX */
+/* Defined in store-http.c, on the backends of store-s3.c, store-gs.c and store-az.c. */
+extern const struct mig_store_ops mig__store_s3;  /* s3://BUCKET/PREFIX */
+extern const struct mig_store_ops mig__store_gs;  /* gs://BUCKET/PREFIX */
+extern const struct mig_store_ops mig__store_az;  /* az://ACCOUNT/CONTAINER/PREFIX */
 
 /* The backend for url, or NULL when url is a local path. */
 const struct mig_store_ops *mig__store_for(const char *url);

@@ -87,7 +87,6 @@ static int credentials(struct az_target *t, const char *url) {
     return 0;
 }
 
-static const struct mig__store_backend az_backend;
 
 /* Parses url into t and finds credentials. Logs (once) why it cannot. */
 static int target_init(const char *url, void *tp) {
@@ -284,7 +283,7 @@ static int az_request(struct az_target *t, const struct az_req *q) {
     }
     aq.r.url = url;
     aq.path = path;
-    return mig__store_request(&az_backend, t, &aq.r);
+    return mig__store_request(&mig__store_az_backend, t, &aq.r);
 }
 
 /* ---- the ops ----------------------------------------------------------------------------- */
@@ -402,7 +401,12 @@ static int az_list_req(void *tp, const char *prefix, const char *next,
     return az_request(tp, &q);
 }
 
-static const struct mig__store_backend az_backend = {
+_Static_assert(sizeof(struct az_target) <= MIG__STORE_TARGET_MAX,
+               "struct az_target no longer fits the ops' target room");
+
+/* See store-http.h. */
+const struct mig__store_backend mig__store_az_backend = {
+    .scheme = "az://",
     .what = "Azure",
     .no_code = "no error code",
     .want_header = "x-ms-error-code:",
@@ -426,42 +430,4 @@ static const struct mig__store_backend az_backend = {
     .upload_part = az_upload_part,
     .upload_commit = az_upload_commit,
     /* No abort: uncommitted blocks are invisible and Azure drops them after a week. */
-};
-
-/* The vtable entries: room for the target on this stack, the rest in store-http.c. */
-static int az_get(const char *url, uint64_t off, uint64_t len, size_t max, unsigned char **ret,
-                  size_t *ret_len, uint64_t *ret_total, struct st_error *err) {
-    struct az_target t;
-    return mig__store_get(&az_backend, &t, url, off, len, max, ret, ret_len, ret_total, err);
-}
-
-static int az_put(const char *url, const void *data, size_t len) {
-    struct az_target t;
-    return mig__store_put(&az_backend, &t, url, data, len);
-}
-
-static int az_put_file(const char *url, const char *path) {
-    struct az_target t;
-    return mig__store_put_file(&az_backend, &t, url, path);
-}
-
-static int az_list(const char *url, mig__store_list_fn *fn, void *userdata) {
-    struct az_target t;
-    return mig__store_list(&az_backend, &t, url, fn, userdata);
-}
-
-static int az_remove(const char *url) {
-    struct az_target t;
-    return mig__store_remove(&az_backend, &t, url);
-}
-
-/* See migrate-store.h. */
-const struct mig_store_ops mig__store_az = {
-    .name = "az",
-    .scheme = "az://",
-    .get = az_get,
-    .put = az_put,
-    .put_file = az_put_file,
-    .list = az_list,
-    .remove = az_remove,
 };

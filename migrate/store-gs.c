@@ -92,7 +92,6 @@ static int endpoint_find(char *out, size_t sz) {
     return 1;
 }
 
-static const struct mig__store_backend gs_backend;
 
 /* Parses url into t and finds credentials. Logs (once) why it cannot. */
 static int target_init(const char *url, void *tp) {
@@ -203,7 +202,7 @@ static int gs_prepare(void *tp, const struct mig__store_req *q, void *c, struct 
 
 /* One request (see mig__store_request). */
 static int gs_request(struct gs_target *t, const struct gs_req *q) {
-    return mig__store_request(&gs_backend, t, &q->q);
+    return mig__store_request(&mig__store_gs_backend, t, &q->q);
 }
 
 /* ---- the ops ----------------------------------------------------------------------------- */
@@ -320,7 +319,12 @@ static int gs_list_req(void *tp, const char *prefix, const char *next,
     return r == -ENOENT ? -ENXIO : r;
 }
 
-static const struct mig__store_backend gs_backend = {
+_Static_assert(sizeof(struct gs_target) <= MIG__STORE_TARGET_MAX,
+               "struct gs_target no longer fits the ops' target room");
+
+/* See store-http.h. */
+const struct mig__store_backend mig__store_gs_backend = {
+    .scheme = "gs://",
     .what = "GCS",
     .no_code = "no error reason",
     .want_header = "location:",
@@ -343,42 +347,4 @@ static const struct mig__store_backend gs_backend = {
     .upload_begin = gs_upload_begin,
     .upload_part = gs_upload_part,
     .upload_abort = gs_upload_abort,
-};
-
-/* The vtable entries: room for the target on this stack, the rest in store-http.c. */
-static int gs_get(const char *url, uint64_t off, uint64_t len, size_t max, unsigned char **ret,
-                  size_t *ret_len, uint64_t *ret_total, struct st_error *err) {
-    struct gs_target t;
-    return mig__store_get(&gs_backend, &t, url, off, len, max, ret, ret_len, ret_total, err);
-}
-
-static int gs_put(const char *url, const void *data, size_t len) {
-    struct gs_target t;
-    return mig__store_put(&gs_backend, &t, url, data, len);
-}
-
-static int gs_put_file(const char *url, const char *path) {
-    struct gs_target t;
-    return mig__store_put_file(&gs_backend, &t, url, path);
-}
-
-static int gs_list(const char *url, mig__store_list_fn *fn, void *userdata) {
-    struct gs_target t;
-    return mig__store_list(&gs_backend, &t, url, fn, userdata);
-}
-
-static int gs_remove(const char *url) {
-    struct gs_target t;
-    return mig__store_remove(&gs_backend, &t, url);
-}
-
-/* See migrate-store.h. */
-const struct mig_store_ops mig__store_gs = {
-    .name = "gs",
-    .scheme = "gs://",
-    .get = gs_get,
-    .put = gs_put,
-    .put_file = gs_put_file,
-    .list = gs_list,
-    .remove = gs_remove,
 };

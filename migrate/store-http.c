@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <libxml/parser.h>
 #include <libxml/tree.h>
+#include <stdalign.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -314,15 +315,42 @@ int mig__store_request(const struct mig__store_backend *be, void *t,
 
 /* ---- the ops ----------------------------------------------------------------------------- */
 
-/* See store-http.h. */
-int mig__store_get(const struct mig__store_backend *be, void *t, const char *url, uint64_t off,
-                   uint64_t len, size_t max, unsigned char **ret, size_t *ret_len,
-                   uint64_t *ret_total, struct st_error *err) {
+/* Room for any backend's target, on the stack of the op that uses it. */
+struct target_room {
+    alignas(max_align_t) unsigned char bytes[MIG__STORE_TARGET_MAX];
+};
+
+static const struct mig__store_backend *const backends[] = {
+    &mig__store_s3_backend, &mig__store_gs_backend, &mig__store_az_backend};
+
+/* The index in backends[] (and in the ops tables' all[]) of the scheme of url; -1 for none. */
+static int scheme_index(const char *url) {
+    for (size_t i = 0; url && i < ST_ARRAY_SIZE(backends); i++)
+        if (!strncmp(url, backends[i]->scheme, strlen(backends[i]->scheme)))
+            return (int)i;
+    return -1;
+}
+
+/* The backend that serves url; NULL for none (the op then answers -EINVAL, as each backend's
+ * init does for a URL not its own). */
+static const struct mig__store_backend *backend_for(const char *url) {
+    int i = scheme_index(url);
+    return i < 0 ? NULL : backends[i];
+}
+
+/* See struct mig_store_ops. */
+static int store_get(const char *url, uint64_t off, uint64_t len, size_t max, unsigned char **ret,
+                     size_t *ret_len, uint64_t *ret_total, struct st_error *err) {
+    const struct mig__store_backend *be = backend_for(url);
+    struct target_room room;
+    void *t = room.bytes;
     struct mig__store_buf b = {.max = max + 1};
     struct mig__store_hdrs hd = {.total = 0};
     char range[64];
     int r;
 
+    if (!be)
+        return -EINVAL;
     TRY(be->init(url, t));
     if (off || len)
         snprintf(range, sizeof(range), len ? "%llu-%llu" : "%llu-", (unsigned long long)off,
@@ -354,10 +382,14 @@ out:
     return r;
 }
 
-/* See store-http.h. */
-int mig__store_put(const struct mig__store_backend *be, void *t, const char *url,
-                   const void *data, size_t len) {
+/* See struct mig_store_ops. */
+static int store_put(const char *url, const void *data, size_t len) {
+    const struct mig__store_backend *be = backend_for(url);
+    struct target_room room;
+    void *t = room.bytes;
     struct mig__store_buf b = {.max = MIG__STORE_REPLY_MAX};
+    if (!be)
+        return -EINVAL;
     TRY(be->init(url, t));
     int r = be->put(t, data, len, &b);
     st_free(b.p);
@@ -372,16 +404,21 @@ static size_t chunk_bytes(const struct mig__store_backend *be) {
                ? (size_t)v : be->chunk_default;
 }
 
-/* See store-http.h. The file is read one part at a time into one buffer, so a layer file of
- * any size costs one part of memory. */
-int mig__store_put_file(const struct mig__store_backend *be, void *t, const char *url,
-                        const char *path) {
+/* See struct mig_store_ops. The file is read one part at a time into one buffer, so a layer
+ * file of any size costs one part of memory. */
+static int store_put_file(const char *url, const char *path) {
+    const struct mig__store_backend *be = backend_for(url);
+    struct target_room room;
+    void *t = room.bytes;
     struct mig__store_buf b = {.max = MIG__STORE_REPLY_MAX};
-    struct mig__store_upload u = {.url = url, .chunk = chunk_bytes(be), .out = &b};
+    struct mig__store_upload u = {.url = url, .out = &b};
     unsigned char *buf = NULL;
     struct stat sb;
     int fd, r;
 
+    if (!be)
+        return -EINVAL;
+    u.chunk = chunk_bytes(be);
     fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return -errno;
@@ -424,13 +461,17 @@ out:
     return r;
 }
 
-/* See store-http.h. */
-int mig__store_list(const struct mig__store_backend *be, void *t, const char *url,
-                    mig__store_list_fn *fn, void *userdata) {
+/* See struct mig_store_ops. */
+static int store_list(const char *url, mig__store_list_fn *fn, void *userdata) {
+    const struct mig__store_backend *be = backend_for(url);
+    struct target_room room;
+    void *t = room.bytes;
     struct mig__store_buf b = {.max = MIG__STORE_REPLY_MAX};
     char prefix[1100], next[1024] = "";
     int r;
 
+    if (!be)
+        return -EINVAL;
     TRY(be->init(url, t));
     const char *name = be->name(t);
     snprintf(prefix, sizeof(prefix), "%s%s", name, name[0] ? "/" : "");
@@ -450,12 +491,37 @@ out:
     return r;
 }
 
-/* See store-http.h. */
-int mig__store_remove(const struct mig__store_backend *be, void *t, const char *url) {
+/* See struct mig_store_ops. */
+static int store_remove(const char *url) {
+    const struct mig__store_backend *be = backend_for(url);
+    struct target_room room;
+    void *t = room.bytes;
     struct mig__store_buf b = {.max = MIG__STORE_REPLY_MAX};
+    if (!be)
+        return -EINVAL;
     TRY(be->init(url, t));
     int r = be->remove(t, &b);
     st_free(b.p);
     be->done(t);
     return r == -ENOENT ? 0 : r;
+}
+
+/* One table per scheme, all on the generic ops: what differs is in the backend. */
+#define STORE_OPS(n)                                                                            \
+    {                                                                                           \
+        .name = n, .scheme = n "://", .get = store_get, .put = store_put,                      \
+        .put_file = store_put_file, .list = store_list, .remove = store_remove,                \
+    }
+
+/* See migrate-store.h. */
+const struct mig_store_ops mig__store_s3 = STORE_OPS("s3");
+const struct mig_store_ops mig__store_gs = STORE_OPS("gs");
+const struct mig_store_ops mig__store_az = STORE_OPS("az");
+
+/* See migrate-store.h. */
+const struct mig_store_ops *mig__store_for(const char *url) {
+    static const struct mig_store_ops *const all[] = {&mig__store_s3, &mig__store_gs,
+                                                       &mig__store_az}; /* as backends[] */
+    int i = scheme_index(url);
+    return i < 0 ? NULL : all[i];
 }

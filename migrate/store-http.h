@@ -10,6 +10,7 @@
 #ifndef SPOTTRAIN_MIGRATE_STORE_HTTP_H
 #define SPOTTRAIN_MIGRATE_STORE_HTTP_H
 
+#include <stdalign.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -21,6 +22,8 @@ struct _xmlNode;   /* libxml2's xmlNode; so this header needs no libxml headers 
 
 #define MIG__STORE_TRIES 4               /* tries of one request on 5xx / 429 / connection reset */
 #define MIG__STORE_REPLY_MAX (16u << 20) /* XML / JSON answers larger than this are refused */
+#define MIG__STORE_TARGET_MAX (24u << 10) /* bytes of the largest backend target (gs: its URLs
+                                           * and an 8 KiB token); each backend asserts it fits */
 
 /* An answer body, bounded (curl dynbuf style): toobig is set, and the transfer stopped, when it
  * would exceed max bytes. p (st_free) holds len bytes plus a NUL. */
@@ -74,8 +77,10 @@ struct mig__store_upload {
     size_t len, cap;            /* bytes of doc used and allocated */
 };
 
-/* A backend: what differs between the stores. t is always the backend's own target. */
+/* A backend: what differs between the stores. t is always the backend's own target, in room
+ * of MIG__STORE_TARGET_MAX bytes aligned for any type. */
 struct mig__store_backend {
+    const char *scheme;      /* "s3://": the URLs this backend serves */
     const char *what;        /* "S3", "GCS", "Azure": opens every logged line */
     const char *no_code;     /* logged when a refusal has no code: "no error code" */
     const char *want_header; /* response header kept in mig__store_hdrs.value, with ':' */
@@ -124,19 +129,9 @@ struct mig__store_backend {
     void (*upload_abort)(void *t, struct mig__store_upload *u);
 };
 
-/* The ops of struct mig_store_ops (see migrate-store.h for their contracts), for backend be.
- * t is room for be's target: the caller's stack, so no op allocates one. Called by the
- * vtable entries of store-s3.c, store-gs.c and store-az.c. */
-int mig__store_get(const struct mig__store_backend *be, void *t, const char *url, uint64_t off,
-                   uint64_t len, size_t max, unsigned char **ret, size_t *ret_len,
-                   uint64_t *ret_total, struct st_error *err);
-int mig__store_put(const struct mig__store_backend *be, void *t, const char *url,
-                   const void *data, size_t len);
-int mig__store_put_file(const struct mig__store_backend *be, void *t, const char *url,
-                        const char *path);
-int mig__store_list(const struct mig__store_backend *be, void *t, const char *url,
-                    mig__store_list_fn *fn, void *userdata);
-int mig__store_remove(const struct mig__store_backend *be, void *t, const char *url);
+extern const struct mig__store_backend mig__store_s3_backend; /* store-s3.c */
+extern const struct mig__store_backend mig__store_gs_backend; /* store-gs.c */
+extern const struct mig__store_backend mig__store_az_backend; /* store-az.c */
 
 /* One request of backend be, retried on throttling, 5xx and dropped connections. Returns 0 on
  * 2xx (and 308 / 499 where q allows them) and fills q->hdrs, else negative errno with the

@@ -67,7 +67,6 @@ static int creds_get(struct st_aws_creds *c, char *why, size_t whysz) {
     return r;
 }
 
-static const struct mig__store_backend s3_backend;
 
 /* Parses url into t and finds credentials. Logs (once) why it cannot. */
 static int target_init(const char *url, void *tp) {
@@ -187,7 +186,7 @@ static int s3_request(struct s3_target *t, const struct mig__store_req *q) {
     struct s3_req sq = {.q = *q};
     TRY(payload_hash_header(q->body, q->body_len, sq.sha, sizeof(sq.sha)));
     snprintf(sq.sigv4, sizeof(sq.sigv4), "aws:amz:%s:s3", t->region);
-    return mig__store_request(&s3_backend, t, &sq.q);
+    return mig__store_request(&mig__store_s3_backend, t, &sq.q);
 }
 
 /* ---- the ops ----------------------------------------------------------------------------- */
@@ -345,7 +344,12 @@ static int s3_list_req(void *tp, const char *prefix, const char *next,
     return s3_request(t, &q);
 }
 
-static const struct mig__store_backend s3_backend = {
+_Static_assert(sizeof(struct s3_target) <= MIG__STORE_TARGET_MAX,
+               "struct s3_target no longer fits the ops' target room");
+
+/* See store-http.h. */
+const struct mig__store_backend mig__store_s3_backend = {
+    .scheme = "s3://",
     .what = "S3",
     .no_code = "no error code",
     .want_header = "etag:",
@@ -370,51 +374,3 @@ static const struct mig__store_backend s3_backend = {
     .upload_commit = s3_upload_commit,
     .upload_abort = s3_upload_abort,
 };
-
-/* The vtable entries: room for the target on this stack, the rest in store-http.c. */
-static int s3_get(const char *url, uint64_t off, uint64_t len, size_t max, unsigned char **ret,
-                  size_t *ret_len, uint64_t *ret_total, struct st_error *err) {
-    struct s3_target t;
-    return mig__store_get(&s3_backend, &t, url, off, len, max, ret, ret_len, ret_total, err);
-}
-
-static int s3_put(const char *url, const void *data, size_t len) {
-    struct s3_target t;
-    return mig__store_put(&s3_backend, &t, url, data, len);
-}
-
-static int s3_put_file(const char *url, const char *path) {
-    struct s3_target t;
-    return mig__store_put_file(&s3_backend, &t, url, path);
-}
-
-static int s3_list(const char *url, mig__store_list_fn *fn, void *userdata) {
-    struct s3_target t;
-    return mig__store_list(&s3_backend, &t, url, fn, userdata);
-}
-
-static int s3_remove(const char *url) {
-    struct s3_target t;
-    return mig__store_remove(&s3_backend, &t, url);
-}
-
-/* See migrate-store.h. */
-const struct mig_store_ops mig__store_s3 = {
-    .name = "s3",
-    .scheme = "s3://",
-    .get = s3_get,
-    .put = s3_put,
-    .put_file = s3_put_file,
-    .list = s3_list,
-    .remove = s3_remove,
-};
-
-/* See migrate-store.h. */
-const struct mig_store_ops *mig__store_for(const char *url) {
-    static const struct mig_store_ops *const all[] = {&mig__store_s3, &mig__store_gs,
-                                                       &mig__store_az};
-    for (size_t i = 0; url && i < ST_ARRAY_SIZE(all); i++)
-        if (!strncmp(url, all[i]->scheme, strlen(all[i]->scheme)))
-            return all[i];
-    return NULL;
-}
