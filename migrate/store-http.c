@@ -382,8 +382,9 @@ out:
     return r;
 }
 
-/* See struct mig_store_ops. */
-static int store_put(const char *url, const void *data, size_t len) {
+/* A put of data (remove false) or a delete (remove true): one request each, so they share
+ * the target and answer buffer around it. */
+static int store_one(const char *url, const void *data, size_t len, bool remove) {
     const struct mig__store_backend *be = backend_for(url);
     struct target_room room;
     void *t = room.bytes;
@@ -391,10 +392,15 @@ static int store_put(const char *url, const void *data, size_t len) {
     if (!be)
         return -EINVAL;
     TRY(be->init(url, t));
-    int r = be->put(t, data, len, &b);
+    int r = remove ? be->remove(t, &b) : be->put(t, data, len, &b);
     st_free(b.p);
     be->done(t);
-    return r;
+    return remove && r == -ENOENT ? 0 : r; /* absent is what a delete wants */
+}
+
+/* See struct mig_store_ops. */
+static int store_put(const char *url, const void *data, size_t len) {
+    return store_one(url, data, len, false);
 }
 
 static size_t chunk_bytes(const struct mig__store_backend *be) {
@@ -493,17 +499,7 @@ out:
 
 /* See struct mig_store_ops. */
 static int store_remove(const char *url) {
-    const struct mig__store_backend *be = backend_for(url);
-    struct target_room room;
-    void *t = room.bytes;
-    struct mig__store_buf b = {.max = MIG__STORE_REPLY_MAX};
-    if (!be)
-        return -EINVAL;
-    TRY(be->init(url, t));
-    int r = be->remove(t, &b);
-    st_free(b.p);
-    be->done(t);
-    return r == -ENOENT ? 0 : r;
+    return store_one(url, NULL, 0, true);
 }
 
 /* One table per scheme, all on the generic ops: what differs is in the backend. */
