@@ -142,6 +142,8 @@ static void target_done(void *tp) {
 
 /* ---- one request ------------------------------------------------------------------------- */
 
+/* A refusal: as S3, by the <Code> of an <Error> body, with Azure's own codes; the hint
+ * depends on which credential was used. */
 static int refusal(void *tp, const struct mig__store_buf *b, const struct mig__store_hdrs *hd,
                    long status, struct mig__store_refusal *ret) {
     static const char *const auth[] = {"AuthenticationFailed", "AuthorizationFailure",

@@ -157,6 +157,8 @@ static void json_error(const struct mig__store_buf *b, char *reason, size_t rsz,
     json_decref(j);
 }
 
+/* A refusal: the JSON API names reason and message in the body, but the errno follows the
+ * status alone (GCS has no code that means more than its status). */
 static int refusal(void *tp, const struct mig__store_buf *b, const struct mig__store_hdrs *hd,
                    long status, struct mig__store_refusal *ret) {
     (void)tp;

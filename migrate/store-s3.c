@@ -124,6 +124,8 @@ static const char *target_name(const void *tp) {
 
 /* ---- one request ------------------------------------------------------------------------- */
 
+/* A refusal: S3 names it by the <Code> of an <Error> body, which says more than the status
+ * (NoSuchBucket vs NoSuchKey, SlowDown). */
 static int refusal(void *tp, const struct mig__store_buf *b, const struct mig__store_hdrs *hd,
                    long status, struct mig__store_refusal *ret) {
     static const char *const auth[] = {"AccessDenied", "InvalidAccessKeyId",
