@@ -13,7 +13,6 @@
  * After the program: the in-memory tables obey their invariants, and a coordinator reopened
  * on the same journal sees exactly the workers and job the first one had in memory (the
  * journal is the truth, memory its cache: nothing half-written, in either direction). */
-#include <dirent.h>
 #include <math.h>
 #include <string.h>
 #include <unistd.h>
@@ -21,7 +20,7 @@
 #include "coord-internal.h"
 #include "fuzz.h"
 
-static char dir[256];
+static const char *dir; /* fuzz_dir_make() */
 static struct st_spec spec;
 
 /* ---- reading the input ------------------------------------------------------------- */
@@ -288,35 +287,8 @@ static void op_configure(struct coord *c, struct in *in) {
 
 /* ---- invariants ------------------------------------------------------------------------ */
 
-static void remove_journal(void) {
-    DIR *d = opendir(dir);
-    if (!d)
-        return;
-    struct dirent *e;
-    char path[512];
-    while ((e = readdir(d)))
-        if (e->d_name[0] != '.') {
-            snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-            unlink(path);
-        }
-    closedir(d);
-}
-
-static void cleanup(void) {
-    remove_journal();
-    rmdir(dir);
-}
-
 static int open_coord(struct coord **ret) {
-    struct coord_config cfg;
-    coord_config_init(&cfg);
-    cfg.spec = &spec;
-    snprintf(cfg.listen, sizeof(cfg.listen), "127.0.0.1:0");
-    snprintf(cfg.status_listen, sizeof(cfg.status_listen), "-");
-    snprintf(cfg.state_dir, sizeof(cfg.state_dir), "%s", dir);
-    cfg.heartbeat_deadline = 10;
-    cfg.settle = 0.5;
-    return coord_new(&cfg, NULL, ret);
+    return fuzz_coord_open(&spec, dir, NULL, ret);
 }
 
 static void check_memory(struct coord *c) {
@@ -353,7 +325,7 @@ static void check_same_worker(const struct coord_worker *a, const struct coord_w
 }
 
 static int one(const uint8_t *data, size_t size) {
-    remove_journal();
+    fuzz_dir_clear();
     struct coord *c = NULL;
     int r = open_coord(&c);
     if (r < 0) {
@@ -400,20 +372,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
     (void)argv;
     st_log_level_max = -1; /* rejected messages are expected by the thousand: no logging */
-    const char *base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
-    snprintf(dir, sizeof(dir), "%s/spottrain-fuzz-proto-XXXXXX", base);
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
-        abort();
-    }
-    atexit(cleanup);
-    st_spec_defaults(&spec);
-    snprintf(spec.name, sizeof(spec.name), "fuzz");
-    spec.model.layers = 4;
+    dir = fuzz_dir_make("proto");
+    fuzz_coord_spec(&spec);
     return 0;
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    fuzz_run(one, data, size);
-    return 0;
-}
+FUZZ_TARGET(one)
