@@ -97,24 +97,12 @@ static int parse_int(const char *flag, const char *s, int lo, int hi, int *ret) 
 /* See run-worker.h. */
 int cli_worker_job_main(int argc, char **argv) {
     static const struct option opts[] = {
-        {"coordinator", required_argument, NULL, 'c'},
-        {"token-file", required_argument, NULL, 't'},
-        {"id", required_argument, NULL, 'i'},
-        {"job-id", required_argument, NULL, 'J'},
-        {"state-dir", required_argument, NULL, 'd'},
-        {"data-addr", required_argument, NULL, 'a'},
+        CLI_WORKER_AGENT_OPTIONS,
         {"advertise-data-addr", required_argument, NULL, 'D'},
-        {"zone", required_argument, NULL, 'z'},
-        {"instance-id", required_argument, NULL, 'I'},
-        {"instance-type", required_argument, NULL, 'T'},
-        {"gpus", required_argument, NULL, 'g'},
         {"job", required_argument, NULL, 'j'},
         {"steps", required_argument, NULL, 's'},
         {"threads", required_argument, NULL, 'k'},
         {"timeout", required_argument, NULL, 'o'},
-        {"tls-ca", required_argument, NULL, 'A'},
-        {"tls-cert", required_argument, NULL, 'C'},
-        {"tls-key", required_argument, NULL, 'K'},
         {"cloud", required_argument, NULL, 'L'},
         {NULL, 0, NULL, 0},
     };
@@ -132,29 +120,12 @@ int cli_worker_job_main(int argc, char **argv) {
     opterr = 0;
     while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         const char *v = optarg;
+        int r = cli__worker_agent_flag(&cfg->agent, opt, v, &token_file, &want_id);
+        if (r < 0)
+            goto out;
+        if (r == 0)
+            continue;
         switch (opt) {
-        case 'c':
-            if (!*v || strlen(v) >= sizeof(cfg->agent.coordinator) || !strchr(v, ':')) {
-                cli_usage_error("worker", "bad --coordinator '%s' (want HOST:PORT)", v);
-                goto out;
-            }
-            snprintf(cfg->agent.coordinator, sizeof(cfg->agent.coordinator), "%s", v);
-            break;
-        case 't': token_file = v; break;
-        case 'i':
-            if (!st_uuid_valid(v)) {
-                cli_usage_error("worker", "--id '%s' is not a UUID", v);
-                goto out;
-            }
-            want_id = v;
-            break;
-        case 'd':
-            if (strlen(v) >= sizeof(cfg->agent.state_dir)) {
-                cli_usage_error("worker", "--state-dir is too long");
-                goto out;
-            }
-            snprintf(cfg->agent.state_dir, sizeof(cfg->agent.state_dir), "%s", v);
-            break;
         case 'a': {
             const char *colon = strrchr(v, ':');
             char *e;
@@ -182,13 +153,6 @@ int cli_worker_job_main(int argc, char **argv) {
             snprintf(cfg->advertise_addr, sizeof(cfg->advertise_addr), "%s", v);
             break;
         }
-        case 'J':
-            if (!st_uuid_valid(v)) {
-                cli_usage_error("worker", "--job-id '%s' is not a UUID", v);
-                goto out;
-            }
-            snprintf(cfg->agent.job_id, sizeof(cfg->agent.job_id), "%s", v);
-            break;
         case 'z':
             snprintf(cfg->agent.zone, sizeof(cfg->agent.zone), "%s", v);
             break;
@@ -245,22 +209,8 @@ int cli_worker_job_main(int argc, char **argv) {
         cli_usage_error("worker", "unexpected argument '%s'", argv[optind]);
         goto out;
     }
-    if (!cfg->agent.coordinator[0]) {
-        cli_usage_error("worker", "--coordinator HOST:PORT is required");
+    if ((ret = cli__worker_agent_check(&cfg->agent, !job)) != CLI_EXIT_OK)
         goto out;
-    }
-    if (!job) {
-        cli_usage_error("worker", "--job JOB.yaml is required to train");
-        goto out;
-    }
-    if (!cfg->agent.tls_cert[0] != !cfg->agent.tls_key[0]) {
-        cli_usage_error("worker", "--tls-cert and --tls-key go together");
-        goto out;
-    }
-    if (cfg->agent.tls_cert[0] && !cfg->agent.tls_ca[0]) {
-        cli_usage_error("worker", "--tls-cert needs --tls-ca (the coordinator's CA)");
-        goto out;
-    }
     struct st_error errs[8];
     size_t nerrs = 0;
     int r = st_spec_load(job, &cfg->spec, errs, ST_ARRAY_SIZE(errs), &nerrs);
@@ -275,22 +225,9 @@ int cli_worker_job_main(int argc, char **argv) {
         ret = r == -EINVAL || r == -ENOENT ? CLI_EXIT_INPUT : CLI_EXIT_FAILURE;
         goto out;
     }
-    if (token_file) {
-        char why[512];
-        if (coord_token_read(token_file, cfg->agent.token, sizeof(cfg->agent.token), why,
-                             sizeof(why)) < 0) {
-            fprintf(stderr, "spottrain worker: %s\n", why);
-            goto out;
-        }
-    }
-    r = worker_agent_id_load(cfg->agent.state_dir, want_id, cfg->agent.id);
-    if (r < 0) {
-        fprintf(stderr, "spottrain worker: cannot load or save the worker id in '%s': %s\n",
-                cfg->agent.state_dir, st_strerror(r));
-        ret = r == -EINVAL ? CLI_EXIT_INPUT : CLI_EXIT_FAILURE;
+    if ((ret = cli__worker_agent_identity(&cfg->agent, token_file, want_id)) != CLI_EXIT_OK)
         goto out;
-    }
-    st_log_set_role("worker", cfg->agent.id);
+    ret = CLI_EXIT_INPUT;
     signal(SIGPIPE, SIG_IGN);
     struct notice_sources ns = {.imds = NULL, .grace = -1};
     const char *grace = getenv("SPOTTRAIN_NOTICE_SECONDS");
