@@ -337,11 +337,8 @@ int cli_cmd_simulate(int argc, char **argv) {
             if (!parse_double(optarg, 0, 1000, &so.tail))
                 return cli_usage_error(cmd, "bad --tail '%s' (0..1000 intervals)", optarg);
             break;
-        case 'h':
-            cli_print_usage(cmd, stdout);
-            return CLI_EXIT_OK;
         default:
-            return cli_usage_error(cmd, "unknown or incomplete option '%s'", argv[optind - 1]);
+            return cli_opt_help_or_unknown(cmd, c, argv);
         }
     }
     if (optind < argc)

@@ -85,6 +85,25 @@ static void ack_notice(void *userdata) {
         st_log(ST_LOG_NOTICE, "worker", "State left: acknowledged event '%s'", n->event_id);
 }
 
+/* The count N of a test fault from environment variable name into *ret, -1 when it is unset or
+ * empty. Prints "spottrain worker: invalid NAME 'VALUE'" and returns -EINVAL when it is not a
+ * whole number >= 0. */
+static int fault_count(const char *name, long *ret) {
+    const char *v = getenv(name);
+    if (!v || !v[0]) {
+        *ret = -1;
+        return 0;
+    }
+    char *e;
+    long n = strtol(v, &e, 10);
+    if (*e || n < 0) {
+        fprintf(stderr, "spottrain worker: invalid %s '%s'\n", name, v);
+        return -EINVAL;
+    }
+    *ret = n;
+    return 0;
+}
+
 static int parse_int(const char *flag, const char *s, int lo, int hi, int *ret) {
     char *e;
     long v = strtol(s, &e, 10);
@@ -247,30 +266,18 @@ int cli_worker_job_main(int argc, char **argv) {
         cfg->poll_notice = poll_notices;
         cfg->notice_userdata = &ns;
     }
-    /* A fault for scripts/chaos: this worker's Nth checkpoint layer write fails with ENOSPC. */
-    const char *enospc = getenv("SPOTTRAIN_TEST_CKPT_ENOSPC");
-    if (enospc && enospc[0]) {
-        char *e;
-        long n = strtol(enospc, &e, 10);
-        if (*e || n < 0) {
-            fprintf(stderr, "spottrain worker: invalid SPOTTRAIN_TEST_CKPT_ENOSPC '%s'\n", enospc);
-            ret = CLI_EXIT_INPUT;
-            goto out;
-        }
-        mig_ckpt_write_fail_at(n);
+    /* Faults for scripts/chaos: this worker's Nth checkpoint layer write fails with ENOSPC;
+     * its Nth sending migration transfer is cut mid-message. */
+    long enospc, cut;
+    if (fault_count("SPOTTRAIN_TEST_CKPT_ENOSPC", &enospc) < 0 ||
+        fault_count("SPOTTRAIN_TEST_DATA_CUT", &cut) < 0) {
+        ret = CLI_EXIT_INPUT;
+        goto out;
     }
-    /* Another: this worker's Nth sending migration transfer is cut mid-message. */
-    const char *cut = getenv("SPOTTRAIN_TEST_DATA_CUT");
-    if (cut && cut[0]) {
-        char *e;
-        long n = strtol(cut, &e, 10);
-        if (*e || n < 0) {
-            fprintf(stderr, "spottrain worker: invalid SPOTTRAIN_TEST_DATA_CUT '%s'\n", cut);
-            ret = CLI_EXIT_INPUT;
-            goto out;
-        }
-        mig_execute_cut_at(n);
-    }
+    if (enospc >= 0)
+        mig_ckpt_write_fail_at(enospc);
+    if (cut >= 0)
+        mig_execute_cut_at(cut);
     if (!cloud && getenv("AWS_EC2_METADATA_SERVICE_ENDPOINT"))
         cloud = "aws";
     if (cloud) {

@@ -4,6 +4,7 @@
  * One idea: both targets reopen the coordinator on the same journal after an input to check
  * that what was written is whole, so the two opens must be the same configuration; one
  * function makes it. */
+#include <errno.h>
 #include <stdio.h>
 
 #include "coordinator.h"
@@ -30,4 +31,13 @@ int fuzz_coord_open(const struct st_spec *spec, const char *dir, const char *tok
     cfg.heartbeat_deadline = 10;
     cfg.settle = 0.5;
     return coord_new(&cfg, NULL, ret);
+}
+
+/* See fuzz.h. */
+int fuzz_coord_fresh(const struct st_spec *spec, const char *dir, const char *token,
+                     struct coord **ret) {
+    fuzz_dir_clear();
+    int r = fuzz_coord_open(spec, dir, token, ret);
+    FUZZ_CHECK(r >= 0 || r == -ENOMEM);
+    return r;
 }

@@ -287,10 +287,6 @@ static void op_configure(struct coord *c, struct in *in) {
 
 /* ---- invariants ------------------------------------------------------------------------ */
 
-static int open_coord(struct coord **ret) {
-    return fuzz_coord_open(&spec, dir, NULL, ret);
-}
-
 static void check_memory(struct coord *c) {
     for (size_t k = 0; k < c->nworkers; k++) {
         const struct coord_wk *wk = c->workers[k];
@@ -325,13 +321,10 @@ static void check_same_worker(const struct coord_worker *a, const struct coord_w
 }
 
 static int one(const uint8_t *data, size_t size) {
-    fuzz_dir_clear();
     struct coord *c = NULL;
-    int r = open_coord(&c);
-    if (r < 0) {
-        FUZZ_CHECK(r == -ENOMEM);
+    int r = fuzz_coord_fresh(&spec, dir, NULL, &c);
+    if (r < 0)
         return r;
-    }
     struct in in = {data, size, 0};
     for (int steps = 0; steps < 64 && in.at < in.n; steps++) {
         switch (u8(&in) % 8) {
@@ -355,7 +348,7 @@ static int one(const uint8_t *data, size_t size) {
     coord_free(c);
 
     c = NULL;
-    FUZZ_CHECK(open_coord(&c) == 0);
+    FUZZ_CHECK(fuzz_coord_open(&spec, dir, NULL, &c) == 0);
     FUZZ_CHECK(c->nworkers == n);
     for (size_t k = 0; k < n; k++)
         check_same_worker(&before[k], &c->workers[k]->pub);

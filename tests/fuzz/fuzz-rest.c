@@ -31,12 +31,6 @@
 static const char *dir; /* fuzz_dir_make() */
 static struct st_spec spec;
 
-/* ---- the coordinator ------------------------------------------------------------------- */
-
-static int open_coord(struct coord **ret) {
-    return fuzz_coord_open(&spec, dir, TOKEN, ret);
-}
-
 /* ---- reading a request ----------------------------------------------------------------- */
 
 struct request {
@@ -210,13 +204,10 @@ static void check_same_events(const char *before, const char *after) {
 }
 
 static int one(const uint8_t *data, size_t size) {
-    fuzz_dir_clear();
     struct coord *c = NULL;
-    int r = open_coord(&c);
-    if (r < 0) {
-        FUZZ_CHECK(r == -ENOMEM);
+    int r = fuzz_coord_fresh(&spec, dir, TOKEN, &c);
+    if (r < 0)
         return r;
-    }
     const char *p = (const char *)data, *end = p + size;
     int result = 0;
     static struct request req; /* large: kept off the stack */
@@ -243,7 +234,7 @@ static int one(const uint8_t *data, size_t size) {
     char *ev = events_text(c);
     coord_free(c);
     c = NULL;
-    FUZZ_CHECK(open_coord(&c) == 0);
+    FUZZ_CHECK(fuzz_coord_open(&spec, dir, TOKEN, &c) == 0);
     FUZZ_CHECK(strcmp(c->job.id, job.id) == 0 && c->job.epoch == job.epoch);
     FUZZ_CHECK(c->job.state == job.state && c->job.step == job.step);
     char *ev2 = events_text(c);

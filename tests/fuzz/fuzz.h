@@ -107,5 +107,9 @@ void fuzz_coord_spec(struct st_spec *spec);
  * result; caller frees with coord_free(). */
 int fuzz_coord_open(const struct st_spec *spec, const char *dir, const char *token,
                     struct coord **ret);
+/* fuzz_coord_open() on an emptied directory: the start of every input. Out of memory (the
+ * allocation-failing replay) is the only failure it allows; returns 0 or -ENOMEM. */
+int fuzz_coord_fresh(const struct st_spec *spec, const char *dir, const char *token,
+                     struct coord **ret);
 
 #endif

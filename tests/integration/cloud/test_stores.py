@@ -110,6 +110,23 @@ def template_regex(t):
     return re.compile("^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", t) + "$")
 
 
+def listing(names, prefix, delim, kind):
+    """A delimited listing as both services page it: in name order, (kind, name) for each name
+    under prefix, and ("p", common prefix) once in place of the names a delimiter folds."""
+    entries = []
+    for n in sorted(names):
+        if not n.startswith(prefix):
+            continue
+        rest = n[len(prefix):]
+        if delim and delim in rest:
+            p = prefix + rest.split(delim)[0] + delim
+            if ("p", p) not in entries:
+                entries.append(("p", p))
+        else:
+            entries.append((kind, n))
+    return entries
+
+
 class GcsFake:
     def __init__(self, pub):
         self.disc = StorageDiscovery()
@@ -312,17 +329,7 @@ class GcsFake:
         if "list" in self.garbage:
             return 200, b"<html>a proxy's error page</html>", {"Content-Type": "text/html"}
         prefix, delim = query.get("prefix", ""), query.get("delimiter", "")
-        entries = []
-        for n in sorted(self.objects):
-            if not n.startswith(prefix):
-                continue
-            rest = n[len(prefix):]
-            if delim and delim in rest:
-                p = prefix + rest.split(delim)[0] + delim
-                if ("p", p) not in entries:
-                    entries.append(("p", p))
-            else:
-                entries.append(("o", n))
+        entries = listing(self.objects, prefix, delim, "o")
         start = int(query.get("pageToken", "0"))
         page = entries[start:start + PAGE]
         out = {"kind": "storage#objects"}
@@ -500,17 +507,7 @@ class BlobFake:
         if "list" in self.garbage:
             return 200, b'{"not": "xml"}', {"Content-Type": "application/json"}
         prefix, delim = query.get("prefix", ""), query.get("delimiter", "")
-        entries = []
-        for n in sorted(self.blobs):
-            if not n.startswith(prefix):
-                continue
-            rest = n[len(prefix):]
-            if delim and delim in rest:
-                p = prefix + rest.split(delim)[0] + delim
-                if ("p", p) not in entries:
-                    entries.append(("p", p))
-            else:
-                entries.append(("b", n))
+        entries = listing(self.blobs, prefix, delim, "b")
         start = int(query.get("marker") or "0")
         page = entries[start:start + PAGE]
         nxt = str(start + PAGE) if start + PAGE < len(entries) else ""
