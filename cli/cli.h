@@ -34,6 +34,10 @@ const struct cli_command *cli_command_find(const char *name);
 
 /* Prints "spottrain NAME: message" and a hint to stderr; returns CLI_EXIT_INPUT. */
 int cli_usage_error(const char *name, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The end of a getopt_long switch whose table maps --help to 'h': prints the usage and returns
+ * CLI_EXIT_OK for 'h', else says "unknown or incomplete option '...'" (the argv[optind - 1]
+ * getopt stopped at) and returns CLI_EXIT_INPUT. */
+int cli_opt_help_or_unknown(const char *name, int c, char **argv);
 
 struct st_spec;
 /* Makes the spec's token file from its data.synth block when the file is missing (creating its

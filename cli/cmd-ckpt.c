@@ -206,11 +206,8 @@ int cli_cmd_ckpt(int argc, char **argv) {
                 return cli_usage_error(cmd, "bad --rtol '%s' (a number >= 0)", optarg);
             break;
         }
-        case 'h':
-            cli_print_usage(cmd, stdout);
-            return CLI_EXIT_OK;
         default:
-            return cli_usage_error(cmd, "unknown or incomplete option '%s'", argv[optind - 1]);
+            return cli_opt_help_or_unknown(cmd, c, argv);
         }
     }
     int nargs = argc - optind;

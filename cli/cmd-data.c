@@ -27,6 +27,29 @@ static int parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *ret) {
     return 0;
 }
 
+/* --FLAG's value as an integer in [lo, hi] into *ret; otherwise prints "--FLAG 'VALUE':
+ * expected WANT" and returns -EINVAL. */
+static int flag_u64(const char *flag, const char *s, uint64_t lo, uint64_t hi, const char *want,
+                    uint64_t *ret) {
+    if (parse_u64(s, lo, hi, ret) < 0) {
+        cli_usage_error("data", "%s '%s': expected %s", flag, s, want);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+/* The cases both actions end their switch with: --help, a flag without its value (getopt's
+ * ':'), an unknown flag. Returns the exit code. */
+static int other_flag(int c, char **argv) {
+    if (c == 'h') {
+        cli_print_usage("data", stdout);
+        return CLI_EXIT_OK;
+    }
+    if (c == ':')
+        return cli_usage_error("data", "option '%s' needs a value", argv[optind - 1]);
+    return cli_usage_error("data", "unknown option '%s'", argv[optind - 1]);
+}
+
 static void print_entropy(const struct st_markov_entropy *e, int order, int T) {
     printf("entropy rate: %.6f nats/token (%.6f bits/token)\n", e->rate, e->rate_bits);
     if (order > 1)
@@ -59,27 +82,24 @@ static int cmd_synth(int argc, char **argv) {
             out = optarg;
             break;
         case 'v':
-            if (parse_u64(optarg, 2, 65536, &v) < 0)
-                return cli_usage_error("data", "--vocab '%s': expected an integer in 2..65536",
-                                       optarg);
+            if (flag_u64("--vocab", optarg, 2, 65536, "an integer in 2..65536", &v) < 0)
+                return CLI_EXIT_INPUT;
             p.vocab = (int)v;
             break;
         case 'k':
-            if (parse_u64(optarg, 1, 20, &v) < 0)
-                return cli_usage_error("data", "--order '%s': expected an integer in 1..20",
-                                       optarg);
+            if (flag_u64("--order", optarg, 1, 20, "an integer in 1..20", &v) < 0)
+                return CLI_EXIT_INPUT;
             p.order = (int)v;
             break;
         case 'n':
-            if (parse_u64(optarg, 2, (1ULL << 31) - 1, &v) < 0)
-                return cli_usage_error("data", "--tokens '%s': expected an integer in 2..%llu",
-                                       optarg, (1ULL << 31) - 1);
+            if (flag_u64("--tokens", optarg, 2, (1ULL << 31) - 1, "an integer in 2..2147483647",
+                         &v) < 0)
+                return CLI_EXIT_INPUT;
             p.ntokens = v;
             break;
         case 's':
-            if (parse_u64(optarg, 0, UINT64_MAX, &v) < 0)
-                return cli_usage_error("data", "--seed '%s': expected a non-negative integer",
-                                       optarg);
+            if (flag_u64("--seed", optarg, 0, UINT64_MAX, "a non-negative integer", &v) < 0)
+                return CLI_EXIT_INPUT;
             p.seed = v;
             break;
         case 'f':
@@ -87,18 +107,12 @@ static int cmd_synth(int argc, char **argv) {
                 return cli_usage_error("data", "--format '%s': expected nanogpt or llmc", optarg);
             break;
         case 'T':
-            if (parse_u64(optarg, 1, 1 << 20, &v) < 0)
-                return cli_usage_error("data", "--seq-len '%s': expected a positive integer",
-                                       optarg);
+            if (flag_u64("--seq-len", optarg, 1, 1 << 20, "a positive integer", &v) < 0)
+                return CLI_EXIT_INPUT;
             T = v;
             break;
-        case 'h':
-            cli_print_usage("data", stdout);
-            return CLI_EXIT_OK;
-        case ':':
-            return cli_usage_error("data", "option '%s' needs a value", argv[optind - 1]);
         default:
-            return cli_usage_error("data", "unknown option '%s'", argv[optind - 1]);
+            return other_flag(c, argv);
         }
     }
     if (optind < argc)
@@ -140,18 +154,12 @@ static int cmd_info(int argc, char **argv) {
     while ((c = getopt_long(argc, argv, ":v:h", opts, NULL)) != -1) {
         switch (c) {
         case 'v':
-            if (parse_u64(optarg, 1, 65536, &v) < 0)
-                return cli_usage_error("data", "--vocab '%s': expected an integer in 1..65536",
-                                       optarg);
+            if (flag_u64("--vocab", optarg, 1, 65536, "an integer in 1..65536", &v) < 0)
+                return CLI_EXIT_INPUT;
             vocab = (int)v;
             break;
-        case 'h':
-            cli_print_usage("data", stdout);
-            return CLI_EXIT_OK;
-        case ':':
-            return cli_usage_error("data", "option '%s' needs a value", argv[optind - 1]);
         default:
-            return cli_usage_error("data", "unknown option '%s'", argv[optind - 1]);
+            return other_flag(c, argv);
         }
     }
     if (optind + 1 != argc)

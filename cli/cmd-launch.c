@@ -13,13 +13,13 @@
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "cli.h"
+#include "job-ui.h" /* cli__job_*: the run shared with run */
 #include "cloud.h"
 #include "common.h"
 #include "coordinator.h"
@@ -32,13 +32,6 @@ struct launch_opts {
     bool dry_run;
     bool keep;
 };
-
-static volatile sig_atomic_t launch_stop;
-
-static void on_stop_signal(int sig) {
-    (void)sig;
-    launch_stop = 1;
-}
 
 /* Exit code of a driver or provider error: the user's input (spec, credentials, the AWS
  * account refusing the request) or a runtime failure. */
@@ -122,78 +115,45 @@ static void on_started(const char *grpc, const char *rest, const char *job_id,
 }
 
 static int launch_job(const struct launch_opts *o, const struct st_spec *spec) {
-    struct coord_config *cc = st_calloc(1, sizeof(*cc));
-    struct coord_job_config *jc = st_calloc(1, sizeof(*jc));
-    struct coord_loop_summary *sum = st_calloc(1, sizeof(*sum));
-    struct cli_job_ui *ui = st_calloc(1, sizeof(*ui));
-    char state[PATH_MAX];
-    int code = CLI_EXIT_FAILURE, r;
-    if (!cc || !jc || !sum || !ui) {
-        fprintf(stderr, "spottrain launch: out of memory\n");
+    struct cli_job *j = cli__job_new("launch", spec, o->job, o->save);
+    char def[PATH_MAX], state[PATH_MAX];
+    int code, r;
+    if (!j)
+        return CLI_EXIT_FAILURE;
+    snprintf(def, sizeof(def), "spottrain-state/%s", spec->name);
+    if ((code = cli__job_state_dir("launch", o->state_dir ? o->state_dir : def,
+                                   "the state directory", state, sizeof(state))) != CLI_EXIT_OK)
         goto out;
-    }
-    if (o->state_dir)
-        snprintf(state, sizeof(state), "%s", o->state_dir);
-    else
-        snprintf(state, sizeof(state), "spottrain-state/%s", spec->name);
-    if (st_mkdir_p(state, 0700) < 0) {
-        fprintf(stderr, "spottrain launch: cannot create the state directory '%s'\n", state);
-        code = CLI_EXIT_INPUT;
-        goto out;
-    }
-    coord_config_init(cc);
+    struct coord_config *cc = &j->cc;
     cc->spec = spec;
     snprintf(cc->state_dir, sizeof(cc->state_dir), "%s", state);
     if ((code = launch_token(spec, state, cc->token, sizeof(cc->token))) != CLI_EXIT_OK)
         goto out;
-    code = CLI_EXIT_FAILURE;
 
-    coord_job_config_init(jc);
-    jc->spec = spec;
-    snprintf(jc->spec_path, sizeof(jc->spec_path), "%s", o->job);
-    jc->coord = cc;
-    jc->fleet = COORD_JOB_FLEET_PROVIDER;
-    jc->on_stop = o->keep ? COORD_JOB_STOP_KEEP : COORD_JOB_STOP_RELEASE;
-    jc->stop_flag = &launch_stop;
-    if (o->save)
-        snprintf(jc->save_dir, sizeof(jc->save_dir), "%s", o->save);
-    cli_job_ckpt_store(jc, spec);
-    cli_job_ui_init(ui, "launch", "", &jc->ui);
-    jc->ui.on_started = on_started;
+    j->jc.fleet = COORD_JOB_FLEET_PROVIDER;
+    j->jc.on_stop = o->keep ? COORD_JOB_STOP_KEEP : COORD_JOB_STOP_RELEASE;
+    j->jc.ui.on_started = on_started;
 
-    struct sigaction sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = on_stop_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
-    r = coord_job_run(jc, sum);
+    r = cli__job_run(j);
     if (r < 0) {
-        fprintf(stderr, "spottrain launch: %s\n", st_strerror(r));
         code = error_code(r);
         goto out;
     }
-    if (ui->have_status)
-        cli_job_ui_draw(ui, &ui->last);
-    if (launch_stop) {
+    /* Unlike run, the last status stays on screen: a stopped launch prints no summary, and
+     * the block is what it ended on. */
+    if (j->ui.have_status)
+        cli_job_ui_draw(&j->ui, &j->ui.last);
+    if (cli__job_stopped()) {
         printf("launch stopped: %s\n", o->keep ? "the fleet is left running (`spottrain down` "
                                                  "ends it)"
                                                : "every instance of the job was terminated");
-        code = CLI_EXIT_OK;
+        code = cli__job_json(j, o->json, CLI_EXIT_OK);
     } else {
-        cli_job_print_summary(stdout, sum, spec);
-        code = r == 0 ? CLI_EXIT_OK : CLI_EXIT_FAILURE;
-    }
-    if (o->json && (r = cli_job_write_json(o->json, sum)) < 0) {
-        fprintf(stderr, "spottrain launch: cannot write '%s': %s\n", o->json, st_strerror(r));
-        code = CLI_EXIT_FAILURE;
+        code = cli__job_summary(j, r, o->json);
     }
     fflush(stdout);
 out:
-    st_free(cc);
-    st_free(jc);
-    st_free(sum);
-    st_free(ui);
+    st_free(j);
     return code;
 }
 

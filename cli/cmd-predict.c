@@ -14,6 +14,7 @@
 #include "cli.h"
 #include "common.h"
 #include "planner.h"
+#include "trace-load.h" /* cli__trace_load: the same errors as simulate */
 
 int cli_cmd_predict(int argc, char **argv) {
     const char *cmd = "predict";
@@ -59,38 +60,20 @@ int cli_cmd_predict(int argc, char **argv) {
                 return cli_usage_error(cmd, "bad --notice '%s' (seconds, 0..86400)", optarg);
             break;
         }
-        case 'h':
-            cli_print_usage(cmd, stdout);
-            return CLI_EXIT_OK;
         default:
-            return cli_usage_error(cmd, "unknown or incomplete option '%s'", argv[optind - 1]);
+            return cli_opt_help_or_unknown(cmd, c, argv);
         }
     }
     if (optind < argc)
         return cli_usage_error(cmd, "unexpected argument '%s'", argv[optind]);
     if (!trace_path)
         return cli_usage_error(cmd, "--trace FILE is required");
-    char *text = NULL;
-    size_t len = 0;
-    int r = st_read_file(trace_path, 64u << 20, &text, &len), rc = CLI_EXIT_OK;
     struct plan_trace *t = NULL;
     int *counts = NULL, *outs = NULL;
     json_t *root = NULL;
-    if (r < 0) {
-        fprintf(stderr, "spottrain %s: cannot read trace '%s': %s\n", cmd, trace_path,
-                st_strerror(r));
-        return CLI_EXIT_INPUT;
-    }
-    struct st_error err;
-    memset(&err, 0, sizeof(err));
-    r = plan_trace_parse(trace_path, text, len, &t, &err);
-    if (r < 0) {
-        char buf[1024];
-        st_error_format(&err, buf, sizeof(buf));
-        fprintf(stderr, "spottrain %s: %s\n", cmd, buf);
-        rc = r == -ENOMEM ? CLI_EXIT_FAILURE : CLI_EXIT_INPUT;
-        goto out;
-    }
+    int r, rc = cli__trace_load(cmd, trace_path, &t);
+    if (rc != CLI_EXIT_OK)
+        return rc;
     int n = t->nintervals, hi = 0;
     counts = st_calloc((size_t)n, sizeof(int));
     outs = st_calloc((size_t)n, sizeof(int));
@@ -171,6 +154,5 @@ out:
     st_free(counts);
     st_free(outs);
     plan_trace_free(t);
-    st_free(text);
     return rc;
 }

@@ -11,7 +11,6 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +19,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "job-ui.h" /* cli__job_*: the run shared with launch */
 #include "cloud.h"
 #include "common.h"
 #include "coord-loop.h"
@@ -38,13 +38,6 @@ struct run_opts {
     int threads;        /* per worker; 0 = 1 */
 };
 
-static volatile sig_atomic_t run_interrupted;
-
-static void on_signal(int sig) {
-    (void)sig;
-    run_interrupted = 1;
-}
-
 static int parse_num(const char *flag, const char *s, double lo, double hi, double *ret) {
     char *e;
     double v = strtod(s, &e);
@@ -56,83 +49,42 @@ static int parse_num(const char *flag, const char *s, double lo, double hi, doub
 }
 
 static int run_job(const struct run_opts *o, struct st_spec *spec) {
-    struct coord_config *cc = st_calloc(1, sizeof(*cc));
-    struct coord_job_config *jc = st_calloc(1, sizeof(*jc));
-    struct coord_loop_summary *sum = st_calloc(1, sizeof(*sum));
-    struct cli_job_ui *ui = st_calloc(1, sizeof(*ui));
+    struct cli_job *j = cli__job_new("run", spec, o->job, o->save);
     char state[PATH_MAX], journal[PATH_MAX + 16];
-    int code = CLI_EXIT_FAILURE, r;
+    int code, r;
 
-    if (!cc || !jc || !sum || !ui) {
-        fprintf(stderr, "spottrain run: out of memory\n");
-        goto out;
-    }
+    if (!j)
+        return CLI_EXIT_FAILURE;
     /* State directory: journal, token, worker logs, checkpoints. */
-    if (o->state_dir) {
-        snprintf(state, sizeof(state), "%s", o->state_dir);
-        if (st_mkdir_p(state, 0700) < 0) {
-            fprintf(stderr, "spottrain run: cannot create --state-dir '%s'\n", state);
-            code = CLI_EXIT_INPUT;
-            goto out;
-        }
-    } else {
-        const char *tmp = getenv("TMPDIR");
-        snprintf(state, sizeof(state), "%s/spottrain-run-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-        if (!mkdtemp(state)) {
-            fprintf(stderr, "spottrain run: cannot create a state directory: %s\n",
-                    strerror(errno));
-            goto out;
-        }
-    }
-    coord_config_init(cc);
+    if ((code = cli__job_state_dir("run", o->state_dir, "--state-dir", state, sizeof(state))) !=
+        CLI_EXIT_OK)
+        goto out;
+    struct coord_config *cc = &j->cc;
     snprintf(cc->listen, sizeof(cc->listen), "127.0.0.1:0");
     snprintf(cc->status_listen, sizeof(cc->status_listen), "127.0.0.1:0");
     snprintf(journal, sizeof(journal), "%s/journal", state);
     snprintf(cc->state_dir, sizeof(cc->state_dir), "%s", journal); /* the coordinator's */
 
-    coord_job_config_init(jc);
-    jc->spec = spec;
-    snprintf(jc->spec_path, sizeof(jc->spec_path), "%s", o->job);
-    jc->coord = cc;
+    struct coord_job_config *jc = &j->jc;
     jc->fleet = COORD_JOB_FLEET_SIM;
     jc->on_stop = COORD_JOB_STOP_RELEASE;
-    jc->stop_flag = &run_interrupted;
-    if (o->save)
-        snprintf(jc->save_dir, sizeof(jc->save_dir), "%s", o->save);
     jc->shapes = o->shapes;
     jc->time_scale = o->time_scale;
     jc->worker_threads = o->threads;
     jc->heartbeat_deadline = 6;
-    cli_job_ckpt_store(jc, spec);
-    cli_job_ui_init(ui, "run", "", &jc->ui);
     snprintf(jc->work_dir, sizeof(jc->work_dir), "%s", state); /* token, checkpoints */
 
-    struct sigaction sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
     if (!getenv("SPOTTRAIN_DEBUG"))
         st_log_set_level(ST_LOG_WARN); /* events print once, as lines of their own */
-    r = coord_job_run(jc, sum);
+    r = cli__job_run(j);
     if (r < 0) {
-        fprintf(stderr, "spottrain run: %s\n", st_strerror(r));
         code = r == -EINVAL ? CLI_EXIT_INPUT : CLI_EXIT_FAILURE;
         goto out;
     }
-    cli_job_ui_finish(ui);
-    cli_job_print_summary(stdout, sum, spec);
-    code = r == 0 ? CLI_EXIT_OK : CLI_EXIT_FAILURE;
-    if (o->json && (r = cli_job_write_json(o->json, sum)) < 0) {
-        fprintf(stderr, "spottrain run: cannot write '%s': %s\n", o->json, st_strerror(r));
-        code = CLI_EXIT_FAILURE;
-    }
+    cli_job_ui_finish(&j->ui);
+    code = cli__job_summary(j, r, o->json);
 out:
-    st_free(cc);
-    st_free(jc);
-    st_free(sum);
-    st_free(ui);
+    st_free(j);
     return code;
 }
 

@@ -18,6 +18,7 @@
 #include "cli.h"
 #include "common.h"
 #include "planner.h"
+#include "trace-load.h" /* cli__trace_load: the same errors as predict */
 
 #define FILE_MAX (64u << 20)
 
@@ -336,11 +337,8 @@ int cli_cmd_simulate(int argc, char **argv) {
             if (!parse_double(optarg, 0, 1000, &so.tail))
                 return cli_usage_error(cmd, "bad --tail '%s' (0..1000 intervals)", optarg);
             break;
-        case 'h':
-            cli_print_usage(cmd, stdout);
-            return CLI_EXIT_OK;
         default:
-            return cli_usage_error(cmd, "unknown or incomplete option '%s'", argv[optind - 1]);
+            return cli_opt_help_or_unknown(cmd, c, argv);
         }
     }
     if (optind < argc)
@@ -353,8 +351,8 @@ int cli_cmd_simulate(int argc, char **argv) {
         return cli_usage_error(cmd, "--link-gbps needs --migration-costs FILE");
 
     int rc = CLI_EXIT_OK, r;
-    char *ttext = NULL, *ptext = NULL, *dtext = NULL, *mtext = NULL;
-    size_t tlen = 0, plen = 0, dlen = 0, mlen = 0;
+    char *ptext = NULL, *dtext = NULL, *mtext = NULL;
+    size_t plen = 0, dlen = 0, mlen = 0;
     struct plan_trace *t = NULL;
     struct plan_cost *cost = NULL, *parcae_cost = NULL;
     struct plan_measured_costs mc;
@@ -433,16 +431,8 @@ int cli_cmd_simulate(int argc, char **argv) {
         rc = bench_decide(cmd, cost, bench_n, so.lookahead, so.count_window);
         goto out;
     }
-    if (load(cmd, "trace", trace_path, &ttext, &tlen) < 0) {
-        rc = CLI_EXIT_INPUT;
+    if ((rc = cli__trace_load(cmd, trace_path, &t)) != CLI_EXIT_OK)
         goto out;
-    }
-    r = plan_trace_parse(trace_path, ttext, tlen, &t, &err);
-    if (r < 0) {
-        print_err(cmd, &err);
-        rc = r == -ENOMEM ? CLI_EXIT_FAILURE : CLI_EXIT_INPUT;
-        goto out;
-    }
     if (dec_path) {
         if (load(cmd, "decisions", dec_path, &dtext, &dlen) < 0) {
             rc = CLI_EXIT_INPUT;
@@ -556,7 +546,6 @@ out:
     plan_decisions_free(dec);
     plan_cost_free(cost);
     plan_trace_free(t);
-    st_free(ttext);
     st_free(ptext);
     st_free(dtext);
     return rc;

@@ -4,6 +4,7 @@
  * and a command handler — around worker/agent.c, which does the talking and reconnecting.
  * Until the engine is wired in (end-to-end issue), the handler applies a command by printing
  * it as one parseable line (`worker command id=N epoch=E kind=K ...`) and acknowledging it. */
+#include <errno.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -54,21 +55,82 @@ static int print_command(struct worker_agent *a, const Spottrain__V1__Command *c
     return 0;
 }
 
+/* See run-worker.h. */
+int cli__worker_agent_flag(struct worker_agent_config *a, int opt, const char *v,
+                           const char **ret_token_file, const char **ret_want_id) {
+    switch (opt) {
+    case 'c':
+        if (!*v || strlen(v) >= sizeof(a->coordinator) || !strchr(v, ':')) {
+            cli_usage_error("worker", "bad --coordinator '%s' (want HOST:PORT)", v);
+            return -EINVAL;
+        }
+        snprintf(a->coordinator, sizeof(a->coordinator), "%s", v);
+        return 0;
+    case 't':
+        *ret_token_file = v;
+        return 0;
+    case 'i':
+        if (!st_uuid_valid(v)) {
+            cli_usage_error("worker", "--id '%s' is not a UUID", v);
+            return -EINVAL;
+        }
+        *ret_want_id = v;
+        return 0;
+    case 'd':
+        if (strlen(v) >= sizeof(a->state_dir)) {
+            cli_usage_error("worker", "--state-dir is too long");
+            return -EINVAL;
+        }
+        snprintf(a->state_dir, sizeof(a->state_dir), "%s", v);
+        return 0;
+    case 'J':
+        if (!st_uuid_valid(v)) {
+            cli_usage_error("worker", "--job-id '%s' is not a UUID", v);
+            return -EINVAL;
+        }
+        snprintf(a->job_id, sizeof(a->job_id), "%s", v);
+        return 0;
+    default:
+        return 1;
+    }
+}
+
+/* See run-worker.h. */
+int cli__worker_agent_check(const struct worker_agent_config *a, bool job_missing) {
+    if (!a->coordinator[0])
+        return cli_usage_error("worker", "--coordinator HOST:PORT is required");
+    if (job_missing)
+        return cli_usage_error("worker", "--job JOB.yaml is required to train");
+    if (!a->tls_cert[0] != !a->tls_key[0])
+        return cli_usage_error("worker", "--tls-cert and --tls-key go together");
+    if (a->tls_cert[0] && !a->tls_ca[0])
+        return cli_usage_error("worker", "--tls-cert needs --tls-ca (the coordinator's CA)");
+    return CLI_EXIT_OK;
+}
+
+/* See run-worker.h. */
+int cli__worker_agent_identity(struct worker_agent_config *a, const char *token_file,
+                               const char *want_id) {
+    if (token_file) {
+        char why[512];
+        if (coord_token_read(token_file, a->token, sizeof(a->token), why, sizeof(why)) < 0) {
+            fprintf(stderr, "spottrain worker: %s\n", why);
+            return CLI_EXIT_INPUT;
+        }
+    }
+    int r = worker_agent_id_load(a->state_dir, want_id, a->id);
+    if (r < 0) {
+        fprintf(stderr, "spottrain worker: cannot load or save the worker id in '%s': %s\n",
+                a->state_dir, st_strerror(r));
+        return r == -EINVAL ? CLI_EXIT_INPUT : CLI_EXIT_FAILURE;
+    }
+    st_log_set_role("worker", a->id);
+    return CLI_EXIT_OK;
+}
+
 int cli_cmd_worker(int argc, char **argv) {
     static const struct option opts[] = {
-        {"coordinator", required_argument, NULL, 'c'},
-        {"token-file", required_argument, NULL, 't'},
-        {"id", required_argument, NULL, 'i'},
-        {"job-id", required_argument, NULL, 'J'},
-        {"state-dir", required_argument, NULL, 'd'},
-        {"data-addr", required_argument, NULL, 'a'},
-        {"zone", required_argument, NULL, 'z'},
-        {"instance-id", required_argument, NULL, 'I'},
-        {"instance-type", required_argument, NULL, 'T'},
-        {"gpus", required_argument, NULL, 'g'},
-        {"tls-ca", required_argument, NULL, 'A'},
-        {"tls-cert", required_argument, NULL, 'C'},
-        {"tls-key", required_argument, NULL, 'K'},
+        CLI_WORKER_AGENT_OPTIONS,
         {NULL, 0, NULL, 0},
     };
     struct worker_agent_config cfg;
@@ -84,32 +146,16 @@ int cli_cmd_worker(int argc, char **argv) {
     opterr = 0;
     while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         const char *v = optarg;
+        int r = cli__worker_agent_flag(&cfg, opt, v, &token_file, &want_id);
+        if (r < 0)
+            return CLI_EXIT_INPUT;
+        if (r == 0)
+            continue;
         switch (opt) {
-        case 'c':
-            if (!*v || strlen(v) >= sizeof(cfg.coordinator) || !strchr(v, ':'))
-                return cli_usage_error("worker", "bad --coordinator '%s' (want HOST:PORT)", v);
-            snprintf(cfg.coordinator, sizeof(cfg.coordinator), "%s", v);
-            break;
-        case 't': token_file = v; break;
-        case 'i':
-            if (!st_uuid_valid(v))
-                return cli_usage_error("worker", "--id '%s' is not a UUID", v);
-            want_id = v;
-            break;
-        case 'd':
-            if (strlen(v) >= sizeof(cfg.state_dir))
-                return cli_usage_error("worker", "--state-dir is too long");
-            snprintf(cfg.state_dir, sizeof(cfg.state_dir), "%s", v);
-            break;
         case 'a':
             if (strlen(v) >= sizeof(cfg.data_addr) || !strchr(v, ':'))
                 return cli_usage_error("worker", "bad --data-addr '%s' (want HOST:PORT)", v);
             snprintf(cfg.data_addr, sizeof(cfg.data_addr), "%s", v);
-            break;
-        case 'J':
-            if (!st_uuid_valid(v))
-                return cli_usage_error("worker", "--job-id '%s' is not a UUID", v);
-            snprintf(cfg.job_id, sizeof(cfg.job_id), "%s", v);
             break;
         case 'z':
             if (strlen(v) >= sizeof(cfg.zone))
@@ -153,26 +199,11 @@ int cli_cmd_worker(int argc, char **argv) {
     }
     if (optind < argc)
         return cli_usage_error("worker", "unexpected argument '%s'", argv[optind]);
-    if (!cfg.coordinator[0])
-        return cli_usage_error("worker", "--coordinator HOST:PORT is required");
-    if (!cfg.tls_cert[0] != !cfg.tls_key[0])
-        return cli_usage_error("worker", "--tls-cert and --tls-key go together");
-    if (cfg.tls_cert[0] && !cfg.tls_ca[0])
-        return cli_usage_error("worker", "--tls-cert needs --tls-ca (the coordinator's CA)");
-    if (token_file) {
-        char why[512];
-        if (coord_token_read(token_file, cfg.token, sizeof(cfg.token), why, sizeof(why)) < 0) {
-            fprintf(stderr, "spottrain worker: %s\n", why);
-            return CLI_EXIT_INPUT;
-        }
-    }
-    int r = worker_agent_id_load(cfg.state_dir, want_id, cfg.id);
-    if (r < 0) {
-        fprintf(stderr, "spottrain worker: cannot load or save the worker id in '%s': %s\n",
-                cfg.state_dir, st_strerror(r));
-        return r == -EINVAL ? CLI_EXIT_INPUT : CLI_EXIT_FAILURE;
-    }
-    st_log_set_role("worker", cfg.id);
+    int r = cli__worker_agent_check(&cfg, false);
+    if (r == CLI_EXIT_OK)
+        r = cli__worker_agent_identity(&cfg, token_file, want_id);
+    if (r != CLI_EXIT_OK)
+        return r;
 
     sigset_t set;
     sigemptyset(&set);

@@ -9,6 +9,7 @@
 #include <inttypes.h>
 #include <jansson.h> /* json_dumps: the error string quoted */
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,7 @@
 #include "check.h" /* TRY */
 #include "cli.h"
 #include "common.h"
+#include "job-ui.h" /* struct cli_job */
 #include "coordinator.h"
 #include "planner.h" /* plan_feasible */
 #include "kernels.h"
@@ -237,6 +239,95 @@ void cli_job_ui_init(struct cli_job_ui *u, const char *cmd, const char *prefix,
     ret->on_event = ui_event;
     ret->on_progress = ui_progress;
     ret->progress_interval = u->tty ? 0.25 : 0.5;
+}
+
+/* ---- the run of `run` and `launch` ---------------------------------------------------------- */
+
+/* One flag for the process: a command runs at most one job, and a handler can reach only a
+ * global. */
+static volatile sig_atomic_t job_stop;
+
+static void on_stop_signal(int sig) {
+    (void)sig;
+    job_stop = 1;
+}
+
+/* See job-ui.h. */
+struct cli_job *cli__job_new(const char *cmd, const struct st_spec *spec, const char *spec_path,
+                             const char *save) {
+    struct cli_job *j = st_calloc(1, sizeof(*j));
+    if (!j) {
+        fprintf(stderr, "spottrain %s: out of memory\n", cmd);
+        return NULL;
+    }
+    j->cmd = cmd;
+    coord_config_init(&j->cc);
+    coord_job_config_init(&j->jc);
+    j->jc.spec = spec;
+    snprintf(j->jc.spec_path, sizeof(j->jc.spec_path), "%s", spec_path);
+    j->jc.coord = &j->cc;
+    j->jc.stop_flag = &job_stop;
+    if (save)
+        snprintf(j->jc.save_dir, sizeof(j->jc.save_dir), "%s", save);
+    cli_job_ckpt_store(&j->jc, spec);
+    cli_job_ui_init(&j->ui, cmd, "", &j->jc.ui);
+    return j;
+}
+
+/* See job-ui.h. */
+int cli__job_state_dir(const char *cmd, const char *dir, const char *what, char *state,
+                       size_t statesz) {
+    if (dir) {
+        snprintf(state, statesz, "%s", dir);
+        if (st_mkdir_p(state, 0700) < 0) {
+            fprintf(stderr, "spottrain %s: cannot create %s '%s'\n", cmd, what, state);
+            return CLI_EXIT_INPUT;
+        }
+        return CLI_EXIT_OK;
+    }
+    const char *tmp = getenv("TMPDIR");
+    snprintf(state, statesz, "%s/spottrain-%s-XXXXXX", tmp && *tmp ? tmp : "/tmp", cmd);
+    if (!mkdtemp(state)) {
+        fprintf(stderr, "spottrain %s: cannot create a state directory: %s\n", cmd,
+                strerror(errno));
+        return CLI_EXIT_FAILURE;
+    }
+    return CLI_EXIT_OK;
+}
+
+/* See job-ui.h. */
+int cli__job_run(struct cli_job *j) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_stop_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    int r = coord_job_run(&j->jc, &j->sum);
+    if (r < 0)
+        fprintf(stderr, "spottrain %s: %s\n", j->cmd, st_strerror(r));
+    return r;
+}
+
+/* See job-ui.h. */
+bool cli__job_stopped(void) {
+    return job_stop != 0;
+}
+
+/* See job-ui.h. */
+int cli__job_summary(struct cli_job *j, int r, const char *json) {
+    cli_job_print_summary(stdout, &j->sum, j->jc.spec);
+    return cli__job_json(j, json, r == 0 ? CLI_EXIT_OK : CLI_EXIT_FAILURE);
+}
+
+/* See job-ui.h. */
+int cli__job_json(const struct cli_job *j, const char *json, int code) {
+    int r;
+    if (json && (r = cli_job_write_json(json, &j->sum)) < 0) {
+        fprintf(stderr, "spottrain %s: cannot write '%s': %s\n", j->cmd, json, st_strerror(r));
+        return CLI_EXIT_FAILURE;
+    }
+    return code;
 }
 
 /* See cli.h. */

@@ -2,6 +2,7 @@
  *
  * One binary serves every role (DESIGN.md "One binary"). Exit codes: 0 ok, 2 invalid input,
  * 1 runtime failure. */
+#include <getopt.h> /* optind */
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -38,6 +39,15 @@ int cli_usage_error(const char *name, const char *fmt, ...) {
     va_end(ap);
     fprintf(stderr, "\nTry 'spottrain %s --help'.\n", name);
     return CLI_EXIT_INPUT;
+}
+
+/* See cli.h. */
+int cli_opt_help_or_unknown(const char *name, int c, char **argv) {
+    if (c == 'h') {
+        cli_print_usage(name, stdout);
+        return CLI_EXIT_OK;
+    }
+    return cli_usage_error(name, "unknown or incomplete option '%s'", argv[optind - 1]);
 }
 
 int cli_ensure_data(const char *name, const struct st_spec *spec, bool required) {

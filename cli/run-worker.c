@@ -85,6 +85,25 @@ static void ack_notice(void *userdata) {
         st_log(ST_LOG_NOTICE, "worker", "State left: acknowledged event '%s'", n->event_id);
 }
 
+/* The count N of a test fault from environment variable name into *ret, -1 when it is unset or
+ * empty. Prints "spottrain worker: invalid NAME 'VALUE'" and returns -EINVAL when it is not a
+ * whole number >= 0. */
+static int fault_count(const char *name, long *ret) {
+    const char *v = getenv(name);
+    if (!v || !v[0]) {
+        *ret = -1;
+        return 0;
+    }
+    char *e;
+    long n = strtol(v, &e, 10);
+    if (*e || n < 0) {
+        fprintf(stderr, "spottrain worker: invalid %s '%s'\n", name, v);
+        return -EINVAL;
+    }
+    *ret = n;
+    return 0;
+}
+
 static int parse_int(const char *flag, const char *s, int lo, int hi, int *ret) {
     char *e;
     long v = strtol(s, &e, 10);
@@ -97,24 +116,12 @@ static int parse_int(const char *flag, const char *s, int lo, int hi, int *ret) 
 /* See run-worker.h. */
 int cli_worker_job_main(int argc, char **argv) {
     static const struct option opts[] = {
-        {"coordinator", required_argument, NULL, 'c'},
-        {"token-file", required_argument, NULL, 't'},
-        {"id", required_argument, NULL, 'i'},
-        {"job-id", required_argument, NULL, 'J'},
-        {"state-dir", required_argument, NULL, 'd'},
-        {"data-addr", required_argument, NULL, 'a'},
+        CLI_WORKER_AGENT_OPTIONS,
         {"advertise-data-addr", required_argument, NULL, 'D'},
-        {"zone", required_argument, NULL, 'z'},
-        {"instance-id", required_argument, NULL, 'I'},
-        {"instance-type", required_argument, NULL, 'T'},
-        {"gpus", required_argument, NULL, 'g'},
         {"job", required_argument, NULL, 'j'},
         {"steps", required_argument, NULL, 's'},
         {"threads", required_argument, NULL, 'k'},
         {"timeout", required_argument, NULL, 'o'},
-        {"tls-ca", required_argument, NULL, 'A'},
-        {"tls-cert", required_argument, NULL, 'C'},
-        {"tls-key", required_argument, NULL, 'K'},
         {"cloud", required_argument, NULL, 'L'},
         {NULL, 0, NULL, 0},
     };
@@ -132,29 +139,12 @@ int cli_worker_job_main(int argc, char **argv) {
     opterr = 0;
     while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         const char *v = optarg;
+        int r = cli__worker_agent_flag(&cfg->agent, opt, v, &token_file, &want_id);
+        if (r < 0)
+            goto out;
+        if (r == 0)
+            continue;
         switch (opt) {
-        case 'c':
-            if (!*v || strlen(v) >= sizeof(cfg->agent.coordinator) || !strchr(v, ':')) {
-                cli_usage_error("worker", "bad --coordinator '%s' (want HOST:PORT)", v);
-                goto out;
-            }
-            snprintf(cfg->agent.coordinator, sizeof(cfg->agent.coordinator), "%s", v);
-            break;
-        case 't': token_file = v; break;
-        case 'i':
-            if (!st_uuid_valid(v)) {
-                cli_usage_error("worker", "--id '%s' is not a UUID", v);
-                goto out;
-            }
-            want_id = v;
-            break;
-        case 'd':
-            if (strlen(v) >= sizeof(cfg->agent.state_dir)) {
-                cli_usage_error("worker", "--state-dir is too long");
-                goto out;
-            }
-            snprintf(cfg->agent.state_dir, sizeof(cfg->agent.state_dir), "%s", v);
-            break;
         case 'a': {
             const char *colon = strrchr(v, ':');
             char *e;
@@ -182,13 +172,6 @@ int cli_worker_job_main(int argc, char **argv) {
             snprintf(cfg->advertise_addr, sizeof(cfg->advertise_addr), "%s", v);
             break;
         }
-        case 'J':
-            if (!st_uuid_valid(v)) {
-                cli_usage_error("worker", "--job-id '%s' is not a UUID", v);
-                goto out;
-            }
-            snprintf(cfg->agent.job_id, sizeof(cfg->agent.job_id), "%s", v);
-            break;
         case 'z':
             snprintf(cfg->agent.zone, sizeof(cfg->agent.zone), "%s", v);
             break;
@@ -245,22 +228,8 @@ int cli_worker_job_main(int argc, char **argv) {
         cli_usage_error("worker", "unexpected argument '%s'", argv[optind]);
         goto out;
     }
-    if (!cfg->agent.coordinator[0]) {
-        cli_usage_error("worker", "--coordinator HOST:PORT is required");
+    if ((ret = cli__worker_agent_check(&cfg->agent, !job)) != CLI_EXIT_OK)
         goto out;
-    }
-    if (!job) {
-        cli_usage_error("worker", "--job JOB.yaml is required to train");
-        goto out;
-    }
-    if (!cfg->agent.tls_cert[0] != !cfg->agent.tls_key[0]) {
-        cli_usage_error("worker", "--tls-cert and --tls-key go together");
-        goto out;
-    }
-    if (cfg->agent.tls_cert[0] && !cfg->agent.tls_ca[0]) {
-        cli_usage_error("worker", "--tls-cert needs --tls-ca (the coordinator's CA)");
-        goto out;
-    }
     struct st_error errs[8];
     size_t nerrs = 0;
     int r = st_spec_load(job, &cfg->spec, errs, ST_ARRAY_SIZE(errs), &nerrs);
@@ -275,22 +244,9 @@ int cli_worker_job_main(int argc, char **argv) {
         ret = r == -EINVAL || r == -ENOENT ? CLI_EXIT_INPUT : CLI_EXIT_FAILURE;
         goto out;
     }
-    if (token_file) {
-        char why[512];
-        if (coord_token_read(token_file, cfg->agent.token, sizeof(cfg->agent.token), why,
-                             sizeof(why)) < 0) {
-            fprintf(stderr, "spottrain worker: %s\n", why);
-            goto out;
-        }
-    }
-    r = worker_agent_id_load(cfg->agent.state_dir, want_id, cfg->agent.id);
-    if (r < 0) {
-        fprintf(stderr, "spottrain worker: cannot load or save the worker id in '%s': %s\n",
-                cfg->agent.state_dir, st_strerror(r));
-        ret = r == -EINVAL ? CLI_EXIT_INPUT : CLI_EXIT_FAILURE;
+    if ((ret = cli__worker_agent_identity(&cfg->agent, token_file, want_id)) != CLI_EXIT_OK)
         goto out;
-    }
-    st_log_set_role("worker", cfg->agent.id);
+    ret = CLI_EXIT_INPUT;
     signal(SIGPIPE, SIG_IGN);
     struct notice_sources ns = {.imds = NULL, .grace = -1};
     const char *grace = getenv("SPOTTRAIN_NOTICE_SECONDS");
@@ -310,30 +266,18 @@ int cli_worker_job_main(int argc, char **argv) {
         cfg->poll_notice = poll_notices;
         cfg->notice_userdata = &ns;
     }
-    /* A fault for scripts/chaos: this worker's Nth checkpoint layer write fails with ENOSPC. */
-    const char *enospc = getenv("SPOTTRAIN_TEST_CKPT_ENOSPC");
-    if (enospc && enospc[0]) {
-        char *e;
-        long n = strtol(enospc, &e, 10);
-        if (*e || n < 0) {
-            fprintf(stderr, "spottrain worker: invalid SPOTTRAIN_TEST_CKPT_ENOSPC '%s'\n", enospc);
-            ret = CLI_EXIT_INPUT;
-            goto out;
-        }
-        mig_ckpt_write_fail_at(n);
+    /* Faults for scripts/chaos: this worker's Nth checkpoint layer write fails with ENOSPC;
+     * its Nth sending migration transfer is cut mid-message. */
+    long enospc, cut;
+    if (fault_count("SPOTTRAIN_TEST_CKPT_ENOSPC", &enospc) < 0 ||
+        fault_count("SPOTTRAIN_TEST_DATA_CUT", &cut) < 0) {
+        ret = CLI_EXIT_INPUT;
+        goto out;
     }
-    /* Another: this worker's Nth sending migration transfer is cut mid-message. */
-    const char *cut = getenv("SPOTTRAIN_TEST_DATA_CUT");
-    if (cut && cut[0]) {
-        char *e;
-        long n = strtol(cut, &e, 10);
-        if (*e || n < 0) {
-            fprintf(stderr, "spottrain worker: invalid SPOTTRAIN_TEST_DATA_CUT '%s'\n", cut);
-            ret = CLI_EXIT_INPUT;
-            goto out;
-        }
-        mig_execute_cut_at(n);
-    }
+    if (enospc >= 0)
+        mig_ckpt_write_fail_at(enospc);
+    if (cut >= 0)
+        mig_execute_cut_at(cut);
     if (!cloud && getenv("AWS_EC2_METADATA_SERVICE_ENDPOINT"))
         cloud = "aws";
     if (cloud) {

@@ -7,7 +7,6 @@
  * way `spottrain ckpt verify` and a restoring worker open them. Flags bit 0 rewrites each
  * layer file's trailer with the right xxh64, since a fuzzer cannot forge a hash but the
  * tensor table behind it must be reached. ckpt-seed.c turns real checkpoints into seeds. */
-#include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -17,7 +16,7 @@
 
 #define MAX_LAYER_FILES 4
 
-static char dir[256];
+static const char *dir; /* fuzz_dir_make() */
 
 static void write_file(const char *name, const uint8_t *p, size_t n) {
     char path[512];
@@ -28,31 +27,12 @@ static void write_file(const char *name, const uint8_t *p, size_t n) {
     FUZZ_CHECK(fclose(f) == 0);
 }
 
-static void clear_dir(void) {
-    DIR *d = opendir(dir);
-    if (!d)
-        return;
-    struct dirent *e;
-    char path[512];
-    while ((e = readdir(d)))
-        if (e->d_name[0] != '.') {
-            snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-            unlink(path);
-        }
-    closedir(d);
-}
-
-static void cleanup(void) {
-    clear_dir();
-    rmdir(dir);
-}
-
 static int one(const uint8_t *data, size_t size) {
     if (size < 1)
         return 0;
     bool fix = data[0] & 1;
     size_t at = 1;
-    clear_dir();
+    fuzz_dir_clear();
     for (int rec = 0; rec <= MAX_LAYER_FILES && at + 2 <= size; rec++) {
         size_t n = (size_t)data[at] | (size_t)data[at + 1] << 8;
         at += 2;
@@ -124,17 +104,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
     (void)argv;
     st_log_set_level(ST_LOG_ERR);
-    const char *base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
-    snprintf(dir, sizeof(dir), "%s/spottrain-fuzz-ckpt-XXXXXX", base);
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
-        abort();
-    }
-    atexit(cleanup);
+    dir = fuzz_dir_make("ckpt");
     return 0;
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    fuzz_run(one, data, size);
-    return 0;
-}
+FUZZ_TARGET(one)

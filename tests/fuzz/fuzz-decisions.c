@@ -12,11 +12,7 @@ static int one(const uint8_t *data, size_t size) {
     struct st_error e;
     memset(&e, 0, sizeof(e));
     int r = plan_decisions_parse("fuzz.json", (const char *)data, size, &d, &e);
-    if (r == -EINVAL) {
-        FUZZ_CHECK(e.message[0] != '\0');
-        return r;
-    }
-    if (r < 0)
+    if (fuzz_parse_refused(r, &e))
         return r;
     FUZZ_CHECK(d && d->n >= 0);
     for (int i = 0; i < d->n; i++)
@@ -27,14 +23,6 @@ static int one(const uint8_t *data, size_t size) {
     return 0;
 }
 
-int LLVMFuzzerInitialize(int *argc, char ***argv) {
-    (void)argc;
-    (void)argv;
-    st_log_set_level(ST_LOG_ERR);
-    return 0;
-}
+FUZZ_INIT_QUIET()
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    fuzz_run(one, data, size);
-    return 0;
-}
+FUZZ_TARGET(one)

@@ -21,11 +21,7 @@ static int one(const uint8_t *data, size_t size) {
     struct st_error e;
     memset(&e, 0, sizeof(e));
     int r = plan_cost_from_profile("fuzz.json", (const char *)data + 1, size - 1, model, &c, &e);
-    if (r == -EINVAL) {
-        FUZZ_CHECK(e.message[0] != '\0');
-        return r;
-    }
-    if (r < 0)
+    if (fuzz_parse_refused(r, &e))
         return r;
     for (int dp = 1; dp <= 8; dp++)
         for (int pp = 1; pp <= 8; pp++) {
@@ -43,14 +39,6 @@ static int one(const uint8_t *data, size_t size) {
     return 0;
 }
 
-int LLVMFuzzerInitialize(int *argc, char ***argv) {
-    (void)argc;
-    (void)argv;
-    st_log_set_level(ST_LOG_ERR);
-    return 0;
-}
+FUZZ_INIT_QUIET()
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    fuzz_run(one, data, size);
-    return 0;
-}
+FUZZ_TARGET(one)

@@ -13,7 +13,6 @@
  * After the program: the in-memory tables obey their invariants, and a coordinator reopened
  * on the same journal sees exactly the workers and job the first one had in memory (the
  * journal is the truth, memory its cache: nothing half-written, in either direction). */
-#include <dirent.h>
 #include <math.h>
 #include <string.h>
 #include <unistd.h>
@@ -21,7 +20,7 @@
 #include "coord-internal.h"
 #include "fuzz.h"
 
-static char dir[256];
+static const char *dir; /* fuzz_dir_make() */
 static struct st_spec spec;
 
 /* ---- reading the input ------------------------------------------------------------- */
@@ -288,37 +287,6 @@ static void op_configure(struct coord *c, struct in *in) {
 
 /* ---- invariants ------------------------------------------------------------------------ */
 
-static void remove_journal(void) {
-    DIR *d = opendir(dir);
-    if (!d)
-        return;
-    struct dirent *e;
-    char path[512];
-    while ((e = readdir(d)))
-        if (e->d_name[0] != '.') {
-            snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-            unlink(path);
-        }
-    closedir(d);
-}
-
-static void cleanup(void) {
-    remove_journal();
-    rmdir(dir);
-}
-
-static int open_coord(struct coord **ret) {
-    struct coord_config cfg;
-    coord_config_init(&cfg);
-    cfg.spec = &spec;
-    snprintf(cfg.listen, sizeof(cfg.listen), "127.0.0.1:0");
-    snprintf(cfg.status_listen, sizeof(cfg.status_listen), "-");
-    snprintf(cfg.state_dir, sizeof(cfg.state_dir), "%s", dir);
-    cfg.heartbeat_deadline = 10;
-    cfg.settle = 0.5;
-    return coord_new(&cfg, NULL, ret);
-}
-
 static void check_memory(struct coord *c) {
     for (size_t k = 0; k < c->nworkers; k++) {
         const struct coord_wk *wk = c->workers[k];
@@ -353,13 +321,10 @@ static void check_same_worker(const struct coord_worker *a, const struct coord_w
 }
 
 static int one(const uint8_t *data, size_t size) {
-    remove_journal();
     struct coord *c = NULL;
-    int r = open_coord(&c);
-    if (r < 0) {
-        FUZZ_CHECK(r == -ENOMEM);
+    int r = fuzz_coord_fresh(&spec, dir, NULL, &c);
+    if (r < 0)
         return r;
-    }
     struct in in = {data, size, 0};
     for (int steps = 0; steps < 64 && in.at < in.n; steps++) {
         switch (u8(&in) % 8) {
@@ -383,7 +348,7 @@ static int one(const uint8_t *data, size_t size) {
     coord_free(c);
 
     c = NULL;
-    FUZZ_CHECK(open_coord(&c) == 0);
+    FUZZ_CHECK(fuzz_coord_open(&spec, dir, NULL, &c) == 0);
     FUZZ_CHECK(c->nworkers == n);
     for (size_t k = 0; k < n; k++)
         check_same_worker(&before[k], &c->workers[k]->pub);
@@ -400,20 +365,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
     (void)argv;
     st_log_level_max = -1; /* rejected messages are expected by the thousand: no logging */
-    const char *base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
-    snprintf(dir, sizeof(dir), "%s/spottrain-fuzz-proto-XXXXXX", base);
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
-        abort();
-    }
-    atexit(cleanup);
-    st_spec_defaults(&spec);
-    snprintf(spec.name, sizeof(spec.name), "fuzz");
-    spec.model.layers = 4;
+    dir = fuzz_dir_make("proto");
+    fuzz_coord_spec(&spec);
     return 0;
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    fuzz_run(one, data, size);
-    return 0;
-}
+FUZZ_TARGET(one)

@@ -16,7 +16,6 @@
  * error body {"code","message"}, Allow exactly on 405. After the program: a coordinator
  * reopened on the same journal has the same job row and shows the same events first in
  * /v1/events (what a request wrote is whole on disk; nothing half-written). */
-#include <dirent.h>
 #include <jansson.h>
 #include <string.h>
 #include <unistd.h>
@@ -29,42 +28,8 @@
 #define MAX_PAIRS 32
 #define FIELD_MAX 1024
 
-static char dir[256];
+static const char *dir; /* fuzz_dir_make() */
 static struct st_spec spec;
-
-/* ---- the coordinator ------------------------------------------------------------------- */
-
-static void remove_journal(void) {
-    DIR *d = opendir(dir);
-    if (!d)
-        return;
-    struct dirent *e;
-    char path[512];
-    while ((e = readdir(d)))
-        if (e->d_name[0] != '.') {
-            snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-            unlink(path);
-        }
-    closedir(d);
-}
-
-static void cleanup(void) {
-    remove_journal();
-    rmdir(dir);
-}
-
-static int open_coord(struct coord **ret) {
-    struct coord_config cfg;
-    coord_config_init(&cfg);
-    cfg.spec = &spec;
-    snprintf(cfg.listen, sizeof(cfg.listen), "127.0.0.1:0");
-    snprintf(cfg.status_listen, sizeof(cfg.status_listen), "-");
-    snprintf(cfg.state_dir, sizeof(cfg.state_dir), "%s", dir);
-    snprintf(cfg.token, sizeof(cfg.token), "%s", TOKEN);
-    cfg.heartbeat_deadline = 10;
-    cfg.settle = 0.5;
-    return coord_new(&cfg, NULL, ret);
-}
 
 /* ---- reading a request ----------------------------------------------------------------- */
 
@@ -239,13 +204,10 @@ static void check_same_events(const char *before, const char *after) {
 }
 
 static int one(const uint8_t *data, size_t size) {
-    remove_journal();
     struct coord *c = NULL;
-    int r = open_coord(&c);
-    if (r < 0) {
-        FUZZ_CHECK(r == -ENOMEM);
+    int r = fuzz_coord_fresh(&spec, dir, TOKEN, &c);
+    if (r < 0)
         return r;
-    }
     const char *p = (const char *)data, *end = p + size;
     int result = 0;
     static struct request req; /* large: kept off the stack */
@@ -272,7 +234,7 @@ static int one(const uint8_t *data, size_t size) {
     char *ev = events_text(c);
     coord_free(c);
     c = NULL;
-    FUZZ_CHECK(open_coord(&c) == 0);
+    FUZZ_CHECK(fuzz_coord_open(&spec, dir, TOKEN, &c) == 0);
     FUZZ_CHECK(strcmp(c->job.id, job.id) == 0 && c->job.epoch == job.epoch);
     FUZZ_CHECK(c->job.state == job.state && c->job.step == job.step);
     char *ev2 = events_text(c);
@@ -287,20 +249,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
     (void)argv;
     st_log_level_max = -1;
-    const char *base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
-    snprintf(dir, sizeof(dir), "%s/spottrain-fuzz-rest-XXXXXX", base);
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
-        abort();
-    }
-    atexit(cleanup);
-    st_spec_defaults(&spec);
-    snprintf(spec.name, sizeof(spec.name), "fuzz");
-    spec.model.layers = 4;
+    dir = fuzz_dir_make("rest");
+    fuzz_coord_spec(&spec);
     return 0;
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    fuzz_run(one, data, size);
-    return 0;
-}
+FUZZ_TARGET(one)

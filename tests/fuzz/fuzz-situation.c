@@ -40,14 +40,6 @@ static int one(const uint8_t *data, size_t size) {
     return 0;
 }
 
-int LLVMFuzzerInitialize(int *argc, char ***argv) {
-    (void)argc;
-    (void)argv;
-    st_log_set_level(ST_LOG_ERR);
-    return 0;
-}
+FUZZ_INIT_QUIET()
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    fuzz_run(one, data, size);
-    return 0;
-}
+FUZZ_TARGET(one)

@@ -8,6 +8,8 @@
 #ifndef ST_FUZZ_H
 #define ST_FUZZ_H
 
+#include <errno.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,5 +61,55 @@ static inline void fuzz_run(int (*fn)(const uint8_t *, size_t), const uint8_t *d
         abort();
     }
 }
+
+/* Entry point of a target: each input goes through fuzz_run(fn). Written once per target,
+ * without a trailing semicolon (one at file scope is an empty declaration -pedantic flags). */
+#define FUZZ_TARGET(fn)                                                                    \
+    int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {                         \
+        fuzz_run(fn, data, size);                                                          \
+        return 0;                                                                          \
+    }
+
+/* Initialisation of a target whose only setup is quiet logging: bad input is expected by the
+ * thousand and logs only errors. */
+#define FUZZ_INIT_QUIET()                                                                  \
+    int LLVMFuzzerInitialize(int *argc, char ***argv) {                                    \
+        (void)argc;                                                                        \
+        (void)argv;                                                                        \
+        st_log_set_level(ST_LOG_ERR);                                                      \
+        return 0;                                                                          \
+    }
+
+/* A parser's verdict on one input: true when it refused the input, and then -EINVAL must come
+ * with a message in *e (the user is told what is wrong). */
+static inline bool fuzz_parse_refused(int r, const struct st_error *e) {
+    if (r == -EINVAL)
+        FUZZ_CHECK(e->message[0] != '\0');
+    return r < 0;
+}
+
+/* ---- fuzz-dir.c: a private directory, for targets that read and write files ------------- */
+
+/* Makes /dev/shm/spottrain-fuzz-NAME-XXXXXX (/tmp without /dev/shm), removed with its files
+ * at exit; aborts when it cannot. Returns its path (static storage, one per process). Called
+ * once, from LLVMFuzzerInitialize. */
+const char *fuzz_dir_make(const char *name);
+/* Removes the files in that directory (not below), keeping it: an input starts empty. */
+void fuzz_dir_clear(void);
+
+/* ---- fuzz-coord.c: the coordinator of fuzz-proto and fuzz-rest -------------------------- */
+
+struct coord;
+/* A default spec named "fuzz" with 4 layers. */
+void fuzz_coord_spec(struct st_spec *spec);
+/* Opens a coordinator on the journal in dir (spec borrowed for its life), gRPC on a free
+ * loopback port, no REST listener; token NULL leaves the token unset. Returns coord_new()'s
+ * result; caller frees with coord_free(). */
+int fuzz_coord_open(const struct st_spec *spec, const char *dir, const char *token,
+                    struct coord **ret);
+/* fuzz_coord_open() on an emptied directory: the start of every input. Out of memory (the
+ * allocation-failing replay) is the only failure it allows; returns 0 or -ENOMEM. */
+int fuzz_coord_fresh(const struct st_spec *spec, const char *dir, const char *token,
+                     struct coord **ret);
 
 #endif

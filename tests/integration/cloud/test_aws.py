@@ -37,7 +37,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -47,10 +46,10 @@ if SCENARIO in ("bad-secret", "credentials"):
     # Signature checking on after the three IAM calls that make the user (read at import).
     os.environ["INITIAL_NO_AUTH_ACTION_COUNT"] = "3"
 
-import logging  # noqa: E402
-
 import boto3  # noqa: E402
-from moto.server import ThreadedMotoServer  # noqa: E402
+import cloudtest  # noqa: E402
+from cloudtest import (FAIL_HOOKS, aws_env, check, fail, iam_user, moto_main,  # noqa: E402
+                       wait_for)
 
 BIN = os.environ["SPOTTRAIN_BIN"]
 TIMEOUT = 30.0
@@ -60,35 +59,16 @@ SESSION = "session-TOKEN-never-printed"
 procs = []
 
 
-def fail(msg):
-    for p in procs:  # what launch said, to see why
+def show_procs():  # what launch said, to see why
+    for p in procs:
         print("---- %s\n%s" % (" ".join(p.args), output(p)), flush=True)
-    print("FAIL: " + msg, flush=True)
-    raise SystemExit(1)
 
 
-def check(cond, msg):
-    if not cond:
-        fail(msg)
-    print("ok - " + msg, flush=True)
+FAIL_HOOKS.append(show_procs)
 
 
 def wait_until(pred, what, timeout=TIMEOUT):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.1)
-    fail("timed out waiting for " + what)
-
-
-def start_moto():
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    srv = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    srv.start()
-    host, port = srv.get_host_and_port()
-    return srv, "http://%s:%d" % (host, port)
+    return wait_for(pred, what, timeout, step=0.1)
 
 
 def ec2(url, key=KEY, secret=SECRET):
@@ -146,17 +126,7 @@ spec:
 
 
 def env_for(url, d, secret=SECRET, session=None):
-    e = dict(os.environ)
-    for k in list(e):
-        if k.startswith("AWS_"):
-            del e[k]
-    e.update({"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": KEY,
-              "AWS_SECRET_ACCESS_KEY": secret, "AWS_REGION": "us-east-1", "HOME": d,
-              # Never the machine's own metadata service, even where the tests run on EC2.
-              "AWS_EC2_METADATA_DISABLED": "true"})
-    if session:
-        e["AWS_SESSION_TOKEN"] = session
-    return e
+    return aws_env(url, d, KEY, secret, **({"AWS_SESSION_TOKEN": session} if session else {}))
 
 
 def launch(spec, env, *flags):
@@ -175,9 +145,15 @@ def output(p):
 
 
 def run(args, env, timeout=TIMEOUT):
-    env = env if env is not None else dict(os.environ)
-    r = subprocess.run([BIN, *args], env=env, capture_output=True, text=True, timeout=timeout)
-    return r.returncode, r.stdout, r.stderr
+    return cloudtest.run(args, env, timeout)
+
+
+def exit_code(p, what):
+    """The exit code of launch p, which must exit by itself within TIMEOUT (else FAIL what)."""
+    try:
+        return p.wait(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        fail(what)
 
 
 def stop(p):
@@ -381,21 +357,12 @@ def t_adopt(d, url):
 
 
 def t_bad_secret(d, url):
-    iam = boto3.client("iam", endpoint_url=url, region_name="us-east-1",
-                       aws_access_key_id="x", aws_secret_access_key="x")
-    iam.create_user(UserName="spottrain")
-    iam.put_user_policy(UserName="spottrain", PolicyName="all", PolicyDocument=(
-        '{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Action":"*","Resource":"*"}]}'))
-    k = iam.create_access_key(UserName="spottrain")["AccessKey"]
-    key, secret = k["AccessKeyId"], k["SecretAccessKey"]
+    key, secret = iam_user(url)
     spec = write_spec(d)
     env = env_for(url, d, secret=secret + "-wrong")
     env["AWS_ACCESS_KEY_ID"] = key
     p = launch(spec, env, "--state-dir", os.path.join(d, "state"))
-    try:
-        rc = p.wait(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        fail("launch with a wrong secret did not exit")
+    rc = exit_code(p, "launch with a wrong secret did not exit")
     out = output(p)
     check(rc == 2, "launch exits 2 with a wrong secret (rc %d)" % rc)
     auth = [l for l in out.splitlines() if "AuthFailure" in l]
@@ -535,10 +502,7 @@ def t_bad_xml(d, url):
     srv, purl = start_proxy(url, lambda body: (200, "this is <not xml"))
     spec = write_spec(d)
     p = launch(spec, env_for(purl, d), "--state-dir", os.path.join(d, "state"))
-    try:
-        rc = p.wait(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        fail("launch did not exit on a malformed answer")
+    rc = exit_code(p, "launch did not exit on a malformed answer")
     out = output(p)
     check(rc == 1, "launch exits 1 on a malformed answer (rc %d)" % rc)
     check("DescribeInstances: %s answered HTTP 200 with a body that is not EC2 XML" % purl in out,
@@ -555,10 +519,7 @@ def t_dead_endpoint(d, url):
     s.close()
     spec = write_spec(d)
     p = launch(spec, env_for(dead, d), "--state-dir", os.path.join(d, "state"))
-    try:
-        rc = p.wait(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        fail("launch did not exit on a dead endpoint")
+    rc = exit_code(p, "launch did not exit on a dead endpoint")
     out = output(p)
     check(rc == 1, "launch exits 1 on a dead endpoint (rc %d)" % rc)
     check("DescribeInstances: %s: Couldn't connect to server" % dead in out,
@@ -706,20 +667,15 @@ SCENARIOS = {"spot-price": t_spot_price, "placement": t_placement, "train": t_tr
              "throttled": t_throttled, "bad-xml": t_bad_xml, "dead-endpoint": t_dead_endpoint}
 
 
+def kill_procs():
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
 def main():
-    if SCENARIO not in SCENARIOS:
-        fail("usage: test_aws.py {%s}" % "|".join(SCENARIOS))
-    srv, url = start_moto()
-    try:
-        with tempfile.TemporaryDirectory(prefix="spottrain-aws-") as d:
-            SCENARIOS[SCENARIO](d, url)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        srv.stop()
-    print("PASS " + SCENARIO, flush=True)
+    moto_main("test_aws.py", SCENARIOS, SCENARIO, "spottrain-aws-", finish=kill_procs)
 
 
 if __name__ == "__main__":

@@ -59,23 +59,11 @@ import urllib.parse
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import cloudtest
+from cloudtest import fail, wait_for
+
 SPOTTRAIN = os.environ.get("SPOTTRAIN_BIN") or "spottrain"
 DEADLINE = 30.0
-
-
-def fail(msg):
-    print("FAIL: " + msg, flush=True)
-    sys.exit(1)
-
-
-def wait_for(cond, what, timeout=DEADLINE):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.05)
-    fail("timed out after %.0f s waiting for %s" % (timeout, what))
 
 
 # ---- a small validator for discovery-document schemas -------------------------------------
@@ -501,36 +489,17 @@ class AzureFake:
 # ---- HTTP plumbing ------------------------------------------------------------------------
 
 def serve(fake):
-    class H(BaseHTTPRequestHandler):
-        def log_message(self, *a):
-            pass
-
-        def do(self):
-            u = urllib.parse.urlsplit(self.path)
-            q = dict(urllib.parse.parse_qsl(u.query))
-            n = int(self.headers.get("Content-Length") or 0)
-            body = self.rfile.read(n) if n else b""
-            out = fake.handle(self.command, u.path, q, self.headers, body)
-            status, obj = out[0], out[1]
-            extra = out[2] if len(out) > 2 else {}
-            data = json.dumps(obj).encode() if obj is not None else b""
-            self.send_response(status)
-            if obj is not None:
-                self.send_header("Content-Type", "application/json; charset=UTF-8")
-            if isinstance(fake, GceFake):
-                self.send_header("Metadata-Flavor", "Google")
-            for k, v in extra.items():
-                self.send_header(k, v)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        do_GET = do_POST = do_PUT = do_DELETE = do
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    srv.daemon_threads = True
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    return srv
+    def answer(h, path, q, body):
+        out = fake.handle(h.command, path, q, h.headers, body)
+        status, obj = out[0], out[1]
+        headers = {}
+        if obj is not None:
+            headers["Content-Type"] = "application/json; charset=UTF-8"
+        if isinstance(fake, GceFake):
+            headers["Metadata-Flavor"] = "Google"
+        headers.update(out[2] if len(out) > 2 else {})
+        return status, json.dumps(obj).encode() if obj is not None else b"", headers
+    return cloudtest.serve(answer)
 
 
 SPEC = """apiVersion: spottrain/v1

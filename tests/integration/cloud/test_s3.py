@@ -26,42 +26,21 @@ every wait is a subprocess with a timeout. Needs SPOTTRAIN_BIN and SPOTTRAIN_S3_
 import os
 import subprocess
 import sys
-import tempfile
 
 SCENARIO = sys.argv[1] if len(sys.argv) > 1 else ""
 if SCENARIO in ("bad-secret", "imds-role"):
     # Signature checking on after the three IAM calls that make the user (read at import).
     os.environ["INITIAL_NO_AUTH_ACTION_COUNT"] = "3"
 
-import logging  # noqa: E402
-
 import boto3  # noqa: E402
-from moto.server import ThreadedMotoServer  # noqa: E402
+from cloudtest import (aws_env, check, fail, iam_user, moto_main, run, tool,  # noqa: E402
+                       train, write_ckpt_spec)
 
 BIN = os.environ["SPOTTRAIN_BIN"]
 TOOL = os.environ["SPOTTRAIN_S3_TOOL"]
 KEY, SECRET = "AKIAEXAMPLEKEY000001", "s3cr3t-VALUE-never-printed"
 BUCKET = "spottrain-ckpt"
 PART = 5 * 1024 * 1024  # S3's minimum part size
-
-
-def fail(msg):
-    print("FAIL: " + msg, flush=True)
-    raise SystemExit(1)
-
-
-def check(cond, msg):
-    if not cond:
-        fail(msg)
-    print("ok - " + msg, flush=True)
-
-
-def start_moto():
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    srv = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    srv.start()
-    host, port = srv.get_host_and_port()
-    return srv, "http://%s:%d" % (host, port)
 
 
 def s3(url, key=KEY, secret=SECRET):
@@ -75,51 +54,13 @@ def keys(url, prefix, **kw):
 
 
 def write_spec(d, hidden=32):
-    path = os.path.join(d, "job.yaml")
-    with open(path, "w") as f:
-        f.write("""apiVersion: spottrain/v1
-kind: TrainingJob
-metadata:
-  name: s3-ckpt
-spec:
-  model: {layers: 2, hidden: %d, heads: 2, vocab: 64, seq_len: 16}
-  data:
-    train: %s/data/train.bin
-    synth: {kind: markov, tokens: 4096}
-  training: {global_batch: 4, micro_batch: 1, steps: 5}
-  fleet:
-    provider: aws
-    instance_type: t3.micro
-    image: ami-12c6146b
-    zones: [us-east-1a]
-    max: 1
-  coordinator: {listen: "127.0.0.1:0", advertise: "10.1.2.3:7070"}
-  status: {listen: ""}
-  checkpoint: {dir: "s3://%s/job", interval: 0}
-""" % (hidden, d, BUCKET))
-    return path
+    return write_ckpt_spec(d, "s3-ckpt", hidden, [
+        "provider: aws", "instance_type: t3.micro", "image: ami-12c6146b", "zones: [us-east-1a]",
+        "max: 1"], "s3://%s/job" % BUCKET)
 
 
 def env_for(url, d, secret=SECRET, key=KEY):
-    e = dict(os.environ)
-    for k in list(e):
-        if k.startswith("AWS_"):
-            del e[k]
-    e.update({"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": key,
-              "AWS_SECRET_ACCESS_KEY": secret, "AWS_REGION": "us-east-1", "HOME": d,
-              "TMPDIR": d, "SPOTTRAIN_S3_PART_BYTES": str(PART),
-              # Never the machine's own metadata service, even where the tests run on EC2.
-              "AWS_EC2_METADATA_DISABLED": "true"})
-    return e
-
-
-def run(args, env, timeout=180):
-    r = subprocess.run([BIN, *args], env=env, capture_output=True, text=True, timeout=timeout)
-    return r.returncode, r.stdout, r.stderr
-
-
-def train(spec, save, env):
-    return run(["train", "--local", "--steps", "5", "--threads", "1", "--save", save, spec], env)
+    return aws_env(url, d, key, secret, TMPDIR=d, SPOTTRAIN_S3_PART_BYTES=str(PART))
 
 
 def t_contract(d, url):
@@ -179,30 +120,25 @@ def t_torn_prune(d, url):
     check(rc == 0, "train --save DIR")
     src = os.path.join(d, "src")
     put_ckpt(url, src, "root/step-9", skip=("manifest.json",))  # the upload that was cut short
-    r = subprocess.run([TOOL, "latest", "s3://%s/root" % BUCKET], env=env, capture_output=True,
-                       text=True, timeout=60)
-    check(r.returncode == 0 and r.stdout == "latest 5 s3://%s/root/step-5\n" % BUCKET,
+    rc, o, e = tool(["latest", "s3://%s/root" % BUCKET], env)
+    check(rc == 0 and o == "latest 5 s3://%s/root/step-5\n" % BUCKET,
           "the restore lookup skips the torn step-9 and picks step 5: %r %s" %
-          (r.stdout, r.stderr.strip()[-300:]))
-    check("manifest.json missing" in r.stderr, "and says why step-9 was skipped")
-    r = subprocess.run([TOOL, "latest", "s3://%s/nothing" % BUCKET], env=env,
-                       capture_output=True, text=True, timeout=60)
-    check(r.returncode == 0 and r.stdout.startswith("latest none ("),
-          "an empty prefix has no latest checkpoint: %r" % r.stdout)
+          (o, e.strip()[-300:]))
+    check("manifest.json missing" in e, "and says why step-9 was skipped")
+    rc, o, e = tool(["latest", "s3://%s/nothing" % BUCKET], env)
+    check(rc == 0 and o.startswith("latest none ("),
+          "an empty prefix has no latest checkpoint: %r" % o)
     put_ckpt(url, src, "root/step-7")
-    r = subprocess.run([TOOL, "prune", "s3://%s/root" % BUCKET, "1"], env=env,
-                       capture_output=True, text=True, timeout=60)
-    check(r.returncode == 0 and r.stdout == "pruned 1\n", "prune keep 1 removes one: %r %s" %
-          (r.stdout, r.stderr.strip()[-300:]))
+    rc, o, e = tool(["prune", "s3://%s/root" % BUCKET, "1"], env)
+    check(rc == 0 and o == "pruned 1\n", "prune keep 1 removes one: %r %s" %
+          (o, e.strip()[-300:]))
     left = keys(url, "root/")
     n = len(os.listdir(src))
     check(len(left) == 2 * n - 1 and not [k for k in left if k.startswith("root/step-5/")],
           "step-5 is gone, step-7 (committed) and step-9 (maybe still uploading) stay: %s" %
           left)
-    r = subprocess.run([TOOL, "latest", "s3://%s/root" % BUCKET], env=env, capture_output=True,
-                       text=True, timeout=60)
-    check(r.stdout == "latest 5 s3://%s/root/step-7\n" % BUCKET, "latest is now step-7: %r"
-          % r.stdout)
+    rc, o, e = tool(["latest", "s3://%s/root" % BUCKET], env)
+    check(o == "latest 5 s3://%s/root/step-7\n" % BUCKET, "latest is now step-7: %r" % o)
 
 
 def t_corrupt(d, url):
@@ -223,13 +159,7 @@ def t_corrupt(d, url):
 
 
 def t_bad_secret(d, url):
-    iam = boto3.client("iam", endpoint_url=url, region_name="us-east-1",
-                       aws_access_key_id="x", aws_secret_access_key="x")
-    iam.create_user(UserName="spottrain")
-    iam.put_user_policy(UserName="spottrain", PolicyName="all", PolicyDocument=(
-        '{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Action":"*","Resource":"*"}]}'))
-    ak = iam.create_access_key(UserName="spottrain")["AccessKey"]
-    key, secret = ak["AccessKeyId"], ak["SecretAccessKey"]
+    key, secret = iam_user(url)
     s3(url, key=key, secret=secret).create_bucket(Bucket=BUCKET)
     spec = write_spec(d, hidden=256)  # multipart too, so its query strings are signed right
     env = env_for(url, d, key=key, secret=secret + "-wrong")
@@ -248,16 +178,6 @@ def t_bad_secret(d, url):
     check(rc == 0, "the right secret is accepted (signing works): %s" % e.strip()[-300:])
     rc, o, e = run(["ckpt", "verify", "s3://%s/run" % BUCKET], env)
     check(rc == 0, "and the checkpoint verifies: %s%s" % (o, e))
-
-
-def iam_user(url):
-    iam = boto3.client("iam", endpoint_url=url, region_name="us-east-1",
-                       aws_access_key_id="x", aws_secret_access_key="x")
-    iam.create_user(UserName="spottrain")
-    iam.put_user_policy(UserName="spottrain", PolicyName="all", PolicyDocument=(
-        '{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Action":"*","Resource":"*"}]}'))
-    ak = iam.create_access_key(UserName="spottrain")["AccessKey"]
-    return ak["AccessKeyId"], ak["SecretAccessKey"]
 
 
 def imds(key, secret, token):
@@ -317,15 +237,7 @@ SCENARIOS = {"imds-role": t_imds_role, "contract": t_contract, "torn-prune": t_t
 
 
 def main():
-    if SCENARIO not in SCENARIOS:
-        fail("usage: test_s3.py {%s}" % "|".join(SCENARIOS))
-    srv, url = start_moto()
-    try:
-        with tempfile.TemporaryDirectory(prefix="spottrain-s3-") as d:
-            SCENARIOS[SCENARIO](d, url)
-    finally:
-        srv.stop()
-    print("PASS " + SCENARIO, flush=True)
+    moto_main("test_s3.py", SCENARIOS, SCENARIO, "spottrain-s3-")
 
 
 if __name__ == "__main__":

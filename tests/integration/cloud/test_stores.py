@@ -79,6 +79,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_gcpaz  # noqa: E402  (the discovery-schema validator, the service-account key)
+from cloudtest import check, fail, run, tool, train, write_ckpt_spec  # noqa: E402
+import cloudtest  # noqa: E402
 
 BIN = os.environ["SPOTTRAIN_BIN"]
 TOOL = os.environ["SPOTTRAIN_S3_TOOL"]
@@ -89,17 +91,6 @@ SECRET = "az-s3cr3t-never-printed"
 CHUNK = 4 * 1024 * 1024  # GCS chunk / Azure block size the tests set (a multiple of 256 KiB)
 PAGE = 3                 # the fakes page listings by 3, so paging is always walked
 FAKE_KEY = base64.b64encode(b"spottrain-shared-key-0123456789abcdef" * 2).decode()
-
-
-def fail(msg):
-    print("FAIL: " + msg, flush=True)
-    raise SystemExit(1)
-
-
-def check(cond, msg):
-    if not cond:
-        fail(msg)
-    print("ok - " + msg, flush=True)
 
 
 # ---- the GCS fake -------------------------------------------------------------------------
@@ -117,6 +108,23 @@ class StorageDiscovery(test_gcpaz.Discovery):
 
 def template_regex(t):
     return re.compile("^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", t) + "$")
+
+
+def listing(names, prefix, delim, kind):
+    """A delimited listing as both services page it: in name order, (kind, name) for each name
+    under prefix, and ("p", common prefix) once in place of the names a delimiter folds."""
+    entries = []
+    for n in sorted(names):
+        if not n.startswith(prefix):
+            continue
+        rest = n[len(prefix):]
+        if delim and delim in rest:
+            p = prefix + rest.split(delim)[0] + delim
+            if ("p", p) not in entries:
+                entries.append(("p", p))
+        else:
+            entries.append((kind, n))
+    return entries
 
 
 class GcsFake:
@@ -321,17 +329,7 @@ class GcsFake:
         if "list" in self.garbage:
             return 200, b"<html>a proxy's error page</html>", {"Content-Type": "text/html"}
         prefix, delim = query.get("prefix", ""), query.get("delimiter", "")
-        entries = []
-        for n in sorted(self.objects):
-            if not n.startswith(prefix):
-                continue
-            rest = n[len(prefix):]
-            if delim and delim in rest:
-                p = prefix + rest.split(delim)[0] + delim
-                if ("p", p) not in entries:
-                    entries.append(("p", p))
-            else:
-                entries.append(("o", n))
+        entries = listing(self.objects, prefix, delim, "o")
         start = int(query.get("pageToken", "0"))
         page = entries[start:start + PAGE]
         out = {"kind": "storage#objects"}
@@ -509,17 +507,7 @@ class BlobFake:
         if "list" in self.garbage:
             return 200, b'{"not": "xml"}', {"Content-Type": "application/json"}
         prefix, delim = query.get("prefix", ""), query.get("delimiter", "")
-        entries = []
-        for n in sorted(self.blobs):
-            if not n.startswith(prefix):
-                continue
-            rest = n[len(prefix):]
-            if delim and delim in rest:
-                p = prefix + rest.split(delim)[0] + delim
-                if ("p", p) not in entries:
-                    entries.append(("p", p))
-            else:
-                entries.append(("b", n))
+        entries = listing(self.blobs, prefix, delim, "b")
         start = int(query.get("marker") or "0")
         page = entries[start:start + PAGE]
         nxt = str(start + PAGE) if start + PAGE < len(entries) else ""
@@ -548,43 +536,26 @@ class BlobFake:
 # ---- the server, the spec, the runs -------------------------------------------------------
 
 def serve(fake):
-    class H(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    def answer(h, path, q, body):
+        if isinstance(fake, BlobFake):
+            out = fake.handle(h.command, path, q, h.headers, body, h.path)
+        else:
+            out = fake.handle(h.command, path, q, h.headers, body)
+        status, obj = out[0], out[1]
+        extra = out[2] if len(out) > 2 else {}
+        if isinstance(obj, (dict, list)):
+            data, ctype = json.dumps(obj).encode(), "application/json; charset=UTF-8"
+        else:
+            data, ctype = obj or b"", "application/octet-stream"
+        headers = {}
+        if "Content-Type" not in extra and data:
+            headers["Content-Type"] = ctype
+        if h.path.startswith("/computeMetadata/"):
+            headers["Metadata-Flavor"] = "Google"
+        headers.update(extra)
+        return status, data, headers
 
-        def log_message(self, *a):
-            pass
-
-        def do(self):
-            u = urllib.parse.urlsplit(self.path)
-            q = dict(urllib.parse.parse_qsl(u.query, keep_blank_values=True))
-            n = int(self.headers.get("Content-Length") or 0)
-            body = self.rfile.read(n) if n else b""
-            if isinstance(fake, BlobFake):
-                out = fake.handle(self.command, u.path, q, self.headers, body, self.path)
-            else:
-                out = fake.handle(self.command, u.path, q, self.headers, body)
-            status, obj = out[0], out[1]
-            extra = out[2] if len(out) > 2 else {}
-            if isinstance(obj, (dict, list)):
-                data, ctype = json.dumps(obj).encode(), "application/json; charset=UTF-8"
-            else:
-                data, ctype = obj or b"", "application/octet-stream"
-            self.send_response(status)
-            if "Content-Type" not in extra and data:
-                self.send_header("Content-Type", ctype)
-            if self.path.startswith("/computeMetadata/"):
-                self.send_header("Metadata-Flavor", "Google")
-            for k, v in extra.items():
-                self.send_header(k, v)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        do_GET = do_POST = do_PUT = do_DELETE = do
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    srv.daemon_threads = True
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    srv = cloudtest.serve(answer, http11=True, keep_blank=True)
     if isinstance(fake, BlobFake):
         fake.port = srv.server_address[1]
     return srv
@@ -594,39 +565,7 @@ def write_spec(d, url, hidden=32):
     # The fleet of the store's own cloud (train --local never contacts it).
     fleet = test_gcpaz.gcp_fleet(1, ["us-central1-a"]) if url.startswith("gs://") else \
         test_gcpaz.azure_fleet(1, ["1"])
-    path = os.path.join(d, "job.yaml")
-    with open(path, "w") as f:
-        f.write("""apiVersion: spottrain/v1
-kind: TrainingJob
-metadata:
-  name: store-ckpt
-spec:
-  model: {layers: 2, hidden: %d, heads: 2, vocab: 64, seq_len: 16}
-  data:
-    train: %s/data/train.bin
-    synth: {kind: markov, tokens: 4096}
-  training: {global_batch: 4, micro_batch: 1, steps: 5}
-  fleet:
-%s
-  coordinator: {listen: "127.0.0.1:0", advertise: "10.1.2.3:7070"}
-  status: {listen: ""}
-  checkpoint: {dir: "%s", interval: 0}
-""" % (hidden, d, "\n".join("    " + l for l in fleet), url))
-    return path
-
-
-def run(args, env, timeout=180):
-    r = subprocess.run([BIN, *args], env=env, capture_output=True, text=True, timeout=timeout)
-    return r.returncode, r.stdout, r.stderr
-
-
-def tool(args, env):
-    r = subprocess.run([TOOL, *args], env=env, capture_output=True, text=True, timeout=60)
-    return r.returncode, r.stdout, r.stderr
-
-
-def train(spec, save, env):
-    return run(["train", "--local", "--steps", "5", "--threads", "1", "--save", save, spec], env)
+    return write_ckpt_spec(d, "store-ckpt", hidden, fleet, url)
 
 
 class Cloud:
@@ -1019,16 +958,6 @@ def sim_worker_pids(d):
         if "worker" in args and "--instance-id" in args and any(d in a for a in args):
             pids[args[args.index("--instance-id") + 1]] = int(p)
     return pids
-
-
-def wait_for(what, cond, timeout):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.05)
-    fail("timed out after %.0f s waiting for %s" % (timeout, what))
 
 
 def t_resume(c):
