@@ -249,7 +249,10 @@ static void op_report(struct coord *c, struct in *in) {
 
 static void op_raw(struct coord *c, struct in *in) {
     enum method m = (enum method)(u8(in) % 3);
-    size_t n = ST_MIN((size_t)u8(in), in->n - in->at);
+    /* Read the length once: ST_MIN evaluates its arguments twice, and a second u8() would
+     * both move the cursor and give a length past the end of the input. */
+    size_t want = u8(in);
+    size_t n = ST_MIN(want, in->n - in->at);
     deliver(c, m, in->p + in->at, n);
     in->at += n;
 }
