@@ -98,18 +98,18 @@ static int az_call(struct az_state *s, const char *method, const char *url, cons
     memset(rep, 0, sizeof(*rep));
     if (s->dry_run) {
         char *t = shown ? json_dumps(shown, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
-        struct cloud__sbuf line = {.max = 1u << 20};
-        cloud__sb_str(&line, method);
-        cloud__sb_str(&line, " ");
-        cloud__sb_str(&line, url);
+        struct st_sbuf line = {.max = 1u << 20};
+        st_sb_str(&line, method);
+        st_sb_str(&line, " ");
+        st_sb_str(&line, url);
         if (t) {
-            cloud__sb_str(&line, "\n");
-            cloud__sb_str(&line, t);
+            st_sb_str(&line, "\n");
+            st_sb_str(&line, t);
         }
         if (!line.fail)
             s->dry_run(s->dry_run_userdata, line.p);
         r = line.fail ? -ENOMEM : 0;
-        cloud__sb_done(&line);
+        st_sb_done(&line);
         st_free(t);
         return r;
     }
@@ -324,12 +324,12 @@ static int custom_data(const struct cloud_config *cfg, const char *coordinator, 
     char *script = NULL;
     TRY(cloud__bootstrap_script(cfg, coordinator, "azure", redact, AZ_CUSTOM_DATA_MAX,
                                 &script));
-    struct cloud__sbuf b = {.max = AZ_CUSTOM_DATA_MAX * 2};
-    cloud__sb_base64(&b, script, strlen(script), false);
+    struct st_sbuf b = {.max = AZ_CUSTOM_DATA_MAX * 2};
+    st_sb_base64(&b, script, strlen(script), false);
     memset(script, 0, strlen(script));
     st_free(script);
     if (b.fail) {
-        cloud__sb_done(&b);
+        st_sb_done(&b);
         return -E2BIG;
     }
     *ret = b.p;

@@ -43,20 +43,7 @@ extern const struct cloud_provider_ops cloud__azure_ops;
 
 #include <jansson.h>
 
-/* A growing string with a bound (curl dynbuf style); fail is sticky. cloud__sb_done() wipes
- * the bytes before freeing them (bodies carry tokens). */
-struct cloud__sbuf {
-    char *p;
-    size_t len, cap, max;
-    bool fail;
-};
-void cloud__sb_add(struct cloud__sbuf *b, const char *s, size_t n);
-void cloud__sb_str(struct cloud__sbuf *b, const char *s);
-void cloud__sb_done(struct cloud__sbuf *b);
-/* Standard base64, or base64url without padding (JWT) when url. */
-void cloud__sb_base64(struct cloud__sbuf *b, const void *data, size_t n, bool url);
-/* RFC 3986 percent-encoding (form bodies, query parameters). */
-void cloud__sb_escape(struct cloud__sbuf *b, const char *s);
+#include "http.h" /* struct st_sbuf, st_sb_*: bounded strings (common/http.c) */
 
 /* One HTTP request. Strings are borrowed; bearer and body are never logged. */
 struct cloud__rest_req {

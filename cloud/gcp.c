@@ -96,18 +96,18 @@ static int gcp_call(struct gcp_state *s, const char *method, const char *url,
     memset(rep, 0, sizeof(*rep));
     if (s->dry_run) {
         char *t = shown ? json_dumps(shown, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
-        struct cloud__sbuf line = {.max = 1u << 20};
-        cloud__sb_str(&line, method);
-        cloud__sb_str(&line, " ");
-        cloud__sb_str(&line, url);
+        struct st_sbuf line = {.max = 1u << 20};
+        st_sb_str(&line, method);
+        st_sb_str(&line, " ");
+        st_sb_str(&line, url);
         if (t) {
-            cloud__sb_str(&line, "\n");
-            cloud__sb_str(&line, t);
+            st_sb_str(&line, "\n");
+            st_sb_str(&line, t);
         }
         if (!line.fail)
             s->dry_run(s->dry_run_userdata, line.p);
         r = line.fail ? -ENOMEM : 0;
-        cloud__sb_done(&line);
+        st_sb_done(&line);
         st_free(t);
         return r;
     }
@@ -260,24 +260,24 @@ static int gcp_list(void *backend, cloud__fleet_seen_fn *fn, void *userdata) {
         const char *zone = s->fleet.zones[z];
         char page[512] = "";
         for (int pages = 0; pages < 1000; pages++) {
-            struct cloud__sbuf url = {.max = 4096};
+            struct st_sbuf url = {.max = 4096};
             struct cloud__rest_reply rep;
             char filter[128];
             const char *key = s->by_name ? "spottrain-job" : "spottrain-job-id";
             const char *want = s->by_name ? s->label_job : s->job_id;
             snprintf(filter, sizeof(filter), "labels.%s=\"%s\"", key, want);
-            cloud__sb_str(&url, s->base);
-            cloud__sb_str(&url, "/zones/");
-            cloud__sb_str(&url, zone);
-            cloud__sb_str(&url, "/instances?filter=");
-            cloud__sb_escape(&url, filter);
+            st_sb_str(&url, s->base);
+            st_sb_str(&url, "/zones/");
+            st_sb_str(&url, zone);
+            st_sb_str(&url, "/instances?filter=");
+            st_sb_escape(&url, filter);
             if (page[0]) {
-                cloud__sb_str(&url, "&pageToken=");
-                cloud__sb_escape(&url, page);
+                st_sb_str(&url, "&pageToken=");
+                st_sb_escape(&url, page);
             }
             memset(&rep, 0, sizeof(rep));
             int r = url.fail ? -ENOMEM : gcp_call(s, "GET", url.p, NULL, NULL, &rep);
-            cloud__sb_done(&url);
+            st_sb_done(&url);
             if (r < 0) {
                 cloud__rest_reply_done(&rep); /* a refusal's error body */
                 return r;

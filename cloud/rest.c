@@ -17,109 +17,16 @@
 
 #include "check.h"          /* TRY, TRY_GOTO */
 #include "cloud-internal.h" /* cloud__emit, cloud__log, cloud__rest_* */
+#include "http.h"           /* st_sbuf, st_curl_errno */
 #include "oauth.h"          /* st_url_is_loopback */
 #include "spec.h"           /* struct st_spec: the spec file embedded in the bootstrap */
 
 #define REST_REPLY_MAX (8u << 20) /* larger answers are refused */
 
-/* ---- bounded string -------------------------------------------------------------------- */
-
-void cloud__sb_add(struct cloud__sbuf *b, const char *s, size_t n) {
-    if (b->fail)
-        return;
-    if (b->len + n + 1 > b->max) {
-        b->fail = true;
-        return;
-    }
-    if (b->len + n + 1 > b->cap) {
-        size_t nc = b->cap ? b->cap : 256;
-        while (nc < b->len + n + 1)
-            nc *= 2;
-        char *np = st_realloc(b->p, nc);
-        if (!np) {
-            b->fail = true;
-            return;
-        }
-        b->p = np;
-        b->cap = nc;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
-
-void cloud__sb_str(struct cloud__sbuf *b, const char *s) {
-    cloud__sb_add(b, s, strlen(s));
-}
-
-void cloud__sb_done(struct cloud__sbuf *b) {
-    if (b->p) {
-        volatile unsigned char *q = (unsigned char *)b->p;
-        for (size_t i = 0; i < b->cap; i++)
-            q[i] = 0; /* bodies carry tokens and secrets */
-    }
-    st_free(b->p);
-    memset(b, 0, sizeof(*b));
-}
-
-void cloud__sb_base64(struct cloud__sbuf *b, const void *data, size_t n, bool url) {
-    static const char std[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    static const char web[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    const char *tab = url ? web : std;
-    const unsigned char *u = data;
-    for (size_t i = 0; i < n; i += 3) {
-        unsigned v = (unsigned)u[i] << 16;
-        if (i + 1 < n)
-            v |= (unsigned)u[i + 1] << 8;
-        if (i + 2 < n)
-            v |= u[i + 2];
-        char o[4] = {tab[(v >> 18) & 63], tab[(v >> 12) & 63],
-                     i + 1 < n ? tab[(v >> 6) & 63] : '=', i + 2 < n ? tab[v & 63] : '='};
-        /* base64url in a JWT has no padding (RFC 7515). */
-        size_t k = url ? (i + 2 < n ? 4 : i + 1 < n ? 3 : 2) : 4;
-        cloud__sb_add(b, o, k);
-    }
-}
-
-void cloud__sb_escape(struct cloud__sbuf *b, const char *s) {
-    static const char hex[] = "0123456789ABCDEF";
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-            c == '-' || c == '_' || c == '.' || c == '~') {
-            cloud__sb_add(b, (const char *)&c, 1);
-        } else {
-            char e[3] = {'%', hex[c >> 4], hex[c & 15]};
-            cloud__sb_add(b, e, 3);
-        }
-    }
-}
-
 /* ---- HTTP -------------------------------------------------------------------------------- */
 
 bool cloud__url_is_loopback(const char *url) {
     return st_url_is_loopback(url);
-}
-
-static int curl_errno(CURLcode c) {
-    switch (c) {
-    case CURLE_OK: return 0;
-    case CURLE_COULDNT_CONNECT: return -ECONNREFUSED;
-    case CURLE_OPERATION_TIMEDOUT: return -ETIMEDOUT;
-    case CURLE_COULDNT_RESOLVE_HOST: return -EHOSTUNREACH;
-    case CURLE_OUT_OF_MEMORY: return -ENOMEM;
-    case CURLE_WRITE_ERROR: return -EFBIG;
-    case CURLE_GOT_NOTHING:
-    case CURLE_RECV_ERROR:
-    case CURLE_SEND_ERROR: return -ECONNRESET;
-    default: return -EIO;
-    }
-}
-
-static size_t on_body(char *ptr, size_t size, size_t nmemb, void *userdata) {
-    struct cloud__sbuf *b = userdata;
-    cloud__sb_add(b, ptr, size * nmemb);
-    return b->fail ? 0 : size * nmemb;
 }
 
 /* Keeps the headers a long-running operation is followed by. */
@@ -146,7 +53,7 @@ int cloud__rest_call(const struct cloud__rest_req *req, struct cloud__rest_reply
     memset(rep, 0, sizeof(*rep));
     CURL *c = curl_easy_init();
     struct curl_slist *h = NULL;
-    struct cloud__sbuf body = {.max = REST_REPLY_MAX};
+    struct st_sbuf body = {.max = REST_REPLY_MAX};
     char auth[8192 + 32];
     int r = 0;
     if (!c)
@@ -180,7 +87,7 @@ int cloud__rest_call(const struct cloud__rest_req *req, struct cloud__rest_reply
         curl_easy_setopt(c, CURLOPT_NOBODY, 0L);
     }
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, st_sb_curl_write);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &body);
     curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(c, CURLOPT_HEADERDATA, rep);
@@ -191,7 +98,7 @@ int cloud__rest_call(const struct cloud__rest_req *req, struct cloud__rest_reply
     curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, tmo);
     CURLcode cc = curl_easy_perform(c);
     if (cc != CURLE_OK) {
-        r = body.fail ? -EFBIG : curl_errno(cc);
+        r = body.fail ? -EFBIG : st_curl_errno(cc, -EIO);
         goto out;
     }
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &rep->status);
@@ -201,7 +108,7 @@ int cloud__rest_call(const struct cloud__rest_req *req, struct cloud__rest_reply
 out:
     curl_slist_free_all(h);
     curl_easy_cleanup(c);
-    cloud__sb_done(&body);
+    st_sb_done(&body);
     return r;
 }
 
@@ -226,59 +133,59 @@ void cloud__sleep(double s) {
 
 int cloud__bootstrap_script(const struct cloud_config *cfg, const char *coordinator,
                             const char *cloud, bool redact, size_t max, char **ret) {
-    struct cloud__sbuf b = {.max = max};
+    struct st_sbuf b = {.max = max};
     char *spec_text = NULL;
     size_t spec_len = 0;
     if (cfg->spec && cfg->spec->path[0] &&
         st_read_file(cfg->spec->path, max / 2, &spec_text, &spec_len) < 0)
         spec_text = NULL;
-    cloud__sb_str(&b, "#!/bin/sh\n# spottrain bootstrap: job '");
-    cloud__sb_str(&b, cfg->job_name);
-    cloud__sb_str(&b, "' (");
-    cloud__sb_str(&b, cfg->job_id);
-    cloud__sb_str(&b, "). Runs once at first boot; the image has spottrain on PATH.\n"
+    st_sb_str(&b, "#!/bin/sh\n# spottrain bootstrap: job '");
+    st_sb_str(&b, cfg->job_name);
+    st_sb_str(&b, "' (");
+    st_sb_str(&b, cfg->job_id);
+    st_sb_str(&b, "). Runs once at first boot; the image has spottrain on PATH.\n"
                       "set -eu\ndir=/var/lib/spottrain\nmkdir -p \"$dir\"\nchmod 700 \"$dir\"\n"
                       "umask 077\n");
     if (cfg->token) {
-        cloud__sb_str(&b, "printf '%s\\n' '");
-        cloud__sb_str(&b, redact ? "<redacted>" : cfg->token);
-        cloud__sb_str(&b, "' >\"$dir/token\"\n");
+        st_sb_str(&b, "printf '%s\\n' '");
+        st_sb_str(&b, redact ? "<redacted>" : cfg->token);
+        st_sb_str(&b, "' >\"$dir/token\"\n");
     }
     bool job = spec_text && !strstr(spec_text, "SPOTTRAIN_JOB_EOF");
     if (job) {
-        cloud__sb_str(&b, "cat >\"$dir/job.yaml\" <<'SPOTTRAIN_JOB_EOF'\n");
-        cloud__sb_add(&b, spec_text, spec_len);
+        st_sb_str(&b, "cat >\"$dir/job.yaml\" <<'SPOTTRAIN_JOB_EOF'\n");
+        st_sb_add(&b, spec_text, spec_len);
         if (spec_len && spec_text[spec_len - 1] != '\n')
-            cloud__sb_str(&b, "\n");
-        cloud__sb_str(&b, "SPOTTRAIN_JOB_EOF\n");
+            st_sb_str(&b, "\n");
+        st_sb_str(&b, "SPOTTRAIN_JOB_EOF\n");
     }
     /* The instance's own name from its metadata service (curl is on the image), so the
      * coordinator ties the worker to the instance the listing reports; the data plane listens
      * on the instance's first address, where its peers reach it. */
     if (!strcmp(cloud, "gcp"))
-        cloud__sb_str(&b, "md=${GCE_METADATA_HOST:-metadata.google.internal}\n"
+        st_sb_str(&b, "md=${GCE_METADATA_HOST:-metadata.google.internal}\n"
                           "iid=$(curl -fsS -H 'Metadata-Flavor: Google' "
                           "\"http://$md/computeMetadata/v1/instance/name\")\n");
     else
-        cloud__sb_str(&b, "md=${AZURE_POD_IDENTITY_AUTHORITY_HOST:-http://169.254.169.254}\n"
+        st_sb_str(&b, "md=${AZURE_POD_IDENTITY_AUTHORITY_HOST:-http://169.254.169.254}\n"
                           "iid=$(curl -fsS -H 'Metadata: true' \"$md/metadata/instance/compute/"
                           "name?api-version=2021-02-01&format=text\")\n");
-    cloud__sb_str(&b, "ip=$(hostname -I 2>/dev/null | cut -d' ' -f1)\n");
-    cloud__sb_str(&b, "exec spottrain worker --coordinator ");
-    cloud__sb_str(&b, coordinator);
-    cloud__sb_str(&b, " --job-id ");
-    cloud__sb_str(&b, cfg->job_id);
+    st_sb_str(&b, "ip=$(hostname -I 2>/dev/null | cut -d' ' -f1)\n");
+    st_sb_str(&b, "exec spottrain worker --coordinator ");
+    st_sb_str(&b, coordinator);
+    st_sb_str(&b, " --job-id ");
+    st_sb_str(&b, cfg->job_id);
     if (cfg->token)
-        cloud__sb_str(&b, " --token-file \"$dir/token\"");
+        st_sb_str(&b, " --token-file \"$dir/token\"");
     if (job)
-        cloud__sb_str(&b, " --job \"$dir/job.yaml\"");
-    cloud__sb_str(&b, " --cloud ");
-    cloud__sb_str(&b, cloud);
-    cloud__sb_str(&b, " --instance-id \"$iid\" --data-addr \"${ip:-127.0.0.1}:0\" --state-dir "
+        st_sb_str(&b, " --job \"$dir/job.yaml\"");
+    st_sb_str(&b, " --cloud ");
+    st_sb_str(&b, cloud);
+    st_sb_str(&b, " --instance-id \"$iid\" --data-addr \"${ip:-127.0.0.1}:0\" --state-dir "
                       "\"$dir\"\n");
     st_free(spec_text);
     if (b.fail) {
-        cloud__sb_done(&b);
+        st_sb_done(&b);
         return -E2BIG;
     }
     *ret = b.p;
