@@ -547,65 +547,6 @@ int cloud_aws_down(const struct cloud_config *cfg, const char *job_name) {
     return r;
 }
 
-/* ---- the bootstrap ------------------------------------------------------------------------ */
-
-/* The user-data script (docs/aws.md): it writes the join token and the job spec under
- * /var/lib/spottrain and execs the worker. shown = the same with the token redacted. */
-static int user_data_build(const struct cloud_config *cfg, const char *coordinator,
-                           bool redact, char **ret) {
-    struct st_sbuf b = {.max = AWS_USER_DATA_MAX};
-    char *spec_text = NULL;
-    size_t spec_len = 0;
-    if (cfg->spec && cfg->spec->path[0] &&
-        st_read_file(cfg->spec->path, AWS_SPEC_EMBED_MAX, &spec_text, &spec_len) < 0)
-        spec_text = NULL;
-    st_sb_str(&b, "#!/bin/sh\n# spottrain bootstrap: job '");
-    st_sb_str(&b, cfg->job_name);
-    st_sb_str(&b, "' (");
-    st_sb_str(&b, cfg->job_id);
-    st_sb_str(&b, "). Runs once at first boot; the image has spottrain on PATH.\n"
-               "set -eu\ndir=/var/lib/spottrain\nmkdir -p \"$dir\"\nchmod 700 \"$dir\"\n"
-               "umask 077\n");
-    if (cfg->token) {
-        st_sb_str(&b, "printf '%s\\n' '");
-        st_sb_str(&b, redact ? "<redacted>" : cfg->token);
-        st_sb_str(&b, "' >\"$dir/token\"\n");
-    }
-    bool job = spec_text && !strstr(spec_text, "SPOTTRAIN_JOB_EOF");
-    if (job) {
-        st_sb_str(&b, "cat >\"$dir/job.yaml\" <<'SPOTTRAIN_JOB_EOF'\n");
-        st_sb_add(&b, spec_text, spec_len);
-        if (spec_len && spec_text[spec_len - 1] != '\n')
-            st_sb_str(&b, "\n");
-        st_sb_str(&b, "SPOTTRAIN_JOB_EOF\n");
-    }
-    /* The instance's id from IMDSv2 (curl is on the image, docs/aws.md), so the coordinator
-     * ties the worker to the instance DescribeInstances reports; the data plane listens on
-     * the instance's first address, where its peers reach it. */
-    st_sb_str(&b, "md=${AWS_EC2_METADATA_SERVICE_ENDPOINT:-http://169.254.169.254}\n"
-               "t=$(curl -fsS -X PUT \"$md/latest/api/token\" "
-               "-H 'X-aws-ec2-metadata-token-ttl-seconds: 300')\n"
-               "iid=$(curl -fsS -H \"X-aws-ec2-metadata-token: $t\" "
-               "\"$md/latest/meta-data/instance-id\")\n"
-               "ip=$(hostname -I 2>/dev/null | cut -d' ' -f1)\n");
-    st_sb_str(&b, "exec spottrain worker --coordinator ");
-    st_sb_str(&b, coordinator);
-    st_sb_str(&b, " --job-id ");
-    st_sb_str(&b, cfg->job_id);
-    if (cfg->token)
-        st_sb_str(&b, " --token-file \"$dir/token\"");
-    if (job)
-        st_sb_str(&b, " --job \"$dir/job.yaml\"");
-    st_sb_str(&b, " --instance-id \"$iid\" --data-addr \"${ip:-127.0.0.1}:0\" --state-dir \"$dir\"\n");
-    st_free(spec_text);
-    if (b.fail) {
-        st_sb_done(&b);
-        return -E2BIG;
-    }
-    *ret = b.p;
-    return 0;
-}
-
 /* ---- the provider ------------------------------------------------------------------------- */
 
 static struct aws_inst *inst_find(struct aws_state *s, const char *id) {
@@ -860,8 +801,11 @@ static int aws_init(struct cloud_provider *p, void *state, const struct cloud_co
     s->insts = st_calloc(CLOUD_MAX_INSTANCES, sizeof(*s->insts));
     if (!s->insts)
         return -ENOMEM;
-    TRY_GOTO(user_data_build(cfg, coordinator, false, &s->user_data), r, out);
-    TRY_GOTO(user_data_build(cfg, coordinator, true, &s->user_data_shown), r, out);
+    /* The user-data script (docs/aws.md), and the same with the token redacted. */
+    TRY_GOTO(cloud__bootstrap_script(cfg, coordinator, "aws", false, AWS_USER_DATA_MAX,
+                                     AWS_SPEC_EMBED_MAX, &s->user_data), r, out);
+    TRY_GOTO(cloud__bootstrap_script(cfg, coordinator, "aws", true, AWS_USER_DATA_MAX,
+                                     AWS_SPEC_EMBED_MAX, &s->user_data_shown), r, out);
     TRY_GOTO(ctx_init(p, &s->ctx, s->nzones > 0 ? s->zones[0] : NULL, cfg->dry_run,
                       cfg->dry_run_userdata), r, out);
     aws_log(p, ST_LOG_INFO, "region %s, endpoint %s, %d x %s from %s%s", s->ctx.region,

@@ -323,7 +323,7 @@ static int custom_data(const struct cloud_config *cfg, const char *coordinator, 
                        char **ret) {
     char *script = NULL;
     TRY(cloud__bootstrap_script(cfg, coordinator, "azure", redact, AZ_CUSTOM_DATA_MAX,
-                                &script));
+                                AZ_CUSTOM_DATA_MAX / 2, &script));
     struct st_sbuf b = {.max = AZ_CUSTOM_DATA_MAX * 2};
     st_sb_base64(&b, script, strlen(script), false);
     memset(script, 0, strlen(script));

@@ -71,12 +71,14 @@ bool cloud__url_is_loopback(const char *url);
 const char *cloud__json_str(const json_t *o, const char *key);
 void cloud__sleep(double seconds);
 
-/* The worker bootstrap (startup-script, customData): writes the join token (or
- * "<redacted>") and the job spec, reads the instance's name from the metadata service of
- * cloud ("gcp" or "azure"), then execs `spottrain worker`. *ret: caller frees with st_free().
- * Returns 0 or -E2BIG beyond max bytes. */
+/* The worker bootstrap (bootstrap.c; EC2 user-data, GCE startup-script, Azure customData):
+ * writes the join token (or "<redacted>") and the job spec (when the file fits in spec_max
+ * bytes), reads the instance's name from the metadata service of cloud ("aws", "gcp" or
+ * "azure"), then execs `spottrain worker`. *ret: caller frees with st_free(). Returns 0,
+ * -E2BIG beyond max bytes, -EINVAL for another cloud. */
 int cloud__bootstrap_script(const struct cloud_config *cfg, const char *coordinator,
-                            const char *cloud, bool redact, size_t max, char **ret);
+                            const char *cloud, bool redact, size_t max, size_t spec_max,
+                            char **ret);
 
 /* The fleet engine: a target count kept over zones by a backend that can create one named
  * instance, list the job's instances and delete one. */

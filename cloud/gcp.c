@@ -384,9 +384,9 @@ static int gcp_init(struct cloud_provider *p, void *state, const struct cloud_co
     s->dry_run = cfg->dry_run;
     s->dry_run_userdata = cfg->dry_run_userdata;
     TRY_GOTO(cloud__bootstrap_script(cfg, coordinator, "gcp", false, GCP_SCRIPT_MAX,
-                                     &s->script), r, out);
+                                     GCP_SCRIPT_MAX / 2, &s->script), r, out);
     TRY_GOTO(cloud__bootstrap_script(cfg, coordinator, "gcp", true, GCP_SCRIPT_MAX,
-                                     &s->script_shown), r, out);
+                                     GCP_SCRIPT_MAX / 2, &s->script_shown), r, out);
     TRY_GOTO(cloud__fleet_init(&s->fleet, p, "gcp", &gcp_fleet_ops, s, cfg, sp->fleet.nzones),
              r, out);
     cloud__log(p, ST_LOG_INFO, "gcp: %s, %d x %s from %s%s", s->base, s->fleet.target, s->machine_type, s->image, s->spot ? " (spot)" : "");

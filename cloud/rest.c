@@ -1,6 +1,5 @@
 /* rest.c: what the JSON-over-HTTPS providers (gcp, azure) share — one bounded HTTP call with
- * its answer parsed as JSON, base64, the worker bootstrap script, and the fleet engine that
- * keeps a target number of instances alive over zones.
+ * its answer parsed as JSON, and the fleet engine that keeps a target number of instances alive over zones.
  *
  * The one idea of the fleet engine: a cloud's own labels or tags are the fleet's record, as
  * in aws.c. The backend only knows how to create one named instance in a zone, list the
@@ -19,7 +18,6 @@
 #include "cloud-internal.h" /* cloud__emit, cloud__log, cloud__rest_* */
 #include "http.h"           /* st_sbuf, st_curl_errno */
 #include "oauth.h"          /* st_url_is_loopback */
-#include "spec.h"           /* struct st_spec: the spec file embedded in the bootstrap */
 
 #define REST_REPLY_MAX (8u << 20) /* larger answers are refused */
 
@@ -127,69 +125,6 @@ void cloud__sleep(double s) {
     struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
     while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
         ;
-}
-
-/* ---- the bootstrap ----------------------------------------------------------------------- */
-
-int cloud__bootstrap_script(const struct cloud_config *cfg, const char *coordinator,
-                            const char *cloud, bool redact, size_t max, char **ret) {
-    struct st_sbuf b = {.max = max};
-    char *spec_text = NULL;
-    size_t spec_len = 0;
-    if (cfg->spec && cfg->spec->path[0] &&
-        st_read_file(cfg->spec->path, max / 2, &spec_text, &spec_len) < 0)
-        spec_text = NULL;
-    st_sb_str(&b, "#!/bin/sh\n# spottrain bootstrap: job '");
-    st_sb_str(&b, cfg->job_name);
-    st_sb_str(&b, "' (");
-    st_sb_str(&b, cfg->job_id);
-    st_sb_str(&b, "). Runs once at first boot; the image has spottrain on PATH.\n"
-                      "set -eu\ndir=/var/lib/spottrain\nmkdir -p \"$dir\"\nchmod 700 \"$dir\"\n"
-                      "umask 077\n");
-    if (cfg->token) {
-        st_sb_str(&b, "printf '%s\\n' '");
-        st_sb_str(&b, redact ? "<redacted>" : cfg->token);
-        st_sb_str(&b, "' >\"$dir/token\"\n");
-    }
-    bool job = spec_text && !strstr(spec_text, "SPOTTRAIN_JOB_EOF");
-    if (job) {
-        st_sb_str(&b, "cat >\"$dir/job.yaml\" <<'SPOTTRAIN_JOB_EOF'\n");
-        st_sb_add(&b, spec_text, spec_len);
-        if (spec_len && spec_text[spec_len - 1] != '\n')
-            st_sb_str(&b, "\n");
-        st_sb_str(&b, "SPOTTRAIN_JOB_EOF\n");
-    }
-    /* The instance's own name from its metadata service (curl is on the image), so the
-     * coordinator ties the worker to the instance the listing reports; the data plane listens
-     * on the instance's first address, where its peers reach it. */
-    if (!strcmp(cloud, "gcp"))
-        st_sb_str(&b, "md=${GCE_METADATA_HOST:-metadata.google.internal}\n"
-                          "iid=$(curl -fsS -H 'Metadata-Flavor: Google' "
-                          "\"http://$md/computeMetadata/v1/instance/name\")\n");
-    else
-        st_sb_str(&b, "md=${AZURE_POD_IDENTITY_AUTHORITY_HOST:-http://169.254.169.254}\n"
-                          "iid=$(curl -fsS -H 'Metadata: true' \"$md/metadata/instance/compute/"
-                          "name?api-version=2021-02-01&format=text\")\n");
-    st_sb_str(&b, "ip=$(hostname -I 2>/dev/null | cut -d' ' -f1)\n");
-    st_sb_str(&b, "exec spottrain worker --coordinator ");
-    st_sb_str(&b, coordinator);
-    st_sb_str(&b, " --job-id ");
-    st_sb_str(&b, cfg->job_id);
-    if (cfg->token)
-        st_sb_str(&b, " --token-file \"$dir/token\"");
-    if (job)
-        st_sb_str(&b, " --job \"$dir/job.yaml\"");
-    st_sb_str(&b, " --cloud ");
-    st_sb_str(&b, cloud);
-    st_sb_str(&b, " --instance-id \"$iid\" --data-addr \"${ip:-127.0.0.1}:0\" --state-dir "
-                      "\"$dir\"\n");
-    st_free(spec_text);
-    if (b.fail) {
-        st_sb_done(&b);
-        return -E2BIG;
-    }
-    *ret = b.p;
-    return 0;
 }
 
 /* ---- the fleet engine --------------------------------------------------------------------- */
