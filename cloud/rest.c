@@ -1,5 +1,7 @@
 /* rest.c: what the JSON-over-HTTPS providers (gcp, azure) share — one bounded HTTP call with
- * its answer parsed as JSON, and the fleet engine that keeps a target number of instances alive over zones.
+ * its answer parsed as JSON, the fleet engine that keeps a target number of instances alive
+ * over zones, and the provider around it (token, retries, dry run, the provider entry points,
+ * `down`), so that gcp.c and azure.c hold only what their APIs differ in.
  *
  * The one idea of the fleet engine: a cloud's own labels or tags are the fleet's record, as
  * in aws.c. The backend only knows how to create one named instance in a zone, list the
@@ -409,4 +411,160 @@ int cloud__fleet_instances(struct cloud__fleet *f, struct cloud_instance *out, s
 
 double cloud__fleet_next_deadline(const struct cloud__fleet *f) {
     return ST_MIN(f->next_reconcile, f->next_fill); /* always something: a cloud keeps going */
+}
+
+/* ---- a JSON cloud's provider --------------------------------------------------------------- */
+
+/* See cloud-internal.h. */
+void cloud__rest_cloud_init(struct cloud__rest_cloud *rc, const struct cloud__rest_cloud_ops *ops,
+                            struct cloud_provider *p, const struct cloud_config *cfg) {
+    rc->ops = ops;
+    rc->p = p;
+    rc->spot = cfg->spot;
+    rc->dry_run = cfg->dry_run;
+    rc->dry_run_userdata = cfg->dry_run_userdata;
+}
+
+/* See cloud-internal.h. */
+void cloud__rest_cloud_free_boot(struct cloud__rest_cloud *rc) {
+    if (rc->boot)
+        memset(rc->boot, 0, strlen(rc->boot));
+    st_free(rc->boot);
+    st_free(rc->boot_shown);
+    rc->boot = rc->boot_shown = NULL;
+}
+
+/* A valid access token, refreshed a minute before it expires. The lookup is common/oauth.c's,
+ * shared with the gs:// and az:// checkpoint stores. */
+static int rest_token(struct cloud__rest_cloud *rc) {
+    char why[1024];
+    if (rc->token.value[0] && st_now() < rc->token.expiry - 60)
+        return 0;
+    int r = rc->ops->token_get(rc->ops->scope, &rc->token, why, sizeof(why));
+    if (r < 0)
+        cloud__log(rc->p, ST_LOG_ERR, "%s: %s", rc->ops->name, why);
+    return r;
+}
+
+/* See cloud-internal.h. */
+int cloud__rest_cloud_send(struct cloud__rest_cloud *rc, const char *method, const char *url,
+                           const json_t *body, const json_t *shown,
+                           struct cloud__rest_reply *rep) {
+    char *text = NULL;
+    int r = 0;
+    memset(rep, 0, sizeof(*rep));
+    if (rc->dry_run) {
+        char *t = shown ? json_dumps(shown, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
+        struct st_sbuf line = {.max = 1u << 20};
+        st_sb_str(&line, method);
+        st_sb_str(&line, " ");
+        st_sb_str(&line, url);
+        if (t) {
+            st_sb_str(&line, "\n");
+            st_sb_str(&line, t);
+        }
+        if (!line.fail)
+            rc->dry_run(rc->dry_run_userdata, line.p);
+        r = line.fail ? -ENOMEM : 0;
+        st_sb_done(&line);
+        st_free(t);
+        return r;
+    }
+    TRY(rest_token(rc));
+    if (body && !(text = json_dumps(body, JSON_COMPACT)))
+        return -ENOMEM;
+    double wait = 0.25;
+    for (int i = 0; i < rc->ops->tries; i++) {
+        cloud__rest_reply_done(rep);
+        struct cloud__rest_req req = {.method = method, .url = url, .bearer = rc->token.value,
+                                      .body = text,
+                                      .content_type = text ? "application/json" : NULL};
+        r = cloud__rest_call(&req, rep);
+        if (r < 0) {
+            cloud__log(rc->p, ST_LOG_ERR, "%s: %s %s: %s", rc->ops->name, method, url,
+                       st_strerror(r));
+            break;
+        }
+        if (!(rep->status == 429 || rep->status >= 500))
+            break;
+        if (i + 1 < rc->ops->tries) {
+            cloud__sleep(wait);
+            wait *= 2;
+        }
+    }
+    if (text) {
+        memset(text, 0, strlen(text)); /* the bootstrap in the body holds the join token */
+        st_free(text);
+    }
+    return r;
+}
+
+/* See cloud-internal.h. */
+void cloud__rest_cloud_done(struct cloud_provider *p, void *state) {
+    (void)p;
+    struct cloud__rest_cloud *rc = state;
+    cloud__fleet_done(&rc->fleet);
+    cloud__rest_cloud_free_boot(rc);
+    st_token_wipe(&rc->token);
+}
+
+/* See cloud-internal.h. */
+int cloud__rest_cloud_start(struct cloud_provider *p, void *state, double now) {
+    (void)p;
+    return cloud__fleet_start(&((struct cloud__rest_cloud *)state)->fleet, now);
+}
+
+/* See cloud-internal.h. */
+int cloud__rest_cloud_poll(struct cloud_provider *p, void *state, double now) {
+    (void)p;
+    return cloud__fleet_poll(&((struct cloud__rest_cloud *)state)->fleet, now);
+}
+
+/* See cloud-internal.h. */
+int cloud__rest_cloud_acquire(struct cloud_provider *p, void *state, int n, double now) {
+    (void)p;
+    return cloud__fleet_acquire(&((struct cloud__rest_cloud *)state)->fleet, n, now);
+}
+
+/* See cloud-internal.h. */
+int cloud__rest_cloud_release(struct cloud_provider *p, void *state, const char *instance,
+                              double now) {
+    (void)p;
+    return cloud__fleet_release(&((struct cloud__rest_cloud *)state)->fleet, instance, now);
+}
+
+/* See cloud-internal.h. */
+int cloud__rest_cloud_instances(struct cloud_provider *p, void *state, struct cloud_instance *out,
+                                size_t max, size_t *ret_n) {
+    (void)p;
+    return cloud__fleet_instances(&((struct cloud__rest_cloud *)state)->fleet, out, max, ret_n);
+}
+
+/* See cloud-internal.h. */
+double cloud__rest_cloud_next_deadline(struct cloud_provider *p, void *state, double now) {
+    (void)p;
+    (void)now;
+    return cloud__fleet_next_deadline(&((struct cloud__rest_cloud *)state)->fleet);
+}
+
+/* See cloud-internal.h. */
+int cloud__rest_cloud_down(const struct cloud__rest_cloud_ops *ops, const struct cloud_config *cfg,
+                           const char *job_name) {
+    if (!cfg || !cfg->spec || !job_name || !*job_name)
+        return -EINVAL;
+    struct cloud__rest_cloud *rc = st_calloc(1, ops->state_size);
+    if (!rc)
+        return -ENOMEM;
+    int r;
+    rc->ops = ops;
+    TRY_GOTO(ops->down_init(rc, cfg, job_name), r, out);
+    rc->by_name = true;
+    TRY_GOTO(cloud__fleet_init(&rc->fleet, NULL, ops->name, ops->fleet, rc, cfg,
+                               cfg->spec->fleet.nzones), r, out);
+    r = cloud__fleet_sweep(&rc->fleet);
+out:
+    cloud__fleet_done(&rc->fleet); /* never started: frees only */
+    st_token_wipe(&rc->token);
+    st_free(rc);
+    return r;
 }

@@ -208,7 +208,7 @@ static int gcp_from_key(const char *path, const char *scope, struct st_token *t,
     st_sb_add(&jwt, form.p ? form.p : "", form.len);
     form.len = 0;
     st_sb_str(&form, "grant_type=urn%3Aietf%3Aparams%3Aoauth%3Agrant-type%3Ajwt-bearer"
-                  "&assertion=");
+                     "&assertion=");
     st_sb_escape(&form, jwt.p ? jwt.p : "");
     if (jwt.fail || form.fail)
         TRY_GOTO(-ENOMEM, r, out);
