@@ -770,6 +770,17 @@ static int aws_reconcile(struct cloud_provider *p, struct aws_state *s, double n
     return r;
 }
 
+/* What init made, released by its failure path and by done(): the user-data holds the
+ * join token, so it is wiped before it is freed. */
+static void aws_free(struct aws_state *s) {
+    ctx_done(&s->ctx);
+    if (s->user_data)
+        wipe(s->user_data, strlen(s->user_data));
+    st_free(s->user_data);
+    st_free(s->user_data_shown);
+    st_free(s->insts);
+}
+
 static int aws_init(struct cloud_provider *p, void *state, const struct cloud_config *cfg) {
     struct aws_state *s = state;
     const struct st_spec *sp = cfg->spec;
@@ -816,12 +827,7 @@ out:
     if (r == -E2BIG)
         aws_log(p, ST_LOG_ERR, "the bootstrap script exceeds EC2's %d bytes of user-data",
                 AWS_USER_DATA_MAX);
-    ctx_done(&s->ctx);
-    if (s->user_data)
-        wipe(s->user_data, strlen(s->user_data));
-    st_free(s->user_data);
-    st_free(s->user_data_shown);
-    st_free(s->insts);
+    aws_free(s);
     return r;
 }
 
@@ -846,12 +852,7 @@ static void aws_done(struct cloud_provider *p, void *state) {
                         s->job_name);
         }
     }
-    ctx_done(&s->ctx);
-    if (s->user_data)
-        wipe(s->user_data, strlen(s->user_data));
-    st_free(s->user_data);
-    st_free(s->user_data_shown);
-    st_free(s->insts);
+    aws_free(s);
 }
 
 /* Refreshes the live spot prices of the instance type (DescribeSpotPriceHistory from now:
