@@ -271,17 +271,11 @@ static int az_base_init(struct az_state *s, const struct st_spec_fleet *f) {
         return -EINVAL;
     }
     const char *ep = f->azure_endpoint[0] ? f->azure_endpoint : AZ_RESOURCE;
-    if (strncmp(ep, "https://", 8) && !(strncmp(ep, "http://", 7) == 0 &&
-                                        cloud__url_is_loopback(ep))) {
-        cloud__log(s->rc.p, ST_LOG_ERR, "azure: fleet.azure.endpoint '%s' must be https:// "
-                   "(http:// only on loopback)", ep);
-        return -EINVAL;
-    }
-    size_t el = strlen(ep);
-    while (el > 0 && ep[el - 1] == '/')
-        el--;
+    int el = cloud__rest_endpoint_len(&s->rc, "fleet.azure.endpoint", ep);
+    if (el < 0)
+        return el;
     snprintf(s->base, sizeof(s->base), "%.*s/subscriptions/%s/resourceGroups/%s/providers/"
-             "Microsoft.Compute/virtualMachines", (int)el, ep, f->subscription,
+             "Microsoft.Compute/virtualMachines", el, ep, f->subscription,
              f->resource_group);
     return 0;
 }

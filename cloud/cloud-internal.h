@@ -163,6 +163,10 @@ struct cloud__rest_cloud {
 /* Fills the generic part of a state at init (p, ops and the config's spot and dry run). */
 void cloud__rest_cloud_init(struct cloud__rest_cloud *rc, const struct cloud__rest_cloud_ops *ops,
                             struct cloud_provider *p, const struct cloud_config *cfg);
+/* The length of the spec's endpoint ep (named field in the message) without its trailing
+ * slashes, for "%.*s"; -EINVAL, logged, unless it is https:// or http:// on loopback (where
+ * tests run their fake clouds). */
+int cloud__rest_endpoint_len(struct cloud__rest_cloud *rc, const char *field, const char *ep);
 /* Wipes and frees the bootstrap texts (init's failure path; done() does it too). */
 void cloud__rest_cloud_free_boot(struct cloud__rest_cloud *rc);
 /* One authorised call with a JSON body (borrowed, may be NULL), retried when throttled or

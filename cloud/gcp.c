@@ -268,16 +268,10 @@ static int gcp_base_init(struct gcp_state *s, const struct st_spec *sp) {
     }
     const char *ep = sp->fleet.gcp_endpoint[0] ? sp->fleet.gcp_endpoint
                                                : "https://compute.googleapis.com";
-    if (strncmp(ep, "https://", 8) && !(strncmp(ep, "http://", 7) == 0 &&
-                                        cloud__url_is_loopback(ep))) {
-        cloud__log(s->rc.p, ST_LOG_ERR, "gcp: fleet.gcp.endpoint '%s' must be https:// (http:// "
-                   "only on loopback)", ep);
-        return -EINVAL;
-    }
-    size_t el = strlen(ep);
-    while (el > 0 && ep[el - 1] == '/')
-        el--;
-    snprintf(s->base, sizeof(s->base), "%.*s/compute/v1/projects/%s", (int)el, ep, s->project);
+    int el = cloud__rest_endpoint_len(&s->rc, "fleet.gcp.endpoint", ep);
+    if (el < 0)
+        return el;
+    snprintf(s->base, sizeof(s->base), "%.*s/compute/v1/projects/%s", el, ep, s->project);
     return 0;
 }
 

@@ -10,6 +10,7 @@
  * against what it believes (losses, adoption after a restart) and sweeps everything the
  * listing shows when the provider ends, unless it was detached. */
 #include <curl/curl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -423,6 +424,20 @@ void cloud__rest_cloud_init(struct cloud__rest_cloud *rc, const struct cloud__re
     rc->spot = cfg->spot;
     rc->dry_run = cfg->dry_run;
     rc->dry_run_userdata = cfg->dry_run_userdata;
+}
+
+/* See cloud-internal.h. */
+int cloud__rest_endpoint_len(struct cloud__rest_cloud *rc, const char *field, const char *ep) {
+    if (strncmp(ep, "https://", 8) && !(strncmp(ep, "http://", 7) == 0 &&
+                                        cloud__url_is_loopback(ep))) {
+        cloud__log(rc->p, ST_LOG_ERR, "%s: %s '%s' must be https:// (http:// only on loopback)",
+                   rc->ops->name, field, ep);
+        return -EINVAL;
+    }
+    size_t el = strlen(ep);
+    while (el > 0 && ep[el - 1] == '/')
+        el--;
+    return (int)ST_MIN(el, (size_t)INT_MAX);
 }
 
 /* See cloud-internal.h. */
