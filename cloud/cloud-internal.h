@@ -127,6 +127,7 @@ int cloud__fleet_instances(struct cloud__fleet *f, struct cloud_instance *out, s
 double cloud__fleet_next_deadline(const struct cloud__fleet *f);
 /* Deletes every alive instance the listing shows. Returns how many, or negative errno. */
 int cloud__fleet_sweep(struct cloud__fleet *f);
+
 /* ---- a JSON cloud's provider (rest.c): what gcp.c and azure.c differ in ------------------ */
 
 #include "oauth.h" /* struct st_token */
