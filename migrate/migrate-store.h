@@ -38,35 +38,15 @@ struct mig_store_ops {
     int (*remove)(const char *url);
 };
 
-extern const struct mig_store_ops mig__store_s3;  /* store-s3.c: s3://BUCKET/PREFIX */
-extern const struct mig_store_ops mig__store_gs;  /* store-gs.c: gs://BUCKET/PREFIX */
-extern const struct mig_store_ops mig__store_az;  /* store-az.c: az://ACCOUNT/CONTAINER/PREFIX */
+/* Defined in store-http.c, on the backends of store-s3.c, store-gs.c and store-az.c. */
+extern const struct mig_store_ops mig__store_s3;  /* s3://BUCKET/PREFIX */
+extern const struct mig_store_ops mig__store_gs;  /* gs://BUCKET/PREFIX */
+extern const struct mig_store_ops mig__store_az;  /* az://ACCOUNT/CONTAINER/PREFIX */
 
 /* The backend for url, or NULL when url is a local path. */
 const struct mig_store_ops *mig__store_for(const char *url);
 
-/* ---- store-http.c: shared by the backends -------------------------------------------------- */
-
-/* An answer body, bounded (curl dynbuf style): toobig is set, and the transfer stopped, when it
- * would exceed max bytes. p (st_free) holds len bytes plus a NUL. */
-struct mig__store_buf {
-    unsigned char *p;
-    size_t len, cap, max;
-    bool toobig;
-};
-/* CURLOPT_WRITEFUNCTION appending to a struct mig__store_buf. */
-size_t mig__store_on_body(char *ptr, size_t size, size_t nmemb, void *userdata);
-/* RFC 3986 escaping of s into out; '/' kept when keep_slash (object paths), escaped in query
- * values. -ENAMETOOLONG when it does not fit. */
-int mig__store_escape(char *out, size_t sz, const char *s, bool keep_slash);
-/* n bytes at off of fd into buf (pread until done); -EIO at a premature end. */
-int mig__store_read_at(int fd, unsigned char *buf, size_t n, uint64_t off);
-/* The <Code> and <Message> of an <Error> XML body (S3, Azure Blob); empty when there is none. */
-void mig__store_xml_error(const struct mig__store_buf *b, char *code, size_t csz, char *msg,
-                          size_t msz);
-/* A CURLcode (passed as int so this header needs no curl.h) as negative errno. */
-int mig__store_curl_errno(int cc);
-/* Sleeps 0.25 s << attempt before a retry of a throttled or failed request. */
-void mig__store_backoff(int attempt);
+/* What the three backends share (the request loop, the ops' skeletons, answer parsing) is in
+ * store-http.h, which only the store-*.c files include. */
 
 #endif

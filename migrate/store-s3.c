@@ -13,25 +13,18 @@
  * come from common/aws-creds.c, the same lookup the EC2 provider uses. Secrets never reach a
  * log line. */
 #include <curl/curl.h>
-#include <fcntl.h>
-#include <pthread.h>
-#include <libxml/parser.h>
 #include <libxml/tree.h>
 #include <openssl/evp.h>
+#include <pthread.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "aws-creds.h" /* st_aws_creds_find, st_aws_region_find, st_aws_endpoint_find */
 #include "check.h"     /* TRY, TRY_GOTO */
-#include "migrate-store.h"
+#include "store-http.h" /* struct mig__store_backend, mig__store_request */
 
 #define S3_PART_DEFAULT (64u << 20) /* bytes per multipart part */
 #define S3_PART_MIN (5u << 20)      /* S3's minimum for every part but the last */
-#define S3_REPLY_MAX (16u << 20)    /* XML answers larger than this are refused */
-#define S3_TRIES 4                  /* tries of one request on 5xx / 429 / connection reset */
 #define S3_CREDS_TTL 300.0          /* seconds a credential lookup is reused (IMDS rotates role
                                      * credentials well before they expire) */
 
@@ -74,8 +67,10 @@ static int creds_get(struct st_aws_creds *c, char *why, size_t whysz) {
     return r;
 }
 
+
 /* Parses url into t and finds credentials. Logs (once) why it cannot. */
-static int target_init(const char *url, struct s3_target *t) {
+static int target_init(const char *url, void *tp) {
+    struct s3_target *t = tp;
     char ekey[3200], endpoint[1024];
     memset(t, 0, sizeof(*t));
     if (strncmp(url, "s3://", 5) != 0)
@@ -117,70 +112,39 @@ static int target_init(const char *url, struct s3_target *t) {
     return 0;
 }
 
-static void target_done(struct s3_target *t) {
+static void target_done(void *tp) {
+    struct s3_target *t = tp;
     st_aws_creds_wipe(&t->creds);
+}
+
+static const char *target_name(const void *tp) {
+    const struct s3_target *t = tp;
+    return t->key;
 }
 
 /* ---- one request ------------------------------------------------------------------------- */
 
-/* Response headers we need: the ETag of an uploaded part, the total of a ranged GET. */
-struct s3_hdrs {
-    char etag[128];
-    uint64_t total; /* from Content-Range "bytes a-b/TOTAL", else Content-Length */
-    bool have_range;
-};
-
-static size_t on_header(char *ptr, size_t size, size_t nmemb, void *userdata) {
-    struct s3_hdrs *h = userdata;
-    size_t n = size * nmemb;
-    char line[512];
-    snprintf(line, sizeof(line), "%.*s", (int)ST_MIN(n, sizeof(line) - 1), ptr);
-    line[strcspn(line, "\r\n")] = '\0';
-    if (!strncasecmp(line, "etag:", 5)) {
-        const char *v = line + 5 + strspn(line + 5, " ");
-        snprintf(h->etag, sizeof(h->etag), "%s", v);
-    } else if (!strncasecmp(line, "content-range:", 14)) {
-        const char *s = strchr(line, '/');
-        if (s && s[1] != '*') {
-            h->total = strtoull(s + 1, NULL, 10);
-            h->have_range = true;
-        }
-    } else if (!strncasecmp(line, "content-length:", 15) && !h->have_range) {
-        h->total = strtoull(line + 15, NULL, 10);
-    }
-    return n;
-}
-
-static int code_errno(const char *code, long status) {
+/* A refusal: S3 names it by the <Code> of an <Error> body, which says more than the status
+ * (NoSuchBucket vs NoSuchKey, SlowDown). */
+static int refusal(void *tp, const struct mig__store_buf *b, const struct mig__store_hdrs *hd,
+                   long status, struct mig__store_refusal *ret) {
     static const char *const auth[] = {"AccessDenied", "InvalidAccessKeyId",
         "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken", "TokenRefreshRequired",
-        "AllAccessDisabled", "AuthorizationHeaderMalformed"};
-    for (size_t i = 0; i < ST_ARRAY_SIZE(auth); i++)
-        if (!strcmp(code, auth[i]))
-            return -EACCES;
-    if (!strcmp(code, "NoSuchKey") || !strcmp(code, "NoSuchUpload"))
-        return -ENOENT;
-    if (!strcmp(code, "NoSuchBucket"))
-        return -ENXIO;
-    if (!strcmp(code, "SlowDown") || !strcmp(code, "InternalError") || status == 429 ||
-        status >= 500)
-        return -EBUSY;
-    if (status == 404)
-        return -ENOENT;
-    if (status == 401 || status == 403)
-        return -EACCES;
-    return -EPROTO;
+        "AllAccessDisabled", "AuthorizationHeaderMalformed", NULL};
+    static const char *const not_found[] = {"NoSuchKey", "NoSuchUpload", NULL};
+    static const char *const busy[] = {"SlowDown", "InternalError", NULL};
+    (void)tp;
+    (void)hd;
+    mig__store_xml_error(b, ret->code, sizeof(ret->code), ret->msg, sizeof(ret->msg));
+    ret->hint = "; check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE";
+    return mig__store_code_errno(ret->code, status, auth, not_found, "NoSuchBucket", busy);
 }
 
+/* A request with what s3_prepare adds, computed once for all its tries. */
 struct s3_req {
-    const char *method;        /* GET, PUT, POST, DELETE */
-    const char *url;           /* full URL, query included */
-    const void *body;          /* PUT/POST body, or NULL */
-    size_t body_len;
-    const char *range;         /* "a-b" or NULL */
-    struct mig__store_buf *out;        /* answer body (success or error) */
-    struct s3_hdrs *hdrs;      /* may be NULL */
-    bool quiet_404;            /* a missing object is an answer, not an error to log */
+    struct mig__store_req q; /* first: prepare casts back */
+    char sigv4[128];         /* CURLOPT_AWS_SIGV4 */
+    char sha[128];           /* the x-amz-content-sha256 header */
 };
 
 /* "x-amz-content-sha256: <hex SHA-256 of the body>" into out (at least 100 bytes). */
@@ -195,176 +159,68 @@ static int payload_hash_header(const void *body, size_t len, char *out, size_t s
     return 0;
 }
 
-/* One signed request, retried on throttling, 5xx and dropped connections. Returns 0 on 2xx,
- * else negative errno with the S3 error code logged (what, code, message, HTTP status). */
-static int s3_request(struct s3_target *t, const struct s3_req *q) {
-    char sigv4[128], range[96], tok[sizeof(t->creds.session) + 32], sha[128];
-    int r = -EIO;
-    TRY(payload_hash_header(q->body, q->body_len, sha, sizeof(sha)));
-    CURL *c = curl_easy_init();
-    if (!c)
-        return -ENOMEM;
-    snprintf(sigv4, sizeof(sigv4), "aws:amz:%s:s3", t->region);
-    for (int attempt = 0; attempt < S3_TRIES; attempt++) {
-        struct curl_slist *h = NULL;
-        struct s3_hdrs hd = {0};
-        long status = 0;
-        q->out->len = 0;
-        q->out->toobig = false;
-        curl_easy_reset(c);
-        if (t->creds.session[0]) {
-            snprintf(tok, sizeof(tok), "X-Amz-Security-Token: %s", t->creds.session);
-            h = curl_slist_append(h, tok);
-            wipe(tok, sizeof(tok));
-        }
-        if (q->range) {
-            snprintf(range, sizeof(range), "Range: bytes=%s", q->range);
-            h = curl_slist_append(h, range);
-        }
-        h = curl_slist_append(h, "Content-Type: application/octet-stream");
-        h = curl_slist_append(h, sha);
-        if (!h) {
-            r = -ENOMEM;
-            break;
-        }
-        curl_easy_setopt(c, CURLOPT_URL, q->url);
-        curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, q->method);
-        if (q->body || !strcmp(q->method, "POST") || !strcmp(q->method, "PUT")) {
-            curl_easy_setopt(c, CURLOPT_POSTFIELDS, q->body ? q->body : "");
-            curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)q->body_len);
-        } else if (!strcmp(q->method, "GET")) {
-            curl_easy_setopt(c, CURLOPT_HTTPGET, 1L);
-        }
-        curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
-        curl_easy_setopt(c, CURLOPT_AWS_SIGV4, sigv4);
-        curl_easy_setopt(c, CURLOPT_USERNAME, t->creds.key_id);
-        curl_easy_setopt(c, CURLOPT_PASSWORD, t->creds.secret);
-        curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, mig__store_on_body);
-        curl_easy_setopt(c, CURLOPT_WRITEDATA, q->out);
-        curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
-        curl_easy_setopt(c, CURLOPT_HEADERDATA, &hd);
-        curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-        curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
-        curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1024L);
-        curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, 60L);
-        CURLcode cc = curl_easy_perform(c);
-        curl_slist_free_all(h);
-        if (cc == CURLE_WRITE_ERROR && q->out->toobig) {
-            r = st_log_errno(-EFBIG, "S3 %s %s: answer larger than %zu bytes", q->method,
-                             q->url, q->out->max);
-            break;
-        }
-        if (cc != CURLE_OK) {
-            bool retry = cc == CURLE_RECV_ERROR || cc == CURLE_SEND_ERROR ||
-                         cc == CURLE_GOT_NOTHING;
-            r = mig__store_curl_errno(cc);
-            if (retry && attempt + 1 < S3_TRIES)
-                continue;
-            st_log(ST_LOG_ERR, "migrate", "S3 %s %s: %s", q->method, q->url,
-                   curl_easy_strerror(cc));
-            break;
-        }
-        curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
-        if (status >= 200 && status < 300) {
-            if (q->hdrs)
-                *q->hdrs = hd;
-            r = 0;
-            break;
-        }
-        char code[96], msg[512];
-        mig__store_xml_error(q->out, code, sizeof(code), msg, sizeof(msg));
-        r = code_errno(code, status);
-        if (r == -EBUSY && attempt + 1 < S3_TRIES) {
-            mig__store_backoff(attempt);
-            continue;
-        }
-        if (!(r == -ENOENT && q->quiet_404))
-            st_log(ST_LOG_ERR, "migrate", "S3 %s %s refused: %s%s%s (HTTP %ld)%s", q->method,
-                   q->url, code[0] ? code : "no error code", msg[0] ? ": " : "", msg, status,
-                   r == -EACCES ? "; check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or "
-                                  "AWS_PROFILE" : "");
-        break;
+/* The headers of one attempt, and SigV4 signing by libcurl. */
+static int s3_prepare(void *tp, const struct mig__store_req *q, void *c, struct curl_slist **hp) {
+    const struct s3_target *t = tp;
+    const struct s3_req *sq = (const struct s3_req *)q;
+    char range[96], tok[sizeof(t->creds.session) + 32];
+    struct curl_slist *h = *hp;
+    if (t->creds.session[0]) {
+        snprintf(tok, sizeof(tok), "X-Amz-Security-Token: %s", t->creds.session);
+        h = curl_slist_append(h, tok);
+        wipe(tok, sizeof(tok));
     }
-    curl_easy_cleanup(c);
-    return r;
+    if (q->range) {
+        snprintf(range, sizeof(range), "Range: bytes=%s", q->range);
+        h = curl_slist_append(h, range);
+    }
+    h = curl_slist_append(h, "Content-Type: application/octet-stream");
+    h = curl_slist_append(h, sq->sha);
+    *hp = h;
+    curl_easy_setopt(c, CURLOPT_AWS_SIGV4, sq->sigv4);
+    curl_easy_setopt(c, CURLOPT_USERNAME, t->creds.key_id);
+    curl_easy_setopt(c, CURLOPT_PASSWORD, t->creds.secret);
+    return 0;
+}
+
+/* One signed request (see mig__store_request). */
+static int s3_request(struct s3_target *t, const struct mig__store_req *q) {
+    struct s3_req sq = {.q = *q};
+    TRY(payload_hash_header(q->body, q->body_len, sq.sha, sizeof(sq.sha)));
+    snprintf(sq.sigv4, sizeof(sq.sigv4), "aws:amz:%s:s3", t->region);
+    return mig__store_request(&mig__store_s3_backend, t, &sq.q);
 }
 
 /* ---- the ops ----------------------------------------------------------------------------- */
 
-static int s3_get(const char *url, uint64_t off, uint64_t len, size_t max, unsigned char **ret,
-                  size_t *ret_len, uint64_t *ret_total, struct st_error *err) {
-    struct s3_target t;
-    struct mig__store_buf b = {.max = max + 1};
-    struct s3_hdrs hd = {0};
-    char range[64];
-    int r;
-
-    TRY(target_init(url, &t));
-    if (off || len)
-        snprintf(range, sizeof(range), len ? "%llu-%llu" : "%llu-", (unsigned long long)off,
-                 (unsigned long long)(off + len - 1));
-    struct s3_req q = {.method = "GET", .url = t.base, .range = off || len ? range : NULL,
-                       .out = &b, .hdrs = &hd, .quiet_404 = true};
-    r = s3_request(&t, &q);
-    if (r == -ENOENT) {
-        if (err) {
-            memset(err, 0, sizeof(*err));
-            snprintf(err->file, sizeof(err->file), "%s", url);
-            snprintf(err->message, sizeof(err->message), "no such object");
-        }
-        goto out;
-    }
-    if (r < 0) {
-        if (err) {
-            memset(err, 0, sizeof(*err));
-            snprintf(err->file, sizeof(err->file), "%s", url);
-            snprintf(err->message, sizeof(err->message), "cannot read: %s", st_strerror(r));
-        }
-        goto out;
-    }
-    if (!b.p) {
-        b.p = st_malloc(1);
-        if (!b.p)
-            TRY_GOTO(-ENOMEM, r, out);
-        b.p[0] = '\0';
-    }
-    *ret = b.p;
-    *ret_len = b.len;
-    if (ret_total)
-        *ret_total = hd.total ? hd.total : b.len;
-    b.p = NULL;
-out:
-    st_free(b.p);
-    target_done(&t);
-    return r;
+static int s3_get_req(void *tp, const char *range, struct mig__store_buf *b,
+                      struct mig__store_hdrs *hd) {
+    struct s3_target *t = tp;
+    struct mig__store_req q = {.method = "GET", .url = t->base, .range = range, .out = b,
+                               .hdrs = hd, .quiet_404 = true};
+    return s3_request(t, &q);
 }
 
-static int s3_put(const char *url, const void *data, size_t len) {
-    struct s3_target t;
-    struct mig__store_buf b = {.max = S3_REPLY_MAX};
-    TRY(target_init(url, &t));
-    struct s3_req q = {.method = "PUT", .url = t.base, .body = data, .body_len = len, .out = &b};
-    int r = s3_request(&t, &q);
-    st_free(b.p);
-    target_done(&t);
-    return r;
+static int s3_put_req(void *tp, const void *data, size_t len, struct mig__store_buf *b) {
+    struct s3_target *t = tp;
+    struct mig__store_req q = {.method = "PUT", .url = t->base, .body = data, .body_len = len,
+                               .out = b};
+    return s3_request(t, &q);
 }
 
-static size_t part_bytes(void) {
-    const char *e = getenv("SPOTTRAIN_S3_PART_BYTES");
-    unsigned long long v = e && *e ? strtoull(e, NULL, 10) : 0;
-    return v >= S3_PART_MIN && v <= (1ull << 32) ? (size_t)v : S3_PART_DEFAULT;
+static int s3_remove_req(void *tp, struct mig__store_buf *b) {
+    struct s3_target *t = tp;
+    struct mig__store_req q = {.method = "DELETE", .url = t->base, .out = b, .quiet_404 = true};
+    return s3_request(t, &q);
 }
 
 /* The text of the first <name> element of an XML answer. */
 static int xml_first(const struct mig__store_buf *b, const char *name, char *out, size_t sz) {
     int r = -EBADMSG;
-    if (!b->len || b->len > INT32_MAX)
+    xmlNode *root;
+    if (mig__store_xml_root(b, NULL, &root) < 0)
         return r;
-    xmlDoc *doc = xmlReadMemory((const char *)b->p, (int)b->len, "s3.xml", NULL,
-                                XML_PARSE_NONET | XML_PARSE_NOERROR | XML_PARSE_NOWARNING);
-    xmlNode *root = doc ? xmlDocGetRootElement(doc) : NULL;
-    for (xmlNode *c = root ? root->children : NULL; c; c = c->next)
+    for (xmlNode *c = root->children; c; c = c->next)
         if (c->type == XML_ELEMENT_NODE && !strcmp((const char *)c->name, name)) {
             xmlChar *v = xmlNodeGetContent(c);
             if (v && snprintf(out, sz, "%s", (const char *)v) < (int)sz)
@@ -372,221 +228,151 @@ static int xml_first(const struct mig__store_buf *b, const char *name, char *out
             xmlFree(v);
             break;
         }
-    if (doc)
-        xmlFreeDoc(doc);
+    xmlFreeDoc(root->doc);
     return r;
 }
 
-static int s3_put_file(const char *url, const char *path) {
-    struct s3_target t;
-    struct mig__store_buf b = {.max = S3_REPLY_MAX};
-    unsigned char *buf = NULL;
-    char *complete = NULL;
-    char upload[512] = "", qurl[2400], eid[1600];
-    size_t psize = part_bytes(), clen = 0, ccap = 0;
-    struct stat sb;
-    int fd, r;
+/* CreateMultipartUpload; u->id gets the escaped UploadId, u->doc the part list's start. */
+static int s3_upload_begin(void *tp, struct mig__store_upload *u) {
+    struct s3_target *t = tp;
+    char upload[512] = "", qurl[2400];
+    snprintf(qurl, sizeof(qurl), "%s?uploads=", t->base);
+    struct mig__store_req cq = {.method = "POST", .url = qurl, .out = u->out};
+    TRY(s3_request(t, &cq));
+    if (xml_first(u->out, "UploadId", upload, sizeof(upload)) < 0 || !upload[0])
+        return st_log_errno(-EBADMSG, "S3 CreateMultipartUpload for '%s': no UploadId in the "
+                            "answer", u->url);
+    /* An UploadId of at most 511 bytes escapes into at most 1534: it always fits. */
+    TRY(mig__store_escape(u->id, sizeof(u->id), upload, false));
+    u->cap = 256 + (u->size / u->chunk + 1) * 200;
+    u->doc = st_malloc(u->cap);
+    if (!u->doc)
+        return -ENOMEM;
+    u->len = (size_t)snprintf(u->doc, u->cap, "<CompleteMultipartUpload>");
+    return 0;
+}
 
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -errno;
-    if (fstat(fd, &sb) < 0) {
-        r = -errno;
-        close(fd);
-        return r;
-    }
-    r = target_init(url, &t);
-    if (r < 0) {
-        close(fd);
-        return r;
-    }
-    uint64_t size = (uint64_t)sb.st_size;
-    buf = st_malloc(size <= psize ? (size ? size : 1) : psize);
-    if (!buf)
-        TRY_GOTO(-ENOMEM, r, out);
-    if (size <= psize) { /* one PUT */
-        TRY_GOTO(mig__store_read_at(fd, buf, size, 0), r, out);
-        struct s3_req q = {.method = "PUT", .url = t.base, .body = buf, .body_len = size,
-                           .out = &b};
-        r = s3_request(&t, &q);
-        goto out;
-    }
-    snprintf(qurl, sizeof(qurl), "%s?uploads=", t.base);
-    struct s3_req cq = {.method = "POST", .url = qurl, .out = &b};
-    TRY_GOTO(s3_request(&t, &cq), r, out);
-    if (xml_first(&b, "UploadId", upload, sizeof(upload)) < 0 || !upload[0]) {
-        r = st_log_errno(-EBADMSG, "S3 CreateMultipartUpload for '%s': no UploadId in the "
-                         "answer", url);
-        goto out;
-    }
-    TRY_GOTO(mig__store_escape(eid, sizeof(eid), upload, false), r, out);
-    ccap = 256 + (size / psize + 1) * 200;
-    complete = st_malloc(ccap);
-    if (!complete)
-        TRY_GOTO(-ENOMEM, r, out);
-    clen = (size_t)snprintf(complete, ccap, "<CompleteMultipartUpload>");
-    int part = 1;
-    for (uint64_t off = 0; off < size; off += psize, part++) {
-        size_t n = (size_t)ST_MIN((uint64_t)psize, size - off);
-        TRY_GOTO(mig__store_read_at(fd, buf, n, off), r, out);
-        struct s3_hdrs hd = {0};
-        snprintf(qurl, sizeof(qurl), "%s?partNumber=%d&uploadId=%s", t.base, part, eid);
-        struct s3_req pq = {.method = "PUT", .url = qurl, .body = buf, .body_len = n, .out = &b,
-                            .hdrs = &hd};
-        TRY_GOTO(s3_request(&t, &pq), r, out);
-        if (!hd.etag[0]) {
-            r = st_log_errno(-EBADMSG, "S3 UploadPart %d of '%s': no ETag in the answer", part,
-                             url);
-            goto out;
-        }
-        clen += (size_t)snprintf(complete + clen, ccap - clen,
-                                 "<Part><PartNumber>%d</PartNumber><ETag>%s</ETag></Part>", part,
-                                 hd.etag);
-    }
-    clen += (size_t)snprintf(complete + clen, ccap - clen, "</CompleteMultipartUpload>");
-    snprintf(qurl, sizeof(qurl), "%s?uploadId=%s", t.base, eid);
-    struct s3_req fq = {.method = "POST", .url = qurl, .body = complete, .body_len = clen,
-                        .out = &b};
-    r = s3_request(&t, &fq);
+/* UploadPart i + 1 (S3 numbers parts from 1); its ETag goes into the part list. */
+static int s3_upload_part(void *tp, struct mig__store_upload *u, int i,
+                          const unsigned char *buf, size_t n, uint64_t off) {
+    struct s3_target *t = tp;
+    struct mig__store_hdrs hd = {.total = 0};
+    char qurl[2400];
+    int part = i + 1;
+    (void)off;
+    snprintf(qurl, sizeof(qurl), "%s?partNumber=%d&uploadId=%s", t->base, part, u->id);
+    struct mig__store_req pq = {.method = "PUT", .url = qurl, .body = buf, .body_len = n,
+                                .out = u->out, .hdrs = &hd};
+    TRY(s3_request(t, &pq));
+    if (!hd.value[0])
+        return st_log_errno(-EBADMSG, "S3 UploadPart %d of '%s': no ETag in the answer", part,
+                            u->url);
+    u->len += (size_t)snprintf(u->doc + u->len, u->cap - u->len,
+                               "<Part><PartNumber>%d</PartNumber><ETag>%s</ETag></Part>", part,
+                               hd.value);
+    return 0;
+}
+
+/* CompleteMultipartUpload. */
+static int s3_upload_commit(void *tp, struct mig__store_upload *u) {
+    struct s3_target *t = tp;
+    char qurl[2400];
+    u->len += (size_t)snprintf(u->doc + u->len, u->cap - u->len, "</CompleteMultipartUpload>");
+    snprintf(qurl, sizeof(qurl), "%s?uploadId=%s", t->base, u->id);
+    struct mig__store_req fq = {.method = "POST", .url = qurl, .body = u->doc,
+                                .body_len = u->len, .out = u->out};
+    int r = s3_request(t, &fq);
     /* CompleteMultipartUpload may fail inside a 200 answer (S3 documents this). */
-    if (r == 0 && b.len && strstr((const char *)b.p, "<Error>")) {
+    if (r == 0 && u->out->len && strstr((const char *)u->out->p, "<Error>")) {
         char code[96], msg[512];
-        mig__store_xml_error(&b, code, sizeof(code), msg, sizeof(msg));
-        r = st_log_errno(-EIO, "S3 CompleteMultipartUpload of '%s' failed: %s: %s", url, code,
-                         msg);
+        mig__store_xml_error(u->out, code, sizeof(code), msg, sizeof(msg));
+        r = st_log_errno(-EIO, "S3 CompleteMultipartUpload of '%s' failed: %s: %s", u->url,
+                         code, msg);
     }
-out:
-    if (r < 0 && upload[0]) { /* abort, so no parts are left billed; keep the first error */
-        snprintf(qurl, sizeof(qurl), "%s?uploadId=%s", t.base, eid);
-        struct s3_req aq = {.method = "DELETE", .url = qurl, .out = &b, .quiet_404 = true};
-        (void)s3_request(&t, &aq);
-    }
-    close(fd);
-    st_free(complete);
-    st_free(buf);
-    st_free(b.p);
-    target_done(&t);
     return r;
 }
 
-struct list_ctx {
-    mig__store_list_fn *fn;
-    void *userdata;
-    size_t plen; /* bytes of the listed prefix, "dir/" included */
-    char next[1024];
-    bool truncated;
-};
+/* AbortMultipartUpload, so no parts are left billed. */
+static void s3_upload_abort(void *tp, struct mig__store_upload *u) {
+    struct s3_target *t = tp;
+    char qurl[2400];
+    snprintf(qurl, sizeof(qurl), "%s?uploadId=%s", t->base, u->id);
+    struct mig__store_req aq = {.method = "DELETE", .url = qurl, .out = u->out,
+                                .quiet_404 = true};
+    (void)s3_request(t, &aq);
+}
 
-static int list_page(struct list_ctx *L, const struct mig__store_buf *b) {
+/* One page of ListObjectsV2: Contents/Key (objects), CommonPrefixes/Prefix (one level down);
+ * the continuation token only while IsTruncated. */
+static int s3_list_parse(const struct mig__store_buf *b, size_t plen, mig__store_list_fn *fn,
+                         void *userdata, char *next, size_t nsz) {
+    xmlNode *root;
+    bool truncated = false;
     int r = 0;
-    if (!b->len || b->len > INT32_MAX)
-        return -EBADMSG;
-    xmlDoc *doc = xmlReadMemory((const char *)b->p, (int)b->len, "s3.xml", NULL,
-                                XML_PARSE_NONET | XML_PARSE_NOERROR | XML_PARSE_NOWARNING);
-    xmlNode *root = doc ? xmlDocGetRootElement(doc) : NULL;
-    if (!root || strcmp((const char *)root->name, "ListBucketResult")) {
-        r = -EBADMSG;
-        goto out;
-    }
-    L->truncated = false;
-    L->next[0] = '\0';
+    next[0] = '\0';
+    TRY(mig__store_xml_root(b, "ListBucketResult", &root));
     for (xmlNode *c = root->children; c && r >= 0; c = c->next) {
         if (c->type != XML_ELEMENT_NODE)
             continue;
         const char *n = (const char *)c->name;
         bool dir = !strcmp(n, "CommonPrefixes");
         if (dir || !strcmp(n, "Contents")) {
-            for (xmlNode *k = c->children; k; k = k->next) {
-                if (k->type != XML_ELEMENT_NODE ||
-                    strcmp((const char *)k->name, dir ? "Prefix" : "Key"))
-                    continue;
-                xmlChar *v = xmlNodeGetContent(k);
-                if (v && strlen((const char *)v) > L->plen) {
-                    char name[1024];
-                    snprintf(name, sizeof(name), "%s", (const char *)v + L->plen);
-                    size_t nl = strlen(name);
-                    if (dir && nl && name[nl - 1] == '/')
-                        name[nl - 1] = '\0';
-                    if (name[0])
-                        r = L->fn(L->userdata, name, dir);
-                }
-                xmlFree(v);
-            }
+            r = mig__store_xml_child(c, dir ? "Prefix" : "Key", plen, dir, fn, userdata);
         } else if (!strcmp(n, "IsTruncated") || !strcmp(n, "NextContinuationToken")) {
             xmlChar *v = xmlNodeGetContent(c);
             if (v && n[0] == 'I')
-                L->truncated = !strcmp((const char *)v, "true");
+                truncated = !strcmp((const char *)v, "true");
             else if (v)
-                snprintf(L->next, sizeof(L->next), "%s", (const char *)v);
+                snprintf(next, nsz, "%s", (const char *)v);
             xmlFree(v);
         }
     }
-out:
-    if (doc)
-        xmlFreeDoc(doc);
+    if (!truncated)
+        next[0] = '\0';
+    xmlFreeDoc(root->doc);
     return r;
 }
 
-static int s3_list(const char *url, mig__store_list_fn *fn, void *userdata) {
-    struct s3_target t;
-    struct mig__store_buf b = {.max = S3_REPLY_MAX};
-    char prefix[1100], eprefix[3400], etok[3100], qurl[8000];
-    struct list_ctx L = {.fn = fn, .userdata = userdata};
-    int r;
-
-    TRY(target_init(url, &t));
-    snprintf(prefix, sizeof(prefix), "%s%s", t.key, t.key[0] ? "/" : "");
-    L.plen = strlen(prefix);
-    TRY_GOTO(mig__store_escape(eprefix, sizeof(eprefix), prefix, false), r, out);
-    do {
-        TRY_GOTO(mig__store_escape(etok, sizeof(etok), L.next, false), r, out);
-        snprintf(qurl, sizeof(qurl), "%s?%s%s%sdelimiter=%%2F&list-type=2&prefix=%s",
-                 t.bucket_url, L.next[0] ? "continuation-token=" : "", L.next[0] ? etok : "",
-                 L.next[0] ? "&" : "", eprefix);
-        struct s3_req q = {.method = "GET", .url = qurl, .out = &b};
-        TRY_GOTO(s3_request(&t, &q), r, out);
-        r = list_page(&L, &b);
-        if (r == -EBADMSG)
-            st_log(ST_LOG_ERR, "migrate", "S3 ListObjectsV2 of '%s': the answer is not a "
-                   "ListBucketResult", url);
-        if (r < 0)
-            goto out;
-    } while (L.truncated && L.next[0]);
-    r = 0;
-out:
-    st_free(b.p);
-    target_done(&t);
-    return r;
+static int s3_list_req(void *tp, const char *prefix, const char *next,
+                       struct mig__store_buf *b) {
+    struct s3_target *t = tp;
+    char eprefix[3400], etok[3100], qurl[8000];
+    TRY(mig__store_escape(eprefix, sizeof(eprefix), prefix, false));
+    TRY(mig__store_escape(etok, sizeof(etok), next, false));
+    snprintf(qurl, sizeof(qurl), "%s?%s%s%sdelimiter=%%2F&list-type=2&prefix=%s", t->bucket_url,
+             next[0] ? "continuation-token=" : "", next[0] ? etok : "", next[0] ? "&" : "",
+             eprefix);
+    struct mig__store_req q = {.method = "GET", .url = qurl, .out = b};
+    return s3_request(t, &q);
 }
 
-static int s3_remove(const char *url) {
-    struct s3_target t;
-    struct mig__store_buf b = {.max = S3_REPLY_MAX};
-    TRY(target_init(url, &t));
-    struct s3_req q = {.method = "DELETE", .url = t.base, .out = &b, .quiet_404 = true};
-    int r = s3_request(&t, &q);
-    st_free(b.p);
-    target_done(&t);
-    return r == -ENOENT ? 0 : r;
-}
+_Static_assert(sizeof(struct s3_target) <= MIG__STORE_TARGET_MAX,
+               "struct s3_target no longer fits the ops' target room");
 
-/* See migrate-store.h. */
-const struct mig_store_ops mig__store_s3 = {
-    .name = "s3",
+/* See store-http.h. */
+const struct mig__store_backend mig__store_s3_backend = {
     .scheme = "s3://",
-    .get = s3_get,
-    .put = s3_put,
-    .put_file = s3_put_file,
-    .list = s3_list,
-    .remove = s3_remove,
+    .what = "S3",
+    .no_code = "no error code",
+    .want_header = "etag:",
+    .list_what = "ListObjectsV2",
+    .list_result = "a ListBucketResult",
+    .init = target_init,
+    .done = target_done,
+    .name = target_name,
+    .prepare = s3_prepare,
+    .refusal = refusal,
+    .get = s3_get_req,
+    .put = s3_put_req,
+    .remove = s3_remove_req,
+    .list_request = s3_list_req,
+    .list_parse = s3_list_parse,
+    .chunk_env = "SPOTTRAIN_S3_PART_BYTES",
+    .chunk_min = S3_PART_MIN,
+    .chunk_quantum = 1,
+    .chunk_default = S3_PART_DEFAULT,
+    .upload_begin = s3_upload_begin,
+    .upload_part = s3_upload_part,
+    .upload_commit = s3_upload_commit,
+    .upload_abort = s3_upload_abort,
 };
-
-/* See migrate-store.h. */
-const struct mig_store_ops *mig__store_for(const char *url) {
-    static const struct mig_store_ops *const all[] = {&mig__store_s3, &mig__store_gs,
-                                                       &mig__store_az};
-    for (size_t i = 0; url && i < ST_ARRAY_SIZE(all); i++)
-        if (!strncmp(url, all[i]->scheme, strlen(all[i]->scheme)))
-            return all[i];
-    return NULL;
-}

@@ -754,7 +754,12 @@ def scenario_train():
         check(rc == 0 and c.saw("job finished: %d steps" % steps),
               "the job finished all %d steps (exit %d)\n%s" % (steps, rc,
                                                              "\n".join(c.lines[-20:])))
-        check("ktrain-w2" in kubelet.exits, "a replacement pod ktrain-w2 joined")
+        # The coordinator deletes the pods once every worker acknowledged its Stop, so the
+        # kubelet may end w2's process just after the coordinator exits: wait for it.
+        wait_until(lambda: "ktrain-w2" in kubelet.exits, "the replacement pod's process to end",
+                   timeout=60)
+        with open(os.path.join(tmp, "pods", "ktrain-w2", "stderr")) as f:
+            check("Joined job 'ktrain'" in f.read(), "a replacement pod ktrain-w2 joined")
         d = subprocess.run([BIN, "ckpt", "diff", ref, save], capture_output=True, text=True,
                            timeout=120)
         check(d.returncode == 0, "bitwise equal to train --local --dp 1 --pp 1:\n" +
