@@ -31,6 +31,7 @@
 
 #include "aws-creds.h"      /* st_aws_creds_find, st_aws_region_find, st_aws_endpoint_find */
 #include "check.h"          /* TRY, TRY_GOTO */
+#include "http.h"           /* st_sbuf, st_sb_*, st_curl_errno */
 #include "cloud-internal.h" /* cloud__emit, cloud__log */
 #include "spec.h"           /* struct st_spec: advertise, image, the spec file */
 
@@ -109,96 +110,24 @@ static void wipe(void *b, size_t n) {
         *q++ = 0;
 }
 
-/* A growing string with a bound (curl dynbuf style). */
-struct sbuf {
-    char *p;
-    size_t len, cap, max;
-    bool fail;
-};
-
-static void sb_add(struct sbuf *b, const char *s, size_t n) {
-    if (b->fail)
-        return;
-    if (b->len + n + 1 > b->max) {
-        b->fail = true;
-        return;
-    }
-    if (b->len + n + 1 > b->cap) {
-        size_t nc = b->cap ? b->cap : 256;
-        while (nc < b->len + n + 1)
-            nc *= 2;
-        char *np = st_realloc(b->p, nc);
-        if (!np) {
-            b->fail = true;
-            return;
-        }
-        b->p = np;
-        b->cap = nc;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
-
-static void sb_str(struct sbuf *b, const char *s) {
-    sb_add(b, s, strlen(s));
-}
-
-static void sb_done(struct sbuf *b) {
-    if (b->p)
-        wipe(b->p, b->cap);
-    st_free(b->p);
-    memset(b, 0, sizeof(*b));
-}
-
-/* RFC 3986 percent-encoding, as SigV4 and the Query API want it. */
-static void sb_escape(struct sbuf *b, const char *s) {
-    static const char hex[] = "0123456789ABCDEF";
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-            c == '-' || c == '_' || c == '.' || c == '~') {
-            sb_add(b, (const char *)&c, 1);
-        } else {
-            char e[3] = {'%', hex[c >> 4], hex[c & 15]};
-            sb_add(b, e, 3);
-        }
-    }
-}
-
-static void sb_base64(struct sbuf *b, const char *s, size_t n) {
-    static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    const unsigned char *u = (const unsigned char *)s;
-    for (size_t i = 0; i < n; i += 3) {
-        unsigned v = (unsigned)u[i] << 16;
-        if (i + 1 < n)
-            v |= (unsigned)u[i + 1] << 8;
-        if (i + 2 < n)
-            v |= u[i + 2];
-        char o[4] = {tab[(v >> 18) & 63], tab[(v >> 12) & 63],
-                     i + 1 < n ? tab[(v >> 6) & 63] : '=', i + 2 < n ? tab[v & 63] : '='};
-        sb_add(b, o, 4);
-    }
-}
-
 /* One request's parameters: the body that is sent, and the text a dry run shows (the same,
  * except that UserData is shown decoded below the line instead of as base64). */
 struct aws_query {
-    struct sbuf body, shown;
+    struct st_sbuf body, shown;
     const char *user_data_shown; /* borrowed */
 };
 
 static void q_param(struct aws_query *q, const char *k, const char *v) {
     if (q->body.len) {
-        sb_str(&q->body, "&");
-        sb_str(&q->shown, "&");
+        st_sb_str(&q->body, "&");
+        st_sb_str(&q->shown, "&");
     }
-    sb_escape(&q->body, k);
-    sb_str(&q->body, "=");
-    sb_escape(&q->body, v);
-    sb_escape(&q->shown, k);
-    sb_str(&q->shown, "=");
-    sb_escape(&q->shown, v);
+    st_sb_escape(&q->body, k);
+    st_sb_str(&q->body, "=");
+    st_sb_escape(&q->body, v);
+    st_sb_escape(&q->shown, k);
+    st_sb_str(&q->shown, "=");
+    st_sb_escape(&q->shown, v);
 }
 
 /* Key "PREFIX<i>" (the Query API's lists: InstanceId.1, Filter.2.Value.3). */
@@ -217,8 +146,8 @@ static void q_init(struct aws_query *q, const char *action) {
 }
 
 static void q_done(struct aws_query *q) {
-    sb_done(&q->body);
-    sb_done(&q->shown);
+    st_sb_done(&q->body);
+    st_sb_done(&q->shown);
 }
 
 /* ---- credentials, region, endpoint ---------------------------------------------------------- */
@@ -306,16 +235,6 @@ static void xml_text(xmlNode *n, char *out, size_t sz) {
 
 /* ---- one request ------------------------------------------------------------------------------ */
 
-struct reply {
-    struct sbuf b;
-};
-
-static size_t on_body(char *ptr, size_t size, size_t nmemb, void *userdata) {
-    struct reply *r = userdata;
-    sb_add(&r->b, ptr, size * nmemb);
-    return r->b.fail ? 0 : size * nmemb;
-}
-
 /* Which errno an AWS error code is: refused credentials, no capacity (try another zone),
  * throttled (try again later), a request EC2 calls invalid, or something else. */
 static int code_errno(const char *code, long status) {
@@ -348,21 +267,6 @@ static int code_errno(const char *code, long status) {
     return -EPROTO;
 }
 
-static int curl_errno(CURLcode c) {
-    switch (c) {
-    case CURLE_OK: return 0;
-    case CURLE_COULDNT_CONNECT: return -ECONNREFUSED;
-    case CURLE_OPERATION_TIMEDOUT: return -ETIMEDOUT;
-    case CURLE_COULDNT_RESOLVE_HOST: return -EHOSTUNREACH;
-    case CURLE_OUT_OF_MEMORY: return -ENOMEM;
-    case CURLE_WRITE_ERROR: return -EFBIG;
-    case CURLE_GOT_NOTHING:
-    case CURLE_RECV_ERROR:
-    case CURLE_SEND_ERROR: return -ECONNRESET;
-    default: return -EIO;
-    }
-}
-
 static void sleep_s(double s) {
     struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
     while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
@@ -374,7 +278,7 @@ static void sleep_s(double s) {
 static int aws_post_once(struct cloud_provider *p, struct aws_ctx *x, const char *action,
                          const struct aws_query *q, xmlDoc **ret_doc) {
     CURL *c = x->curl;
-    struct reply rep = {.b = {.max = AWS_REPLY_MAX}};
+    struct st_sbuf rep = {.max = AWS_REPLY_MAX};
     struct curl_slist *h = NULL;
     char sigv4[128], tok[sizeof(x->creds.session) + 32];
     xmlDoc *doc = NULL;
@@ -399,21 +303,21 @@ static int aws_post_once(struct cloud_provider *p, struct aws_ctx *x, const char
     curl_easy_setopt(c, CURLOPT_AWS_SIGV4, sigv4);
     curl_easy_setopt(c, CURLOPT_USERNAME, x->creds.key_id);
     curl_easy_setopt(c, CURLOPT_PASSWORD, x->creds.secret);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, st_sb_curl_write);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &rep);
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, 5000L);
     curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 30000L);
     CURLcode cc = curl_easy_perform(c);
     if (cc != CURLE_OK) {
-        r = rep.b.fail ? -EFBIG : curl_errno(cc);
+        r = rep.fail ? -EFBIG : st_curl_errno(cc, -EIO);
         aws_log(p, x->optional ? ST_LOG_INFO : ST_LOG_ERR, "%s: %s: %s", action, x->endpoint,
                 curl_easy_strerror(cc));
         goto out;
     }
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
-    if (rep.b.len > 0 && rep.b.len < INT32_MAX)
-        doc = xmlReadMemory(rep.b.p, (int)rep.b.len, "ec2.xml", NULL,
+    if (rep.len > 0 && rep.len < INT32_MAX)
+        doc = xmlReadMemory(rep.p, (int)rep.len, "ec2.xml", NULL,
                             XML_PARSE_NONET | XML_PARSE_NOERROR | XML_PARSE_NOWARNING);
     xmlNode *root = doc ? xmlDocGetRootElement(doc) : NULL;
     xmlNode *err = root ? xml_find(root, "Error") : NULL;
@@ -440,13 +344,13 @@ static int aws_post_once(struct cloud_provider *p, struct aws_ctx *x, const char
     r = status == 429 || status >= 500 ? -EBUSY : -EBADMSG;
     aws_log(p, x->optional ? ST_LOG_INFO : r == -EBUSY ? ST_LOG_WARN : ST_LOG_ERR,
             "%s: %s answered HTTP %ld with %s", action, x->endpoint, status,
-            rep.b.len ? "a body that is not EC2 XML" : "no body");
+            rep.len ? "a body that is not EC2 XML" : "no body");
 out:
     if (doc)
         xmlFreeDoc(doc);
     curl_slist_free_all(h);
     curl_easy_reset(c); /* drops the borrowed credentials and body */
-    sb_done(&rep.b);
+    st_sb_done(&rep);
     return r;
 }
 
@@ -458,29 +362,29 @@ static int aws_call(struct cloud_provider *p, struct aws_ctx *x, const char *act
     if (q->body.fail || q->shown.fail)
         return -ENOMEM;
     if (x->dry_run) {
-        struct sbuf t = {.max = 1u << 20};
-        sb_str(&t, "POST ");
-        sb_str(&t, x->endpoint);
-        sb_str(&t, " ");
-        sb_str(&t, q->shown.p);
+        struct st_sbuf t = {.max = 1u << 20};
+        st_sb_str(&t, "POST ");
+        st_sb_str(&t, x->endpoint);
+        st_sb_str(&t, " ");
+        st_sb_str(&t, q->shown.p);
         if (q->user_data_shown) {
-            sb_str(&t, "\n");
+            st_sb_str(&t, "\n");
             for (const char *l = q->user_data_shown; *l;) {
                 const char *e = strchr(l, '\n');
                 size_t n = e ? (size_t)(e - l) : strlen(l);
-                sb_str(&t, "  | ");
-                sb_add(&t, l, n);
+                st_sb_str(&t, "  | ");
+                st_sb_add(&t, l, n);
                 if (e && e[1])
-                    sb_str(&t, "\n");
+                    st_sb_str(&t, "\n");
                 l += n + (e ? 1 : 0);
             }
         }
         if (t.fail) {
-            sb_done(&t);
+            st_sb_done(&t);
             return -ENOMEM;
         }
         x->dry_run(x->dry_run_userdata, t.p);
-        sb_done(&t);
+        st_sb_done(&t);
         return 0;
     }
     int r = -EIO;
@@ -643,65 +547,6 @@ int cloud_aws_down(const struct cloud_config *cfg, const char *job_name) {
     return r;
 }
 
-/* ---- the bootstrap ------------------------------------------------------------------------ */
-
-/* The user-data script (docs/aws.md): it writes the join token and the job spec under
- * /var/lib/spottrain and execs the worker. shown = the same with the token redacted. */
-static int user_data_build(const struct cloud_config *cfg, const char *coordinator,
-                           bool redact, char **ret) {
-    struct sbuf b = {.max = AWS_USER_DATA_MAX};
-    char *spec_text = NULL;
-    size_t spec_len = 0;
-    if (cfg->spec && cfg->spec->path[0] &&
-        st_read_file(cfg->spec->path, AWS_SPEC_EMBED_MAX, &spec_text, &spec_len) < 0)
-        spec_text = NULL;
-    sb_str(&b, "#!/bin/sh\n# spottrain bootstrap: job '");
-    sb_str(&b, cfg->job_name);
-    sb_str(&b, "' (");
-    sb_str(&b, cfg->job_id);
-    sb_str(&b, "). Runs once at first boot; the image has spottrain on PATH.\n"
-               "set -eu\ndir=/var/lib/spottrain\nmkdir -p \"$dir\"\nchmod 700 \"$dir\"\n"
-               "umask 077\n");
-    if (cfg->token) {
-        sb_str(&b, "printf '%s\\n' '");
-        sb_str(&b, redact ? "<redacted>" : cfg->token);
-        sb_str(&b, "' >\"$dir/token\"\n");
-    }
-    bool job = spec_text && !strstr(spec_text, "SPOTTRAIN_JOB_EOF");
-    if (job) {
-        sb_str(&b, "cat >\"$dir/job.yaml\" <<'SPOTTRAIN_JOB_EOF'\n");
-        sb_add(&b, spec_text, spec_len);
-        if (spec_len && spec_text[spec_len - 1] != '\n')
-            sb_str(&b, "\n");
-        sb_str(&b, "SPOTTRAIN_JOB_EOF\n");
-    }
-    /* The instance's id from IMDSv2 (curl is on the image, docs/aws.md), so the coordinator
-     * ties the worker to the instance DescribeInstances reports; the data plane listens on
-     * the instance's first address, where its peers reach it. */
-    sb_str(&b, "md=${AWS_EC2_METADATA_SERVICE_ENDPOINT:-http://169.254.169.254}\n"
-               "t=$(curl -fsS -X PUT \"$md/latest/api/token\" "
-               "-H 'X-aws-ec2-metadata-token-ttl-seconds: 300')\n"
-               "iid=$(curl -fsS -H \"X-aws-ec2-metadata-token: $t\" "
-               "\"$md/latest/meta-data/instance-id\")\n"
-               "ip=$(hostname -I 2>/dev/null | cut -d' ' -f1)\n");
-    sb_str(&b, "exec spottrain worker --coordinator ");
-    sb_str(&b, coordinator);
-    sb_str(&b, " --job-id ");
-    sb_str(&b, cfg->job_id);
-    if (cfg->token)
-        sb_str(&b, " --token-file \"$dir/token\"");
-    if (job)
-        sb_str(&b, " --job \"$dir/job.yaml\"");
-    sb_str(&b, " --instance-id \"$iid\" --data-addr \"${ip:-127.0.0.1}:0\" --state-dir \"$dir\"\n");
-    st_free(spec_text);
-    if (b.fail) {
-        sb_done(&b);
-        return -E2BIG;
-    }
-    *ret = b.p;
-    return 0;
-}
-
 /* ---- the provider ------------------------------------------------------------------------- */
 
 static struct aws_inst *inst_find(struct aws_state *s, const char *id) {
@@ -812,15 +657,15 @@ static int run_instances(struct cloud_provider *p, struct aws_state *s, const ch
     q_param(&q, "TagSpecification.1.Tag.2.Key", "spottrain:job-id");
     q_param(&q, "TagSpecification.1.Tag.2.Value", s->job_id);
     /* The user-data: base64 in the body; a dry run shows it decoded, token redacted. */
-    struct sbuf b64 = {.max = 2 * AWS_USER_DATA_MAX};
-    sb_base64(&b64, s->user_data, strlen(s->user_data));
-    sb_str(&q.body, "&UserData=");
+    struct st_sbuf b64 = {.max = 2 * AWS_USER_DATA_MAX};
+    st_sb_base64(&b64, s->user_data, strlen(s->user_data), false);
+    st_sb_str(&q.body, "&UserData=");
     if (b64.fail)
         q.body.fail = true;
     else
-        sb_escape(&q.body, b64.p); /* '+', '/' and '=' are not plain in a form body */
-    sb_done(&b64);
-    sb_str(&q.shown, "&UserData=(decoded below)");
+        st_sb_escape(&q.body, b64.p); /* '+', '/' and '=' are not plain in a form body */
+    st_sb_done(&b64);
+    st_sb_str(&q.shown, "&UserData=(decoded below)");
     q.user_data_shown = s->user_data_shown;
     TRY_GOTO(aws_call(p, &s->ctx, "RunInstances", &q, &doc), r, out);
     r = 0;
@@ -925,6 +770,17 @@ static int aws_reconcile(struct cloud_provider *p, struct aws_state *s, double n
     return r;
 }
 
+/* What init made, released by its failure path and by done(): the user-data holds the
+ * join token, so it is wiped before it is freed. */
+static void aws_free(struct aws_state *s) {
+    ctx_done(&s->ctx);
+    if (s->user_data)
+        wipe(s->user_data, strlen(s->user_data));
+    st_free(s->user_data);
+    st_free(s->user_data_shown);
+    st_free(s->insts);
+}
+
 static int aws_init(struct cloud_provider *p, void *state, const struct cloud_config *cfg) {
     struct aws_state *s = state;
     const struct st_spec *sp = cfg->spec;
@@ -956,8 +812,11 @@ static int aws_init(struct cloud_provider *p, void *state, const struct cloud_co
     s->insts = st_calloc(CLOUD_MAX_INSTANCES, sizeof(*s->insts));
     if (!s->insts)
         return -ENOMEM;
-    TRY_GOTO(user_data_build(cfg, coordinator, false, &s->user_data), r, out);
-    TRY_GOTO(user_data_build(cfg, coordinator, true, &s->user_data_shown), r, out);
+    /* The user-data script (docs/aws.md), and the same with the token redacted. */
+    TRY_GOTO(cloud__bootstrap_script(cfg, coordinator, "aws", false, AWS_USER_DATA_MAX,
+                                     AWS_SPEC_EMBED_MAX, &s->user_data), r, out);
+    TRY_GOTO(cloud__bootstrap_script(cfg, coordinator, "aws", true, AWS_USER_DATA_MAX,
+                                     AWS_SPEC_EMBED_MAX, &s->user_data_shown), r, out);
     TRY_GOTO(ctx_init(p, &s->ctx, s->nzones > 0 ? s->zones[0] : NULL, cfg->dry_run,
                       cfg->dry_run_userdata), r, out);
     aws_log(p, ST_LOG_INFO, "region %s, endpoint %s, %d x %s from %s%s", s->ctx.region,
@@ -968,12 +827,7 @@ out:
     if (r == -E2BIG)
         aws_log(p, ST_LOG_ERR, "the bootstrap script exceeds EC2's %d bytes of user-data",
                 AWS_USER_DATA_MAX);
-    ctx_done(&s->ctx);
-    if (s->user_data)
-        wipe(s->user_data, strlen(s->user_data));
-    st_free(s->user_data);
-    st_free(s->user_data_shown);
-    st_free(s->insts);
+    aws_free(s);
     return r;
 }
 
@@ -998,12 +852,7 @@ static void aws_done(struct cloud_provider *p, void *state) {
                         s->job_name);
         }
     }
-    ctx_done(&s->ctx);
-    if (s->user_data)
-        wipe(s->user_data, strlen(s->user_data));
-    st_free(s->user_data);
-    st_free(s->user_data_shown);
-    st_free(s->insts);
+    aws_free(s);
 }
 
 /* Refreshes the live spot prices of the instance type (DescribeSpotPriceHistory from now:

@@ -32,33 +32,12 @@
 #define AZ_POLLS 120                 /* Azure-AsyncOperation polls before giving up */
 
 struct az_state {
-    struct cloud_provider *p;
-    struct cloud__fleet fleet;
+    struct cloud__rest_cloud rc; /* first: fleet, token, customData (rest.c) */
     char base[1024];  /* ENDPOINT/subscriptions/S/resourceGroups/RG/providers/Microsoft.Compute/
                          virtualMachines */
     char location[48], vm_size[CLOUD_NAME_MAX], image[128], subnet[384];
     char job_name[128], job_id[40];
-    bool by_name; /* list by the job-name tag (down) instead of the job id */
-    bool spot;
-    char *custom_data, *custom_data_shown; /* base64 bootstrap with and without the token */
-    cloud_dry_run_fn *dry_run;
-    void *dry_run_userdata;
-    struct st_token token; /* the access token: never logged */
 };
-
-/* ---- credentials ------------------------------------------------------------------------- */
-
-/* A valid access token, refreshed a minute before it expires. The lookup (client secret, else
- * managed identity) is common/oauth.c's, shared with the az:// checkpoint store. */
-static int az_token(struct az_state *s) {
-    char why[1024];
-    if (s->token.value[0] && st_now() < s->token.expiry - 60)
-        return 0;
-    int r = st_azure_token_get(AZ_RESOURCE, &s->token, why, sizeof(why));
-    if (r < 0)
-        cloud__log(s->p, ST_LOG_ERR, "azure: %s", why);
-    return r;
-}
 
 /* ---- calls ------------------------------------------------------------------------------- */
 
@@ -73,11 +52,11 @@ static bool capacity_error(const char *code) {
     return false;
 }
 
-/* An ARM error body {"error": {"code", "message"}} into s->fleet.last_error; its errno. */
+/* An ARM error body {"error": {"code", "message"}} into s->rc.fleet.last_error; its errno. */
 static int arm_error(struct az_state *s, const json_t *body, long status) {
     const json_t *err = json_object_get(body, "error");
     const char *code = cloud__json_str(err, "code");
-    snprintf(s->fleet.last_error, sizeof(s->fleet.last_error), "%s: %s",
+    snprintf(s->rc.fleet.last_error, sizeof(s->rc.fleet.last_error), "%s: %s",
              code[0] ? code : "no error code", cloud__json_str(err, "message"));
     if (capacity_error(code))
         return -EAGAIN;
@@ -89,63 +68,19 @@ static int arm_error(struct az_state *s, const json_t *body, long status) {
     return status == 400 ? -EINVAL : -EPROTO;
 }
 
-/* One authorised ARM call, retried when throttled or 5xx. In a dry run, shows it and returns
- * 0 with rep->status 0. */
+/* One authorised ARM call (rest.c's, retried when throttled or 5xx), its refusal turned into
+ * an errno. In a dry run, shows it and returns 0 with rep->status 0. */
 static int az_call(struct az_state *s, const char *method, const char *url, const json_t *body,
                    const json_t *shown, struct cloud__rest_reply *rep) {
-    char *text = NULL;
-    int r = 0;
-    memset(rep, 0, sizeof(*rep));
-    if (s->dry_run) {
-        char *t = shown ? json_dumps(shown, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
-        struct cloud__sbuf line = {.max = 1u << 20};
-        cloud__sb_str(&line, method);
-        cloud__sb_str(&line, " ");
-        cloud__sb_str(&line, url);
-        if (t) {
-            cloud__sb_str(&line, "\n");
-            cloud__sb_str(&line, t);
-        }
-        if (!line.fail)
-            s->dry_run(s->dry_run_userdata, line.p);
-        r = line.fail ? -ENOMEM : 0;
-        cloud__sb_done(&line);
-        st_free(t);
-        return r;
-    }
-    TRY(az_token(s));
-    if (body && !(text = json_dumps(body, JSON_COMPACT)))
-        return -ENOMEM;
-    double wait = 0.25;
-    for (int i = 0; i < AZ_TRIES; i++) {
-        cloud__rest_reply_done(rep);
-        struct cloud__rest_req req = {.method = method, .url = url, .bearer = s->token.value,
-                                      .body = text,
-                                      .content_type = text ? "application/json" : NULL};
-        r = cloud__rest_call(&req, rep);
-        if (r < 0) {
-            cloud__log(s->p, ST_LOG_ERR, "azure: %s %s: %s", method, url, st_strerror(r));
-            break;
-        }
-        if (!(rep->status == 429 || rep->status >= 500))
-            break;
-        if (i + 1 < AZ_TRIES) {
-            cloud__sleep(wait);
-            wait *= 2;
-        }
-    }
-    if (text) {
-        memset(text, 0, strlen(text)); /* customData holds the join token */
-        st_free(text);
-    }
-    if (r < 0)
+    int r = cloud__rest_cloud_send(&s->rc, method, url, body, shown, rep);
+    if (r < 0 || s->rc.dry_run)
         return r;
     if (rep->status >= 200 && rep->status < 300)
         return 0;
     r = arm_error(s, rep->json, rep->status);
     if (r != -ENOENT && r != -EAGAIN)
-        cloud__log(s->p, ST_LOG_ERR, "azure: %s %s refused (HTTP %ld): %s", method, url,
-                   rep->status, s->fleet.last_error);
+        cloud__log(s->rc.p, ST_LOG_ERR, "azure: %s %s refused (HTTP %ld): %s", method, url,
+                   rep->status, s->rc.fleet.last_error);
     return r;
 }
 
@@ -169,8 +104,8 @@ static int az_follow(struct az_state *s, const char *op_url) {
         if (!strcmp(st, "Failed") || !strcmp(st, "Canceled")) {
             r = arm_error(s, rep.json, 200);
             if (r != -EAGAIN)
-                cloud__log(s->p, ST_LOG_ERR, "azure: operation %s: %s", st,
-                           s->fleet.last_error);
+                cloud__log(s->rc.p, ST_LOG_ERR, "azure: operation %s: %s", st,
+                           s->rc.fleet.last_error);
             cloud__rest_reply_done(&rep);
             return r == -ENOENT ? -EPROTO : r;
         }
@@ -210,7 +145,7 @@ static json_t *vm_body(const struct az_state *s, const char *zone, const char *n
         "name", "ipconfig1", "properties", "primary", 1, "subnet", "id", s->subnet);
     if (!props)
         return NULL;
-    if (s->spot) {
+    if (s->rc.spot) {
         /* maxPrice -1: pay up to the on-demand price, never evicted for price, only for
          * capacity (the eviction the notice announces). */
         json_object_set_new(props, "priority", json_string("Spot"));
@@ -232,14 +167,14 @@ static int az_create(void *backend, const char *zone, const char *name) {
     struct cloud__rest_reply rep = {0};
     char url[1200];
     snprintf(url, sizeof(url), "%s/%s?api-version=" AZ_API, s->base, name);
-    json_t *body = vm_body(s, zone, name, s->custom_data);
-    json_t *shown = vm_body(s, zone, name, s->custom_data_shown);
+    json_t *body = vm_body(s, zone, name, s->rc.boot);
+    json_t *shown = vm_body(s, zone, name, s->rc.boot_shown);
     int r = body && shown ? az_call(s, "PUT", url, body, shown, &rep) : -ENOMEM;
     json_decref(body);
     json_decref(shown);
-    if (r == 0 && !s->dry_run && rep.async_op[0])
+    if (r == 0 && !s->rc.dry_run && rep.async_op[0])
         r = az_follow(s, rep.async_op);
-    if (r == -EAGAIN && !s->dry_run) {
+    if (r == -EAGAIN && !s->rc.dry_run) {
         /* A VM left in Failed would be swept anyway; delete it now. */
         struct cloud__rest_reply del;
         (void)az_call(s, "DELETE", url, NULL, NULL, &del);
@@ -276,7 +211,7 @@ static int az_list(void *backend, cloud__fleet_seen_fn *fn, void *userdata) {
             cloud__rest_reply_done(&rep);
             return r;
         }
-        if (s->dry_run)
+        if (s->rc.dry_run)
             return 0;
         const json_t *vms = json_object_get(rep.json, "value");
         size_t i;
@@ -284,8 +219,8 @@ static int az_list(void *backend, cloud__fleet_seen_fn *fn, void *userdata) {
         json_array_foreach(vms, i, vm) {
             /* The resource group holds other VMs too: the job's tag decides. */
             if (strcmp(cloud__json_str(json_object_get(vm, "tags"),
-                                       s->by_name ? "spottrain-job" : "spottrain-job-id"),
-                       s->by_name ? s->job_name : s->job_id))
+                                       s->rc.by_name ? "spottrain-job" : "spottrain-job-id"),
+                       s->rc.by_name ? s->job_name : s->job_id))
                 continue;
             const char *zone = json_string_value(json_array_get(json_object_get(vm, "zones"),
                                                                 0));
@@ -310,26 +245,18 @@ static const struct cloud__fleet_ops az_fleet_ops = {az_create, az_list, az_dest
 
 /* ---- the provider ------------------------------------------------------------------------- */
 
-static void az_free_data(struct az_state *s) {
-    if (s->custom_data)
-        memset(s->custom_data, 0, strlen(s->custom_data));
-    st_free(s->custom_data);
-    st_free(s->custom_data_shown);
-    s->custom_data = s->custom_data_shown = NULL;
-}
-
 /* customData: the bootstrap script, base64. */
 static int custom_data(const struct cloud_config *cfg, const char *coordinator, bool redact,
                        char **ret) {
     char *script = NULL;
     TRY(cloud__bootstrap_script(cfg, coordinator, "azure", redact, AZ_CUSTOM_DATA_MAX,
-                                &script));
-    struct cloud__sbuf b = {.max = AZ_CUSTOM_DATA_MAX * 2};
-    cloud__sb_base64(&b, script, strlen(script), false);
+                                AZ_CUSTOM_DATA_MAX / 2, &script));
+    struct st_sbuf b = {.max = AZ_CUSTOM_DATA_MAX * 2};
+    st_sb_base64(&b, script, strlen(script), false);
     memset(script, 0, strlen(script));
     st_free(script);
     if (b.fail) {
-        cloud__sb_done(&b);
+        st_sb_done(&b);
         return -E2BIG;
     }
     *ret = b.p;
@@ -339,31 +266,35 @@ static int custom_data(const struct cloud_config *cfg, const char *coordinator, 
 /* The subscription, resource group and endpoint of the spec into s->base (launch, down). */
 static int az_base_init(struct az_state *s, const struct st_spec_fleet *f) {
     if (!f->subscription[0] || !f->resource_group[0]) {
-        cloud__log(s->p, ST_LOG_ERR, "azure: fleet.subscription and fleet.resource_group are "
+        cloud__log(s->rc.p, ST_LOG_ERR, "azure: fleet.subscription and fleet.resource_group are "
                    "required");
         return -EINVAL;
     }
     const char *ep = f->azure_endpoint[0] ? f->azure_endpoint : AZ_RESOURCE;
-    if (strncmp(ep, "https://", 8) && !(strncmp(ep, "http://", 7) == 0 &&
-                                        cloud__url_is_loopback(ep))) {
-        cloud__log(s->p, ST_LOG_ERR, "azure: fleet.azure.endpoint '%s' must be https:// "
-                   "(http:// only on loopback)", ep);
-        return -EINVAL;
-    }
-    size_t el = strlen(ep);
-    while (el > 0 && ep[el - 1] == '/')
-        el--;
+    int el = cloud__rest_endpoint_len(&s->rc, "fleet.azure.endpoint", ep);
+    if (el < 0)
+        return el;
     snprintf(s->base, sizeof(s->base), "%.*s/subscriptions/%s/resourceGroups/%s/providers/"
-             "Microsoft.Compute/virtualMachines", (int)el, ep, f->subscription,
+             "Microsoft.Compute/virtualMachines", el, ep, f->subscription,
              f->resource_group);
     return 0;
 }
+
+/* cloud__rest_cloud_ops.down_init: the sweep lists by the job-name tag. */
+static int az_down_init(void *state, const struct cloud_config *cfg, const char *job_name) {
+    struct az_state *s = state;
+    TRY(az_base_init(s, &cfg->spec->fleet));
+    snprintf(s->job_name, sizeof(s->job_name), "%s", job_name);
+    return 0;
+}
+
+static const struct cloud__rest_cloud_ops az_rest_ops;
 
 static int az_init(struct cloud_provider *p, void *state, const struct cloud_config *cfg) {
     struct az_state *s = state;
     const struct st_spec *sp = cfg->spec;
     int r;
-    s->p = p;
+    cloud__rest_cloud_init(&s->rc, &az_rest_ops, p, cfg);
     if (!sp) {
         cloud__log(p, ST_LOG_ERR, "azure: the provider needs the job spec");
         return -EINVAL;
@@ -389,97 +320,42 @@ static int az_init(struct cloud_provider *p, void *state, const struct cloud_con
     snprintf(s->vm_size, sizeof(s->vm_size), "%s", cfg->instance_type);
     snprintf(s->job_name, sizeof(s->job_name), "%s", cfg->job_name);
     snprintf(s->job_id, sizeof(s->job_id), "%s", cfg->job_id);
-    s->spot = cfg->spot;
-    s->dry_run = cfg->dry_run;
-    s->dry_run_userdata = cfg->dry_run_userdata;
-    if ((r = custom_data(cfg, coordinator, false, &s->custom_data)) < 0 ||
-        (r = custom_data(cfg, coordinator, true, &s->custom_data_shown)) < 0) {
+    if ((r = custom_data(cfg, coordinator, false, &s->rc.boot)) < 0 ||
+        (r = custom_data(cfg, coordinator, true, &s->rc.boot_shown)) < 0) {
         if (r == -E2BIG)
             cloud__log(p, ST_LOG_ERR, "azure: the bootstrap exceeds customData's %d bytes",
                        AZ_CUSTOM_DATA_MAX);
         goto out;
     }
     /* Zones in a location are "1", "2", "3"; none given = Azure places the VM. */
-    TRY_GOTO(cloud__fleet_init(&s->fleet, p, "azure", &az_fleet_ops, s, cfg, f->nzones), r,
+    TRY_GOTO(cloud__fleet_init(&s->rc.fleet, p, "azure", &az_fleet_ops, s, cfg, f->nzones), r,
              out);
     cloud__log(p, ST_LOG_INFO, "azure: %s in %s, %d x %s from %s%s", s->base, s->location,
-               s->fleet.target, s->vm_size, s->image, s->spot ? " (spot)" : "");
+               s->rc.fleet.target, s->vm_size, s->image, s->rc.spot ? " (spot)" : "");
     return 0;
 out:
-    az_free_data(s);
+    cloud__rest_cloud_free_boot(&s->rc);
     return r;
 }
 
-static void az_done(struct cloud_provider *p, void *state) {
-    (void)p;
-    struct az_state *s = state;
-    cloud__fleet_done(&s->fleet);
-    az_free_data(s);
-    st_token_wipe(&s->token);
-}
-
-static int az_start(struct cloud_provider *p, void *state, double now) {
-    (void)p;
-    return cloud__fleet_start(&((struct az_state *)state)->fleet, now);
-}
-
-static int az_poll(struct cloud_provider *p, void *state, double now) {
-    (void)p;
-    return cloud__fleet_poll(&((struct az_state *)state)->fleet, now);
-}
-
-static int az_acquire(struct cloud_provider *p, void *state, int n, double now) {
-    (void)p;
-    return cloud__fleet_acquire(&((struct az_state *)state)->fleet, n, now);
-}
-
-static int az_release(struct cloud_provider *p, void *state, const char *instance, double now) {
-    (void)p;
-    return cloud__fleet_release(&((struct az_state *)state)->fleet, instance, now);
-}
-
-static int az_instances(struct cloud_provider *p, void *state, struct cloud_instance *out,
-                        size_t max, size_t *ret_n) {
-    (void)p;
-    return cloud__fleet_instances(&((struct az_state *)state)->fleet, out, max, ret_n);
-}
-
-static double az_next_deadline(struct cloud_provider *p, void *state, double now) {
-    (void)p;
-    (void)now;
-    return cloud__fleet_next_deadline(&((struct az_state *)state)->fleet);
-}
+static const struct cloud__rest_cloud_ops az_rest_ops = {
+    .name = "azure",
+    .state_size = sizeof(struct az_state),
+    .token_get = st_azure_token_get,
+    .scope = AZ_RESOURCE,
+    .tries = AZ_TRIES,
+    .fleet = &az_fleet_ops,
+    .down_init = az_down_init,
+};
 
 const struct cloud_provider_ops cloud__azure_ops = {
     .name = "azure",
     .state_size = sizeof(struct az_state),
     .init = az_init,
-    .done = az_done,
-    .start = az_start,
-    .poll = az_poll,
-    .acquire = az_acquire,
-    .release = az_release,
-    .instances = az_instances,
-    .next_deadline = az_next_deadline,
+    CLOUD__REST_CLOUD_PROVIDER_OPS,
 };
 
 /* See cloud.h. */
 int cloud_azure_down(const struct cloud_config *cfg, const char *job_name) {
-    if (!cfg || !cfg->spec || !job_name || !*job_name)
-        return -EINVAL;
-    struct az_state *s = st_calloc(1, sizeof(*s));
-    if (!s)
-        return -ENOMEM;
-    int r;
-    TRY_GOTO(az_base_init(s, &cfg->spec->fleet), r, out);
-    snprintf(s->job_name, sizeof(s->job_name), "%s", job_name);
-    s->by_name = true;
-    TRY_GOTO(cloud__fleet_init(&s->fleet, NULL, "azure", &az_fleet_ops, s, cfg,
-                               cfg->spec->fleet.nzones), r, out);
-    r = cloud__fleet_sweep(&s->fleet);
-out:
-    cloud__fleet_done(&s->fleet); /* never started: frees only */
-    st_token_wipe(&s->token);
-    st_free(s);
-    return r;
+    return cloud__rest_cloud_down(&az_rest_ops, cfg, job_name);
 }

@@ -43,20 +43,7 @@ extern const struct cloud_provider_ops cloud__azure_ops;
 
 #include <jansson.h>
 
-/* A growing string with a bound (curl dynbuf style); fail is sticky. cloud__sb_done() wipes
- * the bytes before freeing them (bodies carry tokens). */
-struct cloud__sbuf {
-    char *p;
-    size_t len, cap, max;
-    bool fail;
-};
-void cloud__sb_add(struct cloud__sbuf *b, const char *s, size_t n);
-void cloud__sb_str(struct cloud__sbuf *b, const char *s);
-void cloud__sb_done(struct cloud__sbuf *b);
-/* Standard base64, or base64url without padding (JWT) when url. */
-void cloud__sb_base64(struct cloud__sbuf *b, const void *data, size_t n, bool url);
-/* RFC 3986 percent-encoding (form bodies, query parameters). */
-void cloud__sb_escape(struct cloud__sbuf *b, const char *s);
+#include "http.h" /* struct st_sbuf, st_sb_*: bounded strings (common/http.c) */
 
 /* One HTTP request. Strings are borrowed; bearer and body are never logged. */
 struct cloud__rest_req {
@@ -84,12 +71,14 @@ bool cloud__url_is_loopback(const char *url);
 const char *cloud__json_str(const json_t *o, const char *key);
 void cloud__sleep(double seconds);
 
-/* The worker bootstrap (startup-script, customData): writes the join token (or
- * "<redacted>") and the job spec, reads the instance's name from the metadata service of
- * cloud ("gcp" or "azure"), then execs `spottrain worker`. *ret: caller frees with st_free().
- * Returns 0 or -E2BIG beyond max bytes. */
+/* The worker bootstrap (bootstrap.c; EC2 user-data, GCE startup-script, Azure customData):
+ * writes the join token (or "<redacted>") and the job spec (when the file fits in spec_max
+ * bytes), reads the instance's name from the metadata service of cloud ("aws", "gcp" or
+ * "azure"), then execs `spottrain worker`. *ret: caller frees with st_free(). Returns 0,
+ * -E2BIG beyond max bytes, -EINVAL for another cloud. */
 int cloud__bootstrap_script(const struct cloud_config *cfg, const char *coordinator,
-                            const char *cloud, bool redact, size_t max, char **ret);
+                            const char *cloud, bool redact, size_t max, size_t spec_max,
+                            char **ret);
 
 /* The fleet engine: a target count kept over zones by a backend that can create one named
  * instance, list the job's instances and delete one. */
@@ -138,6 +127,77 @@ int cloud__fleet_instances(struct cloud__fleet *f, struct cloud_instance *out, s
 double cloud__fleet_next_deadline(const struct cloud__fleet *f);
 /* Deletes every alive instance the listing shows. Returns how many, or negative errno. */
 int cloud__fleet_sweep(struct cloud__fleet *f);
+
+/* ---- a JSON cloud's provider (rest.c): what gcp.c and azure.c differ in ------------------ */
+
+#include "oauth.h" /* struct st_token */
+
+/* The per-cloud part of a JSON cloud's provider; the rest of the provider is rest.c's. */
+struct cloud__rest_cloud_ops {
+    const char *name; /* "gcp", "azure": log prefix, fleet name */
+    size_t state_size; /* bytes of the cloud's state, which starts with struct cloud__rest_cloud */
+    /* st_gcp_token_get or st_azure_token_get, asked for scope (a scope or a resource). */
+    int (*token_get)(const char *scope, struct st_token *t, char *why, size_t whysz);
+    const char *scope;
+    int tries; /* of one request when throttled or 5xx */
+    const struct cloud__fleet_ops *fleet;
+    /* `down`: fills the fresh state from the spec for a sweep of job_name's instances by
+     * their job-name label or tag (base URL, label). Logs its own errors. */
+    int (*down_init)(void *state, const struct cloud_config *cfg, const char *job_name);
+};
+
+/* What a JSON cloud's state starts with: the fleet engine and what rest.c's provider entry
+ * points use and free. The cloud's own fields follow it in its own struct. */
+struct cloud__rest_cloud {
+    struct cloud__fleet fleet; /* first, so the state pointer is also the fleet's */
+    const struct cloud__rest_cloud_ops *ops;
+    struct cloud_provider *p;
+    bool by_name; /* list by the job-name label or tag (down) instead of the job id */
+    bool spot;
+    char *boot, *boot_shown; /* the bootstrap as sent (startup-script, base64 customData)
+                              * with the join token, and the same redacted */
+    cloud_dry_run_fn *dry_run;
+    void *dry_run_userdata;
+    struct st_token token; /* the access token: never logged */
+};
+
+/* Fills the generic part of a state at init (p, ops and the config's spot and dry run). */
+void cloud__rest_cloud_init(struct cloud__rest_cloud *rc, const struct cloud__rest_cloud_ops *ops,
+                            struct cloud_provider *p, const struct cloud_config *cfg);
+/* The length of the spec's endpoint ep (named field in the message) without its trailing
+ * slashes, for "%.*s"; -EINVAL, logged, unless it is https:// or http:// on loopback (where
+ * tests run their fake clouds). */
+int cloud__rest_endpoint_len(struct cloud__rest_cloud *rc, const char *field, const char *ep);
+/* Wipes and frees the bootstrap texts (init's failure path; done() does it too). */
+void cloud__rest_cloud_free_boot(struct cloud__rest_cloud *rc);
+/* One authorised call with a JSON body (borrowed, may be NULL), retried when throttled or
+ * 5xx; a transport failure is logged. In a dry run, shows method, url and shown instead and
+ * returns 0 with rep->status 0. Returns 0 with *rep filled (any status: the caller judges
+ * it; free it with cloud__rest_reply_done()), or negative errno (no token: logged). */
+int cloud__rest_cloud_send(struct cloud__rest_cloud *rc, const char *method, const char *url,
+                           const json_t *body, const json_t *shown,
+                           struct cloud__rest_reply *rep);
+/* The provider entry points (struct cloud_provider_ops) every JSON cloud shares, to be listed
+ * in its ops table after name, state_size and init. */
+void cloud__rest_cloud_done(struct cloud_provider *p, void *state);
+int cloud__rest_cloud_start(struct cloud_provider *p, void *state, double now);
+int cloud__rest_cloud_poll(struct cloud_provider *p, void *state, double now);
+int cloud__rest_cloud_acquire(struct cloud_provider *p, void *state, int n, double now);
+int cloud__rest_cloud_release(struct cloud_provider *p, void *state, const char *instance,
+                              double now);
+int cloud__rest_cloud_instances(struct cloud_provider *p, void *state, struct cloud_instance *out,
+                                size_t max, size_t *ret_n);
+double cloud__rest_cloud_next_deadline(struct cloud_provider *p, void *state, double now);
+#define CLOUD__REST_CLOUD_PROVIDER_OPS                                                         \
+    .done = cloud__rest_cloud_done, .start = cloud__rest_cloud_start,                          \
+    .poll = cloud__rest_cloud_poll, .acquire = cloud__rest_cloud_acquire,                      \
+    .release = cloud__rest_cloud_release, .instances = cloud__rest_cloud_instances,            \
+    .next_deadline = cloud__rest_cloud_next_deadline
+/* `spottrain down` for a JSON cloud: deletes every instance labelled or tagged with job_name
+ * (cloud_gcp_down, cloud_azure_down in cloud.h). Returns how many, or negative errno. */
+int cloud__rest_cloud_down(const struct cloud__rest_cloud_ops *ops, const struct cloud_config *cfg,
+                           const char *job_name);
+
 /* The kubernetes backend (k8s.c). */
 extern const struct cloud_provider_ops cloud__k8s_ops;
 

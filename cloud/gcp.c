@@ -32,33 +32,12 @@
 #define GCP_WAITS 20     /* zoneOperations.wait calls before an operation is given up */
 
 struct gcp_state {
-    struct cloud_provider *p;
-    struct cloud__fleet fleet;
+    struct cloud__rest_cloud rc; /* first: fleet, token, startup-script (rest.c) */
     char base[CLOUD_URL_MAX + 64];  /* ENDPOINT/compute/v1/projects/PROJECT */
     char project[64];
     char machine_type[CLOUD_NAME_MAX], image[128];
     char label_job[64], job_id[40];
-    bool by_name; /* list by the job-name label (down) instead of the job id */
-    bool spot;
-    char *script, *script_shown; /* the startup-script with and without the join token */
-    cloud_dry_run_fn *dry_run;
-    void *dry_run_userdata;
-    struct st_token token; /* the access token: never logged */
 };
-
-/* ---- credentials ------------------------------------------------------------------------- */
-
-/* A valid access token, refreshed a minute before it expires. The lookup (key file, else
- * metadata server) is common/oauth.c's, shared with the gs:// checkpoint store. */
-static int gcp_token(struct gcp_state *s) {
-    char why[1024];
-    if (s->token.value[0] && st_now() < s->token.expiry - 60)
-        return 0;
-    int r = st_gcp_token_get(GCP_SCOPE, &s->token, why, sizeof(why));
-    if (r < 0)
-        cloud__log(s->p, ST_LOG_ERR, "gcp: %s", why);
-    return r;
-}
 
 /* ---- calls ------------------------------------------------------------------------------- */
 
@@ -74,7 +53,7 @@ static bool capacity_error(const char *code) {
 }
 
 /* The first error code of an Operation's error.errors[] or an HTTP error's error.errors[]
- * (reason), into s->fleet.last_error. */
+ * (reason), into s->rc.fleet.last_error. */
 static void note_error(struct gcp_state *s, const json_t *err) {
     const json_t *e0 = json_array_get(json_object_get(err, "errors"), 0);
     const char *code = cloud__json_str(e0, "code");
@@ -83,60 +62,16 @@ static void note_error(struct gcp_state *s, const json_t *err) {
     const char *msg = cloud__json_str(e0, "message");
     if (!msg[0])
         msg = cloud__json_str(err, "message");
-    snprintf(s->fleet.last_error, sizeof(s->fleet.last_error), "%s%s%s",
+    snprintf(s->rc.fleet.last_error, sizeof(s->rc.fleet.last_error), "%s%s%s",
              code[0] ? code : cloud__json_str(err, "status"), msg[0] ? ": " : "", msg);
 }
 
-/* One authorised Compute call, retried when throttled or 5xx. In a dry run, shows it and
- * returns 0 with rep->status 0. */
+/* One authorised Compute call (rest.c's, retried when throttled or 5xx), its refusal turned
+ * into an errno. In a dry run, shows it and returns 0 with rep->status 0. */
 static int gcp_call(struct gcp_state *s, const char *method, const char *url,
                     const json_t *body, const json_t *shown, struct cloud__rest_reply *rep) {
-    char *text = NULL;
-    int r = 0;
-    memset(rep, 0, sizeof(*rep));
-    if (s->dry_run) {
-        char *t = shown ? json_dumps(shown, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
-        struct cloud__sbuf line = {.max = 1u << 20};
-        cloud__sb_str(&line, method);
-        cloud__sb_str(&line, " ");
-        cloud__sb_str(&line, url);
-        if (t) {
-            cloud__sb_str(&line, "\n");
-            cloud__sb_str(&line, t);
-        }
-        if (!line.fail)
-            s->dry_run(s->dry_run_userdata, line.p);
-        r = line.fail ? -ENOMEM : 0;
-        cloud__sb_done(&line);
-        st_free(t);
-        return r;
-    }
-    TRY(gcp_token(s));
-    if (body && !(text = json_dumps(body, JSON_COMPACT)))
-        return -ENOMEM;
-    double wait = 0.25;
-    for (int i = 0; i < GCP_TRIES; i++) {
-        cloud__rest_reply_done(rep);
-        struct cloud__rest_req req = {.method = method, .url = url, .bearer = s->token.value,
-                                      .body = text,
-                                      .content_type = text ? "application/json" : NULL};
-        r = cloud__rest_call(&req, rep);
-        if (r < 0) {
-            cloud__log(s->p, ST_LOG_ERR, "gcp: %s %s: %s", method, url, st_strerror(r));
-            break;
-        }
-        if (!(rep->status == 429 || rep->status >= 500))
-            break;
-        if (i + 1 < GCP_TRIES) {
-            cloud__sleep(wait);
-            wait *= 2;
-        }
-    }
-    if (text) {
-        memset(text, 0, strlen(text)); /* the startup-script holds the join token */
-        st_free(text);
-    }
-    if (r < 0)
+    int r = cloud__rest_cloud_send(&s->rc, method, url, body, shown, rep);
+    if (r < 0 || s->rc.dry_run)
         return r;
     if (rep->status >= 200 && rep->status < 300)
         return 0;
@@ -146,8 +81,8 @@ static int gcp_call(struct gcp_state *s, const char *method, const char *url,
     if (rep->status == 401 || rep->status == 403) {
         if (capacity_error(cloud__json_str(e0, "reason")))
             return -EAGAIN;
-        cloud__log(s->p, ST_LOG_ERR, "gcp: %s %s refused (HTTP %ld): %s", method, url,
-                   rep->status, s->fleet.last_error);
+        cloud__log(s->rc.p, ST_LOG_ERR, "gcp: %s %s refused (HTTP %ld): %s", method, url,
+                   rep->status, s->rc.fleet.last_error);
         return -EACCES;
     }
     if (rep->status == 404)
@@ -155,8 +90,8 @@ static int gcp_call(struct gcp_state *s, const char *method, const char *url,
     if (capacity_error(cloud__json_str(e0, "reason")) ||
         capacity_error(cloud__json_str(e0, "code")))
         return -EAGAIN;
-    cloud__log(s->p, ST_LOG_ERR, "gcp: %s %s failed (HTTP %ld): %s", method, url, rep->status,
-               s->fleet.last_error);
+    cloud__log(s->rc.p, ST_LOG_ERR, "gcp: %s %s failed (HTTP %ld): %s", method, url, rep->status,
+               s->rc.fleet.last_error);
     return rep->status == 400 ? -EINVAL : -EPROTO;
 }
 
@@ -178,8 +113,8 @@ static int gcp_wait(struct gcp_state *s, const char *zone, struct cloud__rest_re
             const json_t *e0 = json_array_get(json_object_get(err, "errors"), 0);
             if (capacity_error(cloud__json_str(e0, "code")))
                 return -EAGAIN;
-            cloud__log(s->p, ST_LOG_ERR, "gcp: operation '%s' failed: %s",
-                       cloud__json_str(op, "name"), s->fleet.last_error);
+            cloud__log(s->rc.p, ST_LOG_ERR, "gcp: operation '%s' failed: %s",
+                       cloud__json_str(op, "name"), s->rc.fleet.last_error);
             return -EPROTO;
         }
         char url[CLOUD_URL_MAX + 512];
@@ -200,7 +135,7 @@ static json_t *instance_body(const struct gcp_state *s, const char *zone, const 
                              const char *script) {
     char mt[CLOUD_NAME_MAX * 2 + 32];
     snprintf(mt, sizeof(mt), "zones/%s/machineTypes/%s", zone, s->machine_type);
-    json_t *sched = s->spot ? json_pack("{s:s, s:s, s:b, s:s}", "provisioningModel", "SPOT",
+    json_t *sched = s->rc.spot ? json_pack("{s:s, s:s, s:b, s:s}", "provisioningModel", "SPOT",
                                         "instanceTerminationAction", "DELETE",
                                         "automaticRestart", 0, "onHostMaintenance", "TERMINATE")
                             : json_pack("{s:s}", "provisioningModel", "STANDARD");
@@ -221,14 +156,14 @@ static int gcp_create(void *backend, const char *zone, const char *name) {
     struct cloud__rest_reply rep = {0};
     char url[CLOUD_URL_MAX + 256];
     snprintf(url, sizeof(url), "%s/zones/%s/instances", s->base, zone);
-    json_t *body = instance_body(s, zone, name, s->script);
-    json_t *shown = instance_body(s, zone, name, s->script_shown);
+    json_t *body = instance_body(s, zone, name, s->rc.boot);
+    json_t *shown = instance_body(s, zone, name, s->rc.boot_shown);
     int r = body && shown ? gcp_call(s, "POST", url, body, shown, &rep) : -ENOMEM;
     json_decref(body);
     json_decref(shown);
-    if (r == 0 && !s->dry_run)
+    if (r == 0 && !s->rc.dry_run)
         r = gcp_wait(s, zone, &rep);
-    if (r == -EAGAIN && !s->dry_run) {
+    if (r == -EAGAIN && !s->rc.dry_run) {
         /* An instance left behind by a failed insert would be swept anyway; delete it now. */
         snprintf(url, sizeof(url), "%s/zones/%s/instances/%s", s->base, zone, name);
         struct cloud__rest_reply del;
@@ -256,33 +191,33 @@ static bool status_alive(const char *st) {
 
 static int gcp_list(void *backend, cloud__fleet_seen_fn *fn, void *userdata) {
     struct gcp_state *s = backend;
-    for (int z = 0; z < s->fleet.nzones; z++) {
-        const char *zone = s->fleet.zones[z];
+    for (int z = 0; z < s->rc.fleet.nzones; z++) {
+        const char *zone = s->rc.fleet.zones[z];
         char page[512] = "";
         for (int pages = 0; pages < 1000; pages++) {
-            struct cloud__sbuf url = {.max = 4096};
+            struct st_sbuf url = {.max = 4096};
             struct cloud__rest_reply rep;
             char filter[128];
-            const char *key = s->by_name ? "spottrain-job" : "spottrain-job-id";
-            const char *want = s->by_name ? s->label_job : s->job_id;
+            const char *key = s->rc.by_name ? "spottrain-job" : "spottrain-job-id";
+            const char *want = s->rc.by_name ? s->label_job : s->job_id;
             snprintf(filter, sizeof(filter), "labels.%s=\"%s\"", key, want);
-            cloud__sb_str(&url, s->base);
-            cloud__sb_str(&url, "/zones/");
-            cloud__sb_str(&url, zone);
-            cloud__sb_str(&url, "/instances?filter=");
-            cloud__sb_escape(&url, filter);
+            st_sb_str(&url, s->base);
+            st_sb_str(&url, "/zones/");
+            st_sb_str(&url, zone);
+            st_sb_str(&url, "/instances?filter=");
+            st_sb_escape(&url, filter);
             if (page[0]) {
-                cloud__sb_str(&url, "&pageToken=");
-                cloud__sb_escape(&url, page);
+                st_sb_str(&url, "&pageToken=");
+                st_sb_escape(&url, page);
             }
             memset(&rep, 0, sizeof(rep));
             int r = url.fail ? -ENOMEM : gcp_call(s, "GET", url.p, NULL, NULL, &rep);
-            cloud__sb_done(&url);
+            st_sb_done(&url);
             if (r < 0) {
                 cloud__rest_reply_done(&rep); /* a refusal's error body */
                 return r;
             }
-            if (s->dry_run)
+            if (s->rc.dry_run)
                 break;
             const json_t *items = json_object_get(rep.json, "items");
             size_t i;
@@ -324,41 +259,37 @@ static void label_value(const char *in, char *out, size_t size) {
     out[n] = '\0';
 }
 
-static void gcp_free_scripts(struct gcp_state *s) {
-    if (s->script)
-        memset(s->script, 0, strlen(s->script));
-    st_free(s->script);
-    st_free(s->script_shown);
-    s->script = s->script_shown = NULL;
-}
-
 /* The project, zones and endpoint of the spec into s->base (launch and down). */
 static int gcp_base_init(struct gcp_state *s, const struct st_spec *sp) {
     snprintf(s->project, sizeof(s->project), "%s", sp->fleet.project);
     if (!s->project[0] || sp->fleet.nzones == 0) {
-        cloud__log(s->p, ST_LOG_ERR, "gcp: fleet.project and fleet.zones are required");
+        cloud__log(s->rc.p, ST_LOG_ERR, "gcp: fleet.project and fleet.zones are required");
         return -EINVAL;
     }
     const char *ep = sp->fleet.gcp_endpoint[0] ? sp->fleet.gcp_endpoint
                                                : "https://compute.googleapis.com";
-    if (strncmp(ep, "https://", 8) && !(strncmp(ep, "http://", 7) == 0 &&
-                                        cloud__url_is_loopback(ep))) {
-        cloud__log(s->p, ST_LOG_ERR, "gcp: fleet.gcp.endpoint '%s' must be https:// (http:// "
-                   "only on loopback)", ep);
-        return -EINVAL;
-    }
-    size_t el = strlen(ep);
-    while (el > 0 && ep[el - 1] == '/')
-        el--;
-    snprintf(s->base, sizeof(s->base), "%.*s/compute/v1/projects/%s", (int)el, ep, s->project);
+    int el = cloud__rest_endpoint_len(&s->rc, "fleet.gcp.endpoint", ep);
+    if (el < 0)
+        return el;
+    snprintf(s->base, sizeof(s->base), "%.*s/compute/v1/projects/%s", el, ep, s->project);
     return 0;
 }
+
+/* cloud__rest_cloud_ops.down_init: the sweep lists by the job-name label. */
+static int gcp_down_init(void *state, const struct cloud_config *cfg, const char *job_name) {
+    struct gcp_state *s = state;
+    TRY(gcp_base_init(s, cfg->spec));
+    label_value(job_name, s->label_job, sizeof(s->label_job));
+    return 0;
+}
+
+static const struct cloud__rest_cloud_ops gcp_rest_ops;
 
 static int gcp_init(struct cloud_provider *p, void *state, const struct cloud_config *cfg) {
     struct gcp_state *s = state;
     const struct st_spec *sp = cfg->spec;
     int r;
-    s->p = p;
+    cloud__rest_cloud_init(&s->rc, &gcp_rest_ops, p, cfg);
     if (!sp) {
         cloud__log(p, ST_LOG_ERR, "gcp: the provider needs the job spec");
         return -EINVAL;
@@ -380,92 +311,38 @@ static int gcp_init(struct cloud_provider *p, void *state, const struct cloud_co
     snprintf(s->machine_type, sizeof(s->machine_type), "%s", cfg->instance_type);
     label_value(cfg->job_id, s->job_id, sizeof(s->job_id));
     label_value(cfg->job_name, s->label_job, sizeof(s->label_job));
-    s->spot = cfg->spot;
-    s->dry_run = cfg->dry_run;
-    s->dry_run_userdata = cfg->dry_run_userdata;
     TRY_GOTO(cloud__bootstrap_script(cfg, coordinator, "gcp", false, GCP_SCRIPT_MAX,
-                                     &s->script), r, out);
+                                     GCP_SCRIPT_MAX / 2, &s->rc.boot), r, out);
     TRY_GOTO(cloud__bootstrap_script(cfg, coordinator, "gcp", true, GCP_SCRIPT_MAX,
-                                     &s->script_shown), r, out);
-    TRY_GOTO(cloud__fleet_init(&s->fleet, p, "gcp", &gcp_fleet_ops, s, cfg, sp->fleet.nzones),
+                                     GCP_SCRIPT_MAX / 2, &s->rc.boot_shown), r, out);
+    TRY_GOTO(cloud__fleet_init(&s->rc.fleet, p, "gcp", &gcp_fleet_ops, s, cfg, sp->fleet.nzones),
              r, out);
-    cloud__log(p, ST_LOG_INFO, "gcp: %s, %d x %s from %s%s", s->base, s->fleet.target, s->machine_type, s->image, s->spot ? " (spot)" : "");
+    cloud__log(p, ST_LOG_INFO, "gcp: %s, %d x %s from %s%s", s->base, s->rc.fleet.target,
+               s->machine_type, s->image, s->rc.spot ? " (spot)" : "");
     return 0;
 out:
-    gcp_free_scripts(s);
+    cloud__rest_cloud_free_boot(&s->rc);
     return r;
 }
 
-static void gcp_done(struct cloud_provider *p, void *state) {
-    (void)p;
-    struct gcp_state *s = state;
-    cloud__fleet_done(&s->fleet);
-    gcp_free_scripts(s);
-    st_token_wipe(&s->token);
-}
-
-static int gcp_start(struct cloud_provider *p, void *state, double now) {
-    (void)p;
-    return cloud__fleet_start(&((struct gcp_state *)state)->fleet, now);
-}
-
-static int gcp_poll(struct cloud_provider *p, void *state, double now) {
-    (void)p;
-    return cloud__fleet_poll(&((struct gcp_state *)state)->fleet, now);
-}
-
-static int gcp_acquire(struct cloud_provider *p, void *state, int n, double now) {
-    (void)p;
-    return cloud__fleet_acquire(&((struct gcp_state *)state)->fleet, n, now);
-}
-
-static int gcp_release(struct cloud_provider *p, void *state, const char *instance, double now) {
-    (void)p;
-    return cloud__fleet_release(&((struct gcp_state *)state)->fleet, instance, now);
-}
-
-static int gcp_instances(struct cloud_provider *p, void *state, struct cloud_instance *out,
-                         size_t max, size_t *ret_n) {
-    (void)p;
-    return cloud__fleet_instances(&((struct gcp_state *)state)->fleet, out, max, ret_n);
-}
-
-static double gcp_next_deadline(struct cloud_provider *p, void *state, double now) {
-    (void)p;
-    (void)now;
-    return cloud__fleet_next_deadline(&((struct gcp_state *)state)->fleet);
-}
+static const struct cloud__rest_cloud_ops gcp_rest_ops = {
+    .name = "gcp",
+    .state_size = sizeof(struct gcp_state),
+    .token_get = st_gcp_token_get,
+    .scope = GCP_SCOPE,
+    .tries = GCP_TRIES,
+    .fleet = &gcp_fleet_ops,
+    .down_init = gcp_down_init,
+};
 
 const struct cloud_provider_ops cloud__gcp_ops = {
     .name = "gcp",
     .state_size = sizeof(struct gcp_state),
     .init = gcp_init,
-    .done = gcp_done,
-    .start = gcp_start,
-    .poll = gcp_poll,
-    .acquire = gcp_acquire,
-    .release = gcp_release,
-    .instances = gcp_instances,
-    .next_deadline = gcp_next_deadline,
+    CLOUD__REST_CLOUD_PROVIDER_OPS,
 };
 
 /* See cloud.h. */
 int cloud_gcp_down(const struct cloud_config *cfg, const char *job_name) {
-    if (!cfg || !cfg->spec || !job_name || !*job_name)
-        return -EINVAL;
-    struct gcp_state *s = st_calloc(1, sizeof(*s));
-    if (!s)
-        return -ENOMEM;
-    int r;
-    TRY_GOTO(gcp_base_init(s, cfg->spec), r, out);
-    label_value(job_name, s->label_job, sizeof(s->label_job));
-    s->by_name = true;
-    TRY_GOTO(cloud__fleet_init(&s->fleet, NULL, "gcp", &gcp_fleet_ops, s, cfg,
-                               cfg->spec->fleet.nzones), r, out);
-    r = cloud__fleet_sweep(&s->fleet);
-out:
-    cloud__fleet_done(&s->fleet); /* never started: frees only */
-    st_token_wipe(&s->token);
-    st_free(s);
-    return r;
+    return cloud__rest_cloud_down(&gcp_rest_ops, cfg, job_name);
 }

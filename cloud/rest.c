@@ -1,6 +1,7 @@
 /* rest.c: what the JSON-over-HTTPS providers (gcp, azure) share — one bounded HTTP call with
- * its answer parsed as JSON, base64, the worker bootstrap script, and the fleet engine that
- * keeps a target number of instances alive over zones.
+ * its answer parsed as JSON, the fleet engine that keeps a target number of instances alive
+ * over zones, and the provider around it (token, retries, dry run, the provider entry points,
+ * `down`), so that gcp.c and azure.c hold only what their APIs differ in.
  *
  * The one idea of the fleet engine: a cloud's own labels or tags are the fleet's record, as
  * in aws.c. The backend only knows how to create one named instance in a zone, list the
@@ -9,6 +10,7 @@
  * against what it believes (losses, adoption after a restart) and sweeps everything the
  * listing shows when the provider ends, unless it was detached. */
 #include <curl/curl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,109 +19,15 @@
 
 #include "check.h"          /* TRY, TRY_GOTO */
 #include "cloud-internal.h" /* cloud__emit, cloud__log, cloud__rest_* */
+#include "http.h"           /* st_sbuf, st_curl_errno */
 #include "oauth.h"          /* st_url_is_loopback */
-#include "spec.h"           /* struct st_spec: the spec file embedded in the bootstrap */
 
 #define REST_REPLY_MAX (8u << 20) /* larger answers are refused */
-
-/* ---- bounded string -------------------------------------------------------------------- */
-
-void cloud__sb_add(struct cloud__sbuf *b, const char *s, size_t n) {
-    if (b->fail)
-        return;
-    if (b->len + n + 1 > b->max) {
-        b->fail = true;
-        return;
-    }
-    if (b->len + n + 1 > b->cap) {
-        size_t nc = b->cap ? b->cap : 256;
-        while (nc < b->len + n + 1)
-            nc *= 2;
-        char *np = st_realloc(b->p, nc);
-        if (!np) {
-            b->fail = true;
-            return;
-        }
-        b->p = np;
-        b->cap = nc;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
-
-void cloud__sb_str(struct cloud__sbuf *b, const char *s) {
-    cloud__sb_add(b, s, strlen(s));
-}
-
-void cloud__sb_done(struct cloud__sbuf *b) {
-    if (b->p) {
-        volatile unsigned char *q = (unsigned char *)b->p;
-        for (size_t i = 0; i < b->cap; i++)
-            q[i] = 0; /* bodies carry tokens and secrets */
-    }
-    st_free(b->p);
-    memset(b, 0, sizeof(*b));
-}
-
-void cloud__sb_base64(struct cloud__sbuf *b, const void *data, size_t n, bool url) {
-    static const char std[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    static const char web[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    const char *tab = url ? web : std;
-    const unsigned char *u = data;
-    for (size_t i = 0; i < n; i += 3) {
-        unsigned v = (unsigned)u[i] << 16;
-        if (i + 1 < n)
-            v |= (unsigned)u[i + 1] << 8;
-        if (i + 2 < n)
-            v |= u[i + 2];
-        char o[4] = {tab[(v >> 18) & 63], tab[(v >> 12) & 63],
-                     i + 1 < n ? tab[(v >> 6) & 63] : '=', i + 2 < n ? tab[v & 63] : '='};
-        /* base64url in a JWT has no padding (RFC 7515). */
-        size_t k = url ? (i + 2 < n ? 4 : i + 1 < n ? 3 : 2) : 4;
-        cloud__sb_add(b, o, k);
-    }
-}
-
-void cloud__sb_escape(struct cloud__sbuf *b, const char *s) {
-    static const char hex[] = "0123456789ABCDEF";
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-            c == '-' || c == '_' || c == '.' || c == '~') {
-            cloud__sb_add(b, (const char *)&c, 1);
-        } else {
-            char e[3] = {'%', hex[c >> 4], hex[c & 15]};
-            cloud__sb_add(b, e, 3);
-        }
-    }
-}
 
 /* ---- HTTP -------------------------------------------------------------------------------- */
 
 bool cloud__url_is_loopback(const char *url) {
     return st_url_is_loopback(url);
-}
-
-static int curl_errno(CURLcode c) {
-    switch (c) {
-    case CURLE_OK: return 0;
-    case CURLE_COULDNT_CONNECT: return -ECONNREFUSED;
-    case CURLE_OPERATION_TIMEDOUT: return -ETIMEDOUT;
-    case CURLE_COULDNT_RESOLVE_HOST: return -EHOSTUNREACH;
-    case CURLE_OUT_OF_MEMORY: return -ENOMEM;
-    case CURLE_WRITE_ERROR: return -EFBIG;
-    case CURLE_GOT_NOTHING:
-    case CURLE_RECV_ERROR:
-    case CURLE_SEND_ERROR: return -ECONNRESET;
-    default: return -EIO;
-    }
-}
-
-static size_t on_body(char *ptr, size_t size, size_t nmemb, void *userdata) {
-    struct cloud__sbuf *b = userdata;
-    cloud__sb_add(b, ptr, size * nmemb);
-    return b->fail ? 0 : size * nmemb;
 }
 
 /* Keeps the headers a long-running operation is followed by. */
@@ -146,7 +54,7 @@ int cloud__rest_call(const struct cloud__rest_req *req, struct cloud__rest_reply
     memset(rep, 0, sizeof(*rep));
     CURL *c = curl_easy_init();
     struct curl_slist *h = NULL;
-    struct cloud__sbuf body = {.max = REST_REPLY_MAX};
+    struct st_sbuf body = {.max = REST_REPLY_MAX};
     char auth[8192 + 32];
     int r = 0;
     if (!c)
@@ -180,7 +88,7 @@ int cloud__rest_call(const struct cloud__rest_req *req, struct cloud__rest_reply
         curl_easy_setopt(c, CURLOPT_NOBODY, 0L);
     }
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, st_sb_curl_write);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &body);
     curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(c, CURLOPT_HEADERDATA, rep);
@@ -191,7 +99,7 @@ int cloud__rest_call(const struct cloud__rest_req *req, struct cloud__rest_reply
     curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, tmo);
     CURLcode cc = curl_easy_perform(c);
     if (cc != CURLE_OK) {
-        r = body.fail ? -EFBIG : curl_errno(cc);
+        r = body.fail ? -EFBIG : st_curl_errno(cc, -EIO);
         goto out;
     }
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &rep->status);
@@ -201,7 +109,7 @@ int cloud__rest_call(const struct cloud__rest_req *req, struct cloud__rest_reply
 out:
     curl_slist_free_all(h);
     curl_easy_cleanup(c);
-    cloud__sb_done(&body);
+    st_sb_done(&body);
     return r;
 }
 
@@ -220,69 +128,6 @@ void cloud__sleep(double s) {
     struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
     while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
         ;
-}
-
-/* ---- the bootstrap ----------------------------------------------------------------------- */
-
-int cloud__bootstrap_script(const struct cloud_config *cfg, const char *coordinator,
-                            const char *cloud, bool redact, size_t max, char **ret) {
-    struct cloud__sbuf b = {.max = max};
-    char *spec_text = NULL;
-    size_t spec_len = 0;
-    if (cfg->spec && cfg->spec->path[0] &&
-        st_read_file(cfg->spec->path, max / 2, &spec_text, &spec_len) < 0)
-        spec_text = NULL;
-    cloud__sb_str(&b, "#!/bin/sh\n# spottrain bootstrap: job '");
-    cloud__sb_str(&b, cfg->job_name);
-    cloud__sb_str(&b, "' (");
-    cloud__sb_str(&b, cfg->job_id);
-    cloud__sb_str(&b, "). Runs once at first boot; the image has spottrain on PATH.\n"
-                      "set -eu\ndir=/var/lib/spottrain\nmkdir -p \"$dir\"\nchmod 700 \"$dir\"\n"
-                      "umask 077\n");
-    if (cfg->token) {
-        cloud__sb_str(&b, "printf '%s\\n' '");
-        cloud__sb_str(&b, redact ? "<redacted>" : cfg->token);
-        cloud__sb_str(&b, "' >\"$dir/token\"\n");
-    }
-    bool job = spec_text && !strstr(spec_text, "SPOTTRAIN_JOB_EOF");
-    if (job) {
-        cloud__sb_str(&b, "cat >\"$dir/job.yaml\" <<'SPOTTRAIN_JOB_EOF'\n");
-        cloud__sb_add(&b, spec_text, spec_len);
-        if (spec_len && spec_text[spec_len - 1] != '\n')
-            cloud__sb_str(&b, "\n");
-        cloud__sb_str(&b, "SPOTTRAIN_JOB_EOF\n");
-    }
-    /* The instance's own name from its metadata service (curl is on the image), so the
-     * coordinator ties the worker to the instance the listing reports; the data plane listens
-     * on the instance's first address, where its peers reach it. */
-    if (!strcmp(cloud, "gcp"))
-        cloud__sb_str(&b, "md=${GCE_METADATA_HOST:-metadata.google.internal}\n"
-                          "iid=$(curl -fsS -H 'Metadata-Flavor: Google' "
-                          "\"http://$md/computeMetadata/v1/instance/name\")\n");
-    else
-        cloud__sb_str(&b, "md=${AZURE_POD_IDENTITY_AUTHORITY_HOST:-http://169.254.169.254}\n"
-                          "iid=$(curl -fsS -H 'Metadata: true' \"$md/metadata/instance/compute/"
-                          "name?api-version=2021-02-01&format=text\")\n");
-    cloud__sb_str(&b, "ip=$(hostname -I 2>/dev/null | cut -d' ' -f1)\n");
-    cloud__sb_str(&b, "exec spottrain worker --coordinator ");
-    cloud__sb_str(&b, coordinator);
-    cloud__sb_str(&b, " --job-id ");
-    cloud__sb_str(&b, cfg->job_id);
-    if (cfg->token)
-        cloud__sb_str(&b, " --token-file \"$dir/token\"");
-    if (job)
-        cloud__sb_str(&b, " --job \"$dir/job.yaml\"");
-    cloud__sb_str(&b, " --cloud ");
-    cloud__sb_str(&b, cloud);
-    cloud__sb_str(&b, " --instance-id \"$iid\" --data-addr \"${ip:-127.0.0.1}:0\" --state-dir "
-                      "\"$dir\"\n");
-    st_free(spec_text);
-    if (b.fail) {
-        cloud__sb_done(&b);
-        return -E2BIG;
-    }
-    *ret = b.p;
-    return 0;
 }
 
 /* ---- the fleet engine --------------------------------------------------------------------- */
@@ -567,4 +412,174 @@ int cloud__fleet_instances(struct cloud__fleet *f, struct cloud_instance *out, s
 
 double cloud__fleet_next_deadline(const struct cloud__fleet *f) {
     return ST_MIN(f->next_reconcile, f->next_fill); /* always something: a cloud keeps going */
+}
+
+/* ---- a JSON cloud's provider --------------------------------------------------------------- */
+
+/* See cloud-internal.h. */
+void cloud__rest_cloud_init(struct cloud__rest_cloud *rc, const struct cloud__rest_cloud_ops *ops,
+                            struct cloud_provider *p, const struct cloud_config *cfg) {
+    rc->ops = ops;
+    rc->p = p;
+    rc->spot = cfg->spot;
+    rc->dry_run = cfg->dry_run;
+    rc->dry_run_userdata = cfg->dry_run_userdata;
+}
+
+/* See cloud-internal.h. */
+int cloud__rest_endpoint_len(struct cloud__rest_cloud *rc, const char *field, const char *ep) {
+    if (strncmp(ep, "https://", 8) && !(strncmp(ep, "http://", 7) == 0 &&
+                                        cloud__url_is_loopback(ep))) {
+        cloud__log(rc->p, ST_LOG_ERR, "%s: %s '%s' must be https:// (http:// only on loopback)",
+                   rc->ops->name, field, ep);
+        return -EINVAL;
+    }
+    size_t el = strlen(ep);
+    while (el > 0 && ep[el - 1] == '/')
+        el--;
+    return (int)ST_MIN(el, (size_t)INT_MAX);
+}
+
+/* See cloud-internal.h. */
+void cloud__rest_cloud_free_boot(struct cloud__rest_cloud *rc) {
+    if (rc->boot)
+        memset(rc->boot, 0, strlen(rc->boot));
+    st_free(rc->boot);
+    st_free(rc->boot_shown);
+    rc->boot = rc->boot_shown = NULL;
+}
+
+/* A valid access token, refreshed a minute before it expires. The lookup is common/oauth.c's,
+ * shared with the gs:// and az:// checkpoint stores. */
+static int rest_token(struct cloud__rest_cloud *rc) {
+    char why[1024];
+    if (rc->token.value[0] && st_now() < rc->token.expiry - 60)
+        return 0;
+    int r = rc->ops->token_get(rc->ops->scope, &rc->token, why, sizeof(why));
+    if (r < 0)
+        cloud__log(rc->p, ST_LOG_ERR, "%s: %s", rc->ops->name, why);
+    return r;
+}
+
+/* See cloud-internal.h. */
+int cloud__rest_cloud_send(struct cloud__rest_cloud *rc, const char *method, const char *url,
+                           const json_t *body, const json_t *shown,
+                           struct cloud__rest_reply *rep) {
+    char *text = NULL;
+    int r = 0;
+    memset(rep, 0, sizeof(*rep));
+    if (rc->dry_run) {
+        char *t = shown ? json_dumps(shown, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
+        struct st_sbuf line = {.max = 1u << 20};
+        st_sb_str(&line, method);
+        st_sb_str(&line, " ");
+        st_sb_str(&line, url);
+        if (t) {
+            st_sb_str(&line, "\n");
+            st_sb_str(&line, t);
+        }
+        if (!line.fail)
+            rc->dry_run(rc->dry_run_userdata, line.p);
+        r = line.fail ? -ENOMEM : 0;
+        st_sb_done(&line);
+        st_free(t);
+        return r;
+    }
+    TRY(rest_token(rc));
+    if (body && !(text = json_dumps(body, JSON_COMPACT)))
+        return -ENOMEM;
+    double wait = 0.25;
+    for (int i = 0; i < rc->ops->tries; i++) {
+        cloud__rest_reply_done(rep);
+        struct cloud__rest_req req = {.method = method, .url = url, .bearer = rc->token.value,
+                                      .body = text,
+                                      .content_type = text ? "application/json" : NULL};
+        r = cloud__rest_call(&req, rep);
+        if (r < 0) {
+            cloud__log(rc->p, ST_LOG_ERR, "%s: %s %s: %s", rc->ops->name, method, url,
+                       st_strerror(r));
+            break;
+        }
+        if (!(rep->status == 429 || rep->status >= 500))
+            break;
+        if (i + 1 < rc->ops->tries) {
+            cloud__sleep(wait);
+            wait *= 2;
+        }
+    }
+    if (text) {
+        memset(text, 0, strlen(text)); /* the bootstrap in the body holds the join token */
+        st_free(text);
+    }
+    return r;
+}
+
+/* See cloud-internal.h. */
+void cloud__rest_cloud_done(struct cloud_provider *p, void *state) {
+    (void)p;
+    struct cloud__rest_cloud *rc = state;
+    cloud__fleet_done(&rc->fleet);
+    cloud__rest_cloud_free_boot(rc);
+    st_token_wipe(&rc->token);
+}
+
+/* See cloud-internal.h. */
+int cloud__rest_cloud_start(struct cloud_provider *p, void *state, double now) {
+    (void)p;
+    return cloud__fleet_start(&((struct cloud__rest_cloud *)state)->fleet, now);
+}
+
+/* See cloud-internal.h. */
+int cloud__rest_cloud_poll(struct cloud_provider *p, void *state, double now) {
+    (void)p;
+    return cloud__fleet_poll(&((struct cloud__rest_cloud *)state)->fleet, now);
+}
+
+/* See cloud-internal.h. */
+int cloud__rest_cloud_acquire(struct cloud_provider *p, void *state, int n, double now) {
+    (void)p;
+    return cloud__fleet_acquire(&((struct cloud__rest_cloud *)state)->fleet, n, now);
+}
+
+/* See cloud-internal.h. */
+int cloud__rest_cloud_release(struct cloud_provider *p, void *state, const char *instance,
+                              double now) {
+    (void)p;
+    return cloud__fleet_release(&((struct cloud__rest_cloud *)state)->fleet, instance, now);
+}
+
+/* See cloud-internal.h. */
+int cloud__rest_cloud_instances(struct cloud_provider *p, void *state, struct cloud_instance *out,
+                                size_t max, size_t *ret_n) {
+    (void)p;
+    return cloud__fleet_instances(&((struct cloud__rest_cloud *)state)->fleet, out, max, ret_n);
+}
+
+/* See cloud-internal.h. */
+double cloud__rest_cloud_next_deadline(struct cloud_provider *p, void *state, double now) {
+    (void)p;
+    (void)now;
+    return cloud__fleet_next_deadline(&((struct cloud__rest_cloud *)state)->fleet);
+}
+
+/* See cloud-internal.h. */
+int cloud__rest_cloud_down(const struct cloud__rest_cloud_ops *ops, const struct cloud_config *cfg,
+                           const char *job_name) {
+    if (!cfg || !cfg->spec || !job_name || !*job_name)
+        return -EINVAL;
+    struct cloud__rest_cloud *rc = st_calloc(1, ops->state_size);
+    if (!rc)
+        return -ENOMEM;
+    int r;
+    rc->ops = ops;
+    TRY_GOTO(ops->down_init(rc, cfg, job_name), r, out);
+    rc->by_name = true;
+    TRY_GOTO(cloud__fleet_init(&rc->fleet, NULL, ops->name, ops->fleet, rc, cfg,
+                               cfg->spec->fleet.nzones), r, out);
+    r = cloud__fleet_sweep(&rc->fleet);
+out:
+    cloud__fleet_done(&rc->fleet); /* never started: frees only */
+    st_token_wipe(&rc->token);
+    st_free(rc);
+    return r;
 }

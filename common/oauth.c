@@ -18,6 +18,7 @@
 
 #include "check.h"  /* TRY_GOTO */
 #include "common.h" /* st_now, st_strerror, st_malloc */
+#include "http.h"   /* st_sbuf, st_sb_*, st_curl_errno */
 #include "oauth.h"
 
 #define TOKEN_REPLY_MAX (1u << 20) /* bytes of a token endpoint's answer */
@@ -39,100 +40,13 @@ bool st_url_is_loopback(const char *url) {
            !strcmp(h, "localhost") || !strncmp(h, "localhost/", 10) || !strncmp(h, "[::1]", 5);
 }
 
-/* ---- a bounded string, wiped when done (it holds secrets) --------------------------------- */
-
-struct sbuf {
-    char *p;
-    size_t len, cap, max;
-    bool fail;
-};
-
-static void sb_add(struct sbuf *b, const char *s, size_t n) {
-    if (b->fail)
-        return;
-    if (b->len + n + 1 > b->max) {
-        b->fail = true;
-        return;
-    }
-    if (b->len + n + 1 > b->cap) {
-        size_t nc = b->cap ? b->cap : 256;
-        while (nc < b->len + n + 1)
-            nc *= 2;
-        char *np = st_malloc(nc);
-        if (!np) {
-            b->fail = true;
-            return;
-        }
-        if (b->p) {
-            memcpy(np, b->p, b->len);
-            memset(b->p, 0, b->cap);
-            st_free(b->p);
-        }
-        b->p = np;
-        b->cap = nc;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
-
-static void sb_str(struct sbuf *b, const char *s) {
-    sb_add(b, s, strlen(s));
-}
-
-static void sb_done(struct sbuf *b) {
-    if (b->p) {
-        memset(b->p, 0, b->cap);
-        st_free(b->p);
-    }
-    memset(b, 0, sizeof(*b));
-}
-
-/* base64url without padding (JWT, RFC 7515). */
-static void sb_base64url(struct sbuf *b, const void *data, size_t n) {
-    static const char tab[] =
-        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    const unsigned char *s = data;
-    char q[4];
-    for (size_t i = 0; i < n; i += 3) {
-        unsigned v = (unsigned)s[i] << 16 | (i + 1 < n ? (unsigned)s[i + 1] << 8 : 0) |
-                     (i + 2 < n ? s[i + 2] : 0);
-        q[0] = tab[v >> 18 & 63];
-        q[1] = tab[v >> 12 & 63];
-        q[2] = tab[v >> 6 & 63];
-        q[3] = tab[v & 63];
-        sb_add(b, q, i + 2 < n ? 4 : i + 1 < n ? 3 : 2);
-    }
-}
-
-/* RFC 3986 percent-encoding of a form value. */
-static void sb_escape(struct sbuf *b, const char *s) {
-    static const char hex[] = "0123456789ABCDEF";
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-            c == '-' || c == '_' || c == '.' || c == '~') {
-            sb_add(b, (const char *)&c, 1);
-        } else {
-            char e[3] = {'%', hex[c >> 4], hex[c & 15]};
-            sb_add(b, e, 3);
-        }
-    }
-}
-
 /* ---- one token request ------------------------------------------------------------------- */
-
-static size_t on_body(char *ptr, size_t size, size_t nmemb, void *userdata) {
-    struct sbuf *b = userdata;
-    sb_add(b, ptr, size * nmemb);
-    return b->fail ? 0 : size * nmemb;
-}
 
 /* POSTs form (or GETs when form is NULL) to url; *ret_json is the answer parsed as JSON (NULL
  * when it is not), *ret_status its HTTP status. Returns 0 or a transport error. */
 static int token_call(const char *url, const char *form, const char *header, long timeout_ms,
                       long *ret_status, json_t **ret_json) {
-    struct sbuf body = {.max = TOKEN_REPLY_MAX};
+    struct st_sbuf body = {.max = TOKEN_REPLY_MAX};
     struct curl_slist *h = NULL;
     long status = 0;
     int r = 0;
@@ -154,7 +68,7 @@ static int token_call(const char *url, const char *form, const char *header, lon
         curl_easy_setopt(c, CURLOPT_HTTPGET, 1L);
     }
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, st_sb_curl_write);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &body);
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(c, CURLOPT_NOPROXY, "*"); /* metadata servers are never behind a proxy */
@@ -162,11 +76,9 @@ static int token_call(const char *url, const char *form, const char *header, lon
     curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, timeout_ms);
     CURLcode cc = curl_easy_perform(c);
     if (cc != CURLE_OK) {
-        r = body.fail ? -EFBIG
-            : cc == CURLE_COULDNT_CONNECT ? -ECONNREFUSED
-            : cc == CURLE_OPERATION_TIMEDOUT ? -ETIMEDOUT
-            : cc == CURLE_COULDNT_RESOLVE_HOST ? -EHOSTUNREACH
-            : cc == CURLE_OUT_OF_MEMORY ? -ENOMEM : -ECONNRESET;
+        /* Whatever else went wrong reads as a reset connection here: the callers show it
+         * as "did not answer (...)" and a metadata probe turns it into -ENOKEY. */
+        r = body.fail ? -EFBIG : st_curl_errno(cc, -ECONNRESET);
         goto out;
     }
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
@@ -175,7 +87,7 @@ static int token_call(const char *url, const char *form, const char *header, lon
 out:
     curl_slist_free_all(h);
     curl_easy_cleanup(c);
-    sb_done(&body);
+    st_sb_done(&body);
     return r;
 }
 
@@ -222,7 +134,7 @@ static int take_token(const char *where, long status, json_t *j, double ttl_defa
 /* ---- Google ------------------------------------------------------------------------------ */
 
 /* RS256 signature of data with the PEM key, base64url into out. */
-static int jwt_sign(const char *pem, const char *data, struct sbuf *out) {
+static int jwt_sign(const char *pem, const char *data, struct st_sbuf *out) {
     BIO *bio = BIO_new_mem_buf(pem, -1);
     EVP_PKEY *key = bio ? PEM_read_bio_PrivateKey(bio, NULL, NULL, NULL) : NULL;
     EVP_MD_CTX *md = EVP_MD_CTX_new();
@@ -236,7 +148,7 @@ static int jwt_sign(const char *pem, const char *data, struct sbuf *out) {
     if (EVP_DigestSignInit(md, NULL, EVP_sha256(), NULL, key) != 1 ||
         EVP_DigestSign(md, sig, &siglen, (const unsigned char *)data, strlen(data)) != 1)
         goto out;
-    sb_base64url(out, sig, siglen);
+    st_sb_base64(out, sig, siglen, true);
     r = 0;
 out:
     EVP_MD_CTX_free(md);
@@ -250,7 +162,7 @@ static int gcp_from_key(const char *path, const char *scope, struct st_token *t,
                         size_t whysz) {
     json_error_t jerr;
     json_t *key = json_load_file(path, 0, &jerr), *rep = NULL;
-    struct sbuf jwt = {.max = 16384}, form = {.max = 32768};
+    struct st_sbuf jwt = {.max = 16384}, form = {.max = 32768};
     char *claims = NULL, *header = NULL;
     long status = 0;
     int r;
@@ -283,21 +195,21 @@ static int gcp_from_key(const char *path, const char *scope, struct st_token *t,
     json_decref(c);
     if (!header || !claims)
         TRY_GOTO(-ENOMEM, r, out);
-    sb_base64url(&jwt, header, strlen(header));
-    sb_str(&jwt, ".");
-    sb_base64url(&jwt, claims, strlen(claims));
+    st_sb_base64(&jwt, header, strlen(header), true);
+    st_sb_str(&jwt, ".");
+    st_sb_base64(&jwt, claims, strlen(claims), true);
     if (jwt.fail)
         TRY_GOTO(-ENOMEM, r, out);
     if ((r = jwt_sign(pem, jwt.p, &form)) < 0) {
         snprintf(why, whysz, "cannot sign with the private key of '%s'", path);
         goto out;
     }
-    sb_str(&jwt, ".");
-    sb_add(&jwt, form.p ? form.p : "", form.len);
+    st_sb_str(&jwt, ".");
+    st_sb_add(&jwt, form.p ? form.p : "", form.len);
     form.len = 0;
-    sb_str(&form, "grant_type=urn%3Aietf%3Aparams%3Aoauth%3Agrant-type%3Ajwt-bearer"
-                  "&assertion=");
-    sb_escape(&form, jwt.p ? jwt.p : "");
+    st_sb_str(&form, "grant_type=urn%3Aietf%3Aparams%3Aoauth%3Agrant-type%3Ajwt-bearer"
+                     "&assertion=");
+    st_sb_escape(&form, jwt.p ? jwt.p : "");
     if (jwt.fail || form.fail)
         TRY_GOTO(-ENOMEM, r, out);
     if ((r = token_call(uri, form.p, NULL, 30000, &status, &rep)) < 0) {
@@ -307,8 +219,8 @@ static int gcp_from_key(const char *path, const char *scope, struct st_token *t,
     r = take_token("the token endpoint", status, rep, 3600, t, why, whysz);
 out:
     json_decref(rep);
-    sb_done(&jwt);
-    sb_done(&form);
+    st_sb_done(&jwt);
+    st_sb_done(&form);
     free(claims); /* json_dumps allocates with malloc */
     free(header);
     json_decref(key);
@@ -351,7 +263,7 @@ int st_gcp_token_get(const char *scope, struct st_token *t, char *why, size_t wh
 static int az_from_secret(const char *resource, const char *tenant, const char *client,
                           const char *secret, struct st_token *t, char *why, size_t whysz) {
     const char *auth = getenv("AZURE_AUTHORITY_HOST");
-    struct sbuf url = {.max = 2048}, form = {.max = 8192};
+    struct st_sbuf url = {.max = 2048}, form = {.max = 8192};
     json_t *rep = NULL;
     long status = 0;
     int r;
@@ -366,17 +278,17 @@ static int az_from_secret(const char *resource, const char *tenant, const char *
     size_t al = strlen(auth);
     while (al > 0 && auth[al - 1] == '/')
         al--;
-    sb_add(&url, auth, al);
-    sb_str(&url, "/");
-    sb_escape(&url, tenant);
-    sb_str(&url, "/oauth2/v2.0/token");
-    sb_str(&form, "grant_type=client_credentials&client_id=");
-    sb_escape(&form, client);
-    sb_str(&form, "&client_secret=");
-    sb_escape(&form, secret);
-    sb_str(&form, "&scope=");
-    sb_escape(&form, resource);
-    sb_escape(&form, "/.default");
+    st_sb_add(&url, auth, al);
+    st_sb_str(&url, "/");
+    st_sb_escape(&url, tenant);
+    st_sb_str(&url, "/oauth2/v2.0/token");
+    st_sb_str(&form, "grant_type=client_credentials&client_id=");
+    st_sb_escape(&form, client);
+    st_sb_str(&form, "&client_secret=");
+    st_sb_escape(&form, secret);
+    st_sb_str(&form, "&scope=");
+    st_sb_escape(&form, resource);
+    st_sb_escape(&form, "/.default");
     if (url.fail || form.fail)
         TRY_GOTO(-ENOMEM, r, out);
     if ((r = token_call(url.p, form.p, NULL, 30000, &status, &rep)) < 0) {
@@ -386,15 +298,15 @@ static int az_from_secret(const char *resource, const char *tenant, const char *
     r = take_token("the token endpoint", status, rep, 3600, t, why, whysz);
 out:
     json_decref(rep);
-    sb_done(&url);
-    sb_done(&form);
+    st_sb_done(&url);
+    st_sb_done(&form);
     return r;
 }
 
 /* A managed identity's token from the instance metadata service. */
 static int az_from_imds(const char *resource, struct st_token *t, char *why, size_t whysz) {
     const char *host = getenv("AZURE_POD_IDENTITY_AUTHORITY_HOST");
-    struct sbuf url = {.max = 2048};
+    struct st_sbuf url = {.max = 2048};
     json_t *rep = NULL;
     long status = 0;
     int r;
@@ -403,10 +315,10 @@ static int az_from_imds(const char *resource, struct st_token *t, char *why, siz
     size_t hl = strlen(host);
     while (hl > 0 && host[hl - 1] == '/')
         hl--;
-    sb_add(&url, host, hl);
-    sb_str(&url, "/metadata/identity/oauth2/token?api-version=2018-02-01&resource=");
-    sb_escape(&url, resource);
-    sb_escape(&url, "/");
+    st_sb_add(&url, host, hl);
+    st_sb_str(&url, "/metadata/identity/oauth2/token?api-version=2018-02-01&resource=");
+    st_sb_escape(&url, resource);
+    st_sb_escape(&url, "/");
     if (url.fail)
         return -ENOMEM;
     r = token_call(url.p, NULL, "Metadata: true", 1000, &status, &rep);
@@ -422,7 +334,7 @@ static int az_from_imds(const char *resource, struct st_token *t, char *why, siz
         r = -ENOKEY;
 out:
     json_decref(rep);
-    sb_done(&url);
+    st_sb_done(&url);
     return r;
 }
 
