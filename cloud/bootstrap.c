@@ -17,10 +17,6 @@
 static const struct boot_cloud {
     const char *name;
     const char *instance_id; /* shell lines that set $iid */
-    /* Whether the worker is told --cloud NAME. The aws script predates the flag: its worker
-     * picks its notice client from AWS_EC2_METADATA_SERVICE_ENDPOINT (cli/run-worker.c), and
-     * the user-data stays byte for byte what docs/aws.md shows. */
-    bool cloud_flag;
 } boot_clouds[] = {
     {"aws",
      /* IMDSv2 (docs/aws.md): a session token first, then the instance id. */
@@ -28,18 +24,15 @@ static const struct boot_cloud {
      "t=$(curl -fsS -X PUT \"$md/latest/api/token\" "
      "-H 'X-aws-ec2-metadata-token-ttl-seconds: 300')\n"
      "iid=$(curl -fsS -H \"X-aws-ec2-metadata-token: $t\" "
-     "\"$md/latest/meta-data/instance-id\")\n",
-     false},
+     "\"$md/latest/meta-data/instance-id\")\n"},
     {"gcp",
      "md=${GCE_METADATA_HOST:-metadata.google.internal}\n"
      "iid=$(curl -fsS -H 'Metadata-Flavor: Google' "
-     "\"http://$md/computeMetadata/v1/instance/name\")\n",
-     true},
+     "\"http://$md/computeMetadata/v1/instance/name\")\n"},
     {"azure",
      "md=${AZURE_POD_IDENTITY_AUTHORITY_HOST:-http://169.254.169.254}\n"
      "iid=$(curl -fsS -H 'Metadata: true' \"$md/metadata/instance/compute/"
-     "name?api-version=2021-02-01&format=text\")\n",
-     true},
+     "name?api-version=2021-02-01&format=text\")\n"},
 };
 
 /* See cloud-internal.h. */
@@ -91,10 +84,11 @@ int cloud__bootstrap_script(const struct cloud_config *cfg, const char *coordina
         st_sb_str(&b, " --token-file \"$dir/token\"");
     if (job)
         st_sb_str(&b, " --job \"$dir/job.yaml\"");
-    if (bc->cloud_flag) {
-        st_sb_str(&b, " --cloud ");
-        st_sb_str(&b, cloud);
-    }
+    /* Every cloud's worker is told its cloud: that is what makes it poll the metadata
+     * service for its interruption notice (without the flag an aws worker polled only when
+     * AWS_EC2_METADATA_SERVICE_ENDPOINT was set, which a real EC2 instance does not set). */
+    st_sb_str(&b, " --cloud ");
+    st_sb_str(&b, cloud);
     st_sb_str(&b, " --instance-id \"$iid\" --data-addr \"${ip:-127.0.0.1}:0\" --state-dir "
                   "\"$dir\"\n");
     st_free(spec_text);
