@@ -31,7 +31,8 @@ Scenarios (argv[1]):
   no-credentials   gcp without a key file and a metadata server that never answers, azure
                    without a secret and an IMDS that never answers: exit 2 naming the missing
                    credentials (each probe gives up within 1 s)
-  insecure-authority  AZURE_AUTHORITY_HOST / token_uri over http:// off loopback: exit 2
+  insecure-authority  AZURE_AUTHORITY_HOST / token_uri, and fleet.gcp.endpoint /
+                   fleet.azure.endpoint (launch --dry-run, down), over http:// off loopback: exit 2
   gcp-retry        the first insert and the first list answer 503: retried, the fleet is made
   gcp-train, azure-train  the boot shim runs each instance's startup-script / customData as a
                    local worker with its own metadata server; one gets a notice (GCE preempted
@@ -876,7 +877,23 @@ def insecure_authority(tmp):
     code, out, err = finish(launch(spec, tmp, clean_env(GOOGLE_APPLICATION_CREDENTIALS=sa)))
     if code != 2 or "must be https:// (http:// only on loopback)" not in err:
         fail("gcp: exit %d\nstderr:\n%s" % (code, err))
-    print("ok: http:// token endpoints off loopback are refused")
+    # The fleet's own endpoint (fleet.gcp.endpoint / fleet.azure.endpoint) likewise, before
+    # any request, dry run or not, and for down.
+    for name, fleet in (("gcp", gcp_fleet(80, ["us-central1-a"])),
+                        ("azure", azure_fleet(80, ["1"]))):
+        fleet = [l.replace("http://127.0.0.1:80", "http://10.1.2.3:80/") for l in fleet]
+        spec = write_spec(tmp, "demo-ep-" + name, fleet)
+        env = clean_env(GOOGLE_APPLICATION_CREDENTIALS=sa) if name == "gcp" else \
+            clean_env(AZURE_TENANT_ID="t", AZURE_CLIENT_ID="c", AZURE_CLIENT_SECRET="x")
+        want = "%s: fleet.%s.endpoint 'http://10.1.2.3:80/' must be https:// (http:// only " \
+            "on loopback)" % (name, name)
+        for args in (["launch", spec, "--dry-run"], ["down", spec]):
+            p = subprocess.run([SPOTTRAIN] + args, cwd=tmp, env=env, capture_output=True,
+                               text=True, timeout=DEADLINE)
+            if p.returncode != 2 or want not in p.stderr:
+                fail("%s %s: exit %d, want 2 and %r\nstderr:\n%s" % (
+                    name, args[0], p.returncode, want, p.stderr))
+    print("ok: http:// token and fleet endpoints off loopback are refused")
 
 
 def gcp_retry(tmp):
