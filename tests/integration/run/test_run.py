@@ -978,34 +978,30 @@ def test_auth():
         shutil.rmtree(d, ignore_errors=True)
 
 
-class FlipProxy:
-    """A loopback TCP proxy in front of one worker's data port. It follows the data-plane
-    stream (docs/data-plane-security.md: a 64-byte hello and a 40-byte proof from the dialler,
-    an 80-byte answer from the acceptor, then messages of a 32-byte header, the payload and a
-    16-byte GMAC trailer) and, in the first connection of the target epoch that carries a
-    payload of at least 256 bytes (a transfer, not a barrier), flips one bit in the middle of
-    that payload. `shared` is common to every proxy of a test, so one bit is flipped in all.
-    From the flipped byte on, that direction is held back (read, not forwarded) until
-    shared["release"] is set: the test lets the other direction complete first, so one worker
-    commits its half of the migration before the other sees the bad MAC."""
-    HDR, MAC = 32, 16
+class LoopbackProxy:
+    """A loopback TCP proxy in front of one worker's data port: each connection accepted on
+    `port` is paired with a fresh one to the target, and handed to connected(c, u), where a
+    subclass starts its pumps. stop() closes the listener and every socket."""
 
-    def __init__(self, target_port, shared):
+    def __init__(self, target_port):
         import socket
         import threading
         self.target = target_port
-        self.shared = shared
         self.lsock = socket.socket()
         self.lsock.bind(("127.0.0.1", 0))
         self.lsock.listen(16)
         self.port = self.lsock.getsockname()[1]
         self.socks = []
-        self.threads = [threading.Thread(target=self.serve, daemon=True)]
-        self.threads[0].start()
+        self.lock = threading.Lock()
+
+    def start(self):
+        import threading
+        t = threading.Thread(target=self.serve, daemon=True)
+        t.start()
+        return t
 
     def serve(self):
         import socket
-        import threading
         while True:
             try:
                 c, _ = self.lsock.accept()
@@ -1018,12 +1014,51 @@ class FlipProxy:
                 continue
             for so in (c, u):
                 so.settimeout(None)
-            self.socks += [c, u]
-            conn = {"epoch": None, "ready": threading.Event()}
-            for src, dst, pre in ((c, u, 64 + 40), (u, c, 80)):
-                t = threading.Thread(target=self.pump, args=(src, dst, pre, conn), daemon=True)
-                t.start()
-                self.threads.append(t)
+            with self.lock:
+                self.socks += [c, u]
+            self.connected(c, u)
+
+    @staticmethod
+    def half_close(src, dst):
+        """After a pump's end: no more to dst, nothing more wanted from src."""
+        import socket
+        for so, how in ((dst, socket.SHUT_WR), (src, socket.SHUT_RD)):
+            try:
+                so.shutdown(how)
+            except OSError:
+                pass
+
+    def stop(self):
+        self.lsock.close()
+        with self.lock:
+            for so in self.socks:
+                so.close()
+
+
+class FlipProxy(LoopbackProxy):
+    """A loopback TCP proxy in front of one worker's data port. It follows the data-plane
+    stream (docs/data-plane-security.md: a 64-byte hello and a 40-byte proof from the dialler,
+    an 80-byte answer from the acceptor, then messages of a 32-byte header, the payload and a
+    16-byte GMAC trailer) and, in the first connection of the target epoch that carries a
+    payload of at least 256 bytes (a transfer, not a barrier), flips one bit in the middle of
+    that payload. `shared` is common to every proxy of a test, so one bit is flipped in all.
+    From the flipped byte on, that direction is held back (read, not forwarded) until
+    shared["release"] is set: the test lets the other direction complete first, so one worker
+    commits its half of the migration before the other sees the bad MAC."""
+    HDR, MAC = 32, 16
+
+    def __init__(self, target_port, shared):
+        super().__init__(target_port)
+        self.shared = shared
+        self.threads = [self.start()]
+
+    def connected(self, c, u):
+        import threading
+        conn = {"epoch": None, "ready": threading.Event()}
+        for src, dst, pre in ((c, u, 64 + 40), (u, c, 80)):
+            t = threading.Thread(target=self.pump, args=(src, dst, pre, conn), daemon=True)
+            t.start()
+            self.threads.append(t)
 
     def pump(self, src, dst, pre, conn):
         """Copies src to dst, parsing the stream to find the byte to flip."""
@@ -1096,17 +1131,7 @@ class FlipProxy:
                 dst.sendall(bytes(buf))
             except OSError:
                 break
-        import socket
-        for so, how in ((dst, socket.SHUT_WR), (src, socket.SHUT_RD)):
-            try:
-                so.shutdown(how)
-            except OSError:
-                pass
-
-    def stop(self):
-        self.lsock.close()
-        for so in self.socks:
-            so.close()
+        self.half_close(src, dst)
 
 
 def test_mitm():
@@ -1245,47 +1270,25 @@ def test_mitm():
         shutil.rmtree(d, ignore_errors=True)
 
 
-class RecordProxy:
+class RecordProxy(LoopbackProxy):
     """A loopback TCP proxy in front of one worker's data port that records both directions of
     every connection, as they pass, for the test to read afterwards: conns is a list of
     [dialler-to-acceptor bytes, acceptor-to-dialler bytes]."""
 
     def __init__(self, target_port):
-        import socket
-        import threading
-        self.target = target_port
-        self.lsock = socket.socket()
-        self.lsock.bind(("127.0.0.1", 0))
-        self.lsock.listen(16)
-        self.port = self.lsock.getsockname()[1]
-        self.socks, self.conns = [], []
-        self.lock = threading.Lock()
-        threading.Thread(target=self.serve, daemon=True).start()
+        super().__init__(target_port)
+        self.conns = []
+        self.start()
 
-    def serve(self):
-        import socket
+    def connected(self, c, u):
         import threading
-        while True:
-            try:
-                c, _ = self.lsock.accept()
-            except OSError:
-                return  # closed by stop()
-            try:
-                u = socket.create_connection(("127.0.0.1", self.target), timeout=30)
-            except OSError:
-                c.close()
-                continue
-            for so in (c, u):
-                so.settimeout(None)
-            rec = [bytearray(), bytearray()]
-            with self.lock:
-                self.socks += [c, u]
-                self.conns.append(rec)
-            for src, dst, k in ((c, u, 0), (u, c, 1)):
-                threading.Thread(target=self.pump, args=(src, dst, rec[k]), daemon=True).start()
+        rec = [bytearray(), bytearray()]
+        with self.lock:
+            self.conns.append(rec)
+        for src, dst, k in ((c, u, 0), (u, c, 1)):
+            threading.Thread(target=self.pump, args=(src, dst, rec[k]), daemon=True).start()
 
     def pump(self, src, dst, rec):
-        import socket
         while True:
             try:
                 data = src.recv(65536)
@@ -1299,21 +1302,11 @@ class RecordProxy:
                 dst.sendall(data)
             except OSError:
                 break
-        for so, how in ((dst, socket.SHUT_WR), (src, socket.SHUT_RD)):
-            try:
-                so.shutdown(how)
-            except OSError:
-                pass
+        self.half_close(src, dst)
 
     def streams(self):
         with self.lock:
             return [(bytes(a), bytes(b)) for a, b in self.conns]
-
-    def stop(self):
-        self.lsock.close()
-        with self.lock:
-            for so in self.socks:
-                so.close()
 
 
 def plain_payloads(stream, pre, epoch):
