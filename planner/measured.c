@@ -4,8 +4,9 @@
  * ours are live, so a migration costs what the bench measured: a fixed stall per kind (the
  * hand-off, communicator rebuild, the engine's re-layout) plus the bytes that must move over
  * the link. The bytes come from the model's real layer sizes in the profile; the rate is the
- * target link scaled by the efficiency our data plane reached against raw TCP on the machine
- * that measured it, so a file measured on loopback says something about a 10 Gb/s fleet. */
+ * target link's, capped by the rate our data plane sustained where it was measured (on
+ * loopback: what its own copies and MACs allow), so a file measured on loopback says
+ * something about a 10 Gb/s fleet. */
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -106,15 +107,18 @@ int plan_cost_use_measured(struct plan_cost *c, const struct plan_measured_costs
                            double link_gbps) {
     if (!c || !m || !(m->link_gbps > 0) || !isfinite(link_gbps))
         return -EINVAL;
-    double raw = m->link_gbps * 1e9 / 8; /* bytes/s of the link the file was measured on */
     for (int k = 0; k < PLAN_MEAS_NKINDS; k++) {
         if (!(m->bytes_per_s[k] > 0) || !(m->fixed_s[k] >= 0) || !isfinite(m->fixed_s[k]))
             return -EINVAL;
+        /* On loopback the wire is a CPU copy, so bytes_per_s is the rate the data plane's own
+         * CPU work (copies, MAC) allows, and raw TCP there is the kernel's. On a link of its
+         * own the wire drains the socket buffer while that work runs, so bytes cross at the
+         * link's rate or the data plane's, whichever is lower: bytes over the link, capped by
+         * what the transport was measured to sustain. Without --link-gbps the file's own
+         * measurement stands. */
         double bps = m->bytes_per_s[k];
-        /* the data plane's efficiency against raw TCP, at most 1, on the target link */
-        double base = m->raw_bytes_per_s[k] > 0 ? m->raw_bytes_per_s[k] : raw;
         if (link_gbps > 0)
-            bps = link_gbps * 1e9 / 8 * ST_MIN(1.0, bps / base);
+            bps = ST_MIN(link_gbps * 1e9 / 8, bps);
         c->meas_fixed_ms[k] = m->fixed_s[k] * 1000;
         c->meas_bytes_per_ms[k] = bps / 1000;
     }

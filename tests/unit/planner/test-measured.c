@@ -153,13 +153,15 @@ static int test_charging(void) {
      * one of 8 instances lost, dp stays 1 of 2 -> always intra-stage plus a reshard */
     ASSERT_NEAR(plan_cost_transition_estimate_ms(c, 8, 2, 4, 0, 1, 1, 4, &k), 500.008, 1e-9, 0);
     ASSERT_EQ(k, PLAN_KIND_INTRA);
-    /* over an 80 Gb/s link at the measured efficiency 0.5: 5e6 bytes/ms */
+    /* over an 80 Gb/s link (1e10 bytes/s) the transport's own 5e8 bytes/s sets the rate */
     ASSERT_OK(plan_cost_use_measured(c, &m, 80));
-    ASSERT_NEAR(plan_cost_transition_ms(c, 4, 1, 4, 1, &v3, 1, 1, 4, &k), 200.0012, 1e-9, 0);
-    /* raw_bytes_per_s measured beside the data plane sets the efficiency: 1 here */
+    ASSERT_NEAR(plan_cost_transition_ms(c, 4, 1, 4, 1, &v3, 1, 1, 4, &k), 200.012, 1e-9, 0);
+    /* over a 1 Gb/s link (1.25e8 bytes/s) the link does; raw TCP's figure does not enter */
+    ASSERT_OK(plan_cost_use_measured(c, &m, 1));
+    ASSERT_NEAR(plan_cost_transition_ms(c, 4, 1, 4, 1, &v3, 1, 1, 4, &k), 200.048, 1e-9, 0);
     m.raw_bytes_per_s[PLAN_MEAS_INTER] = 5e8;
-    ASSERT_OK(plan_cost_use_measured(c, &m, 80));
-    ASSERT_NEAR(plan_cost_transition_ms(c, 4, 1, 4, 1, &v3, 1, 1, 4, &k), 200.0006, 1e-9, 0);
+    ASSERT_OK(plan_cost_use_measured(c, &m, 1));
+    ASSERT_NEAR(plan_cost_transition_ms(c, 4, 1, 4, 1, &v3, 1, 1, 4, &k), 200.048, 1e-9, 0);
     /* bad figures are refused */
     m.bytes_per_s[PLAN_MEAS_PIPELINE] = 0;
     ASSERT_ERR(plan_cost_use_measured(c, &m, 10), -EINVAL);
