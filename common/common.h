@@ -62,6 +62,19 @@ void st_log_internal(int level, const char *subsys, const char *file, int line, 
  * migration planner's transfers both use, so a shard is the same bytes everywhere. */
 void st_shard(uint64_t n, int64_t dp, int64_t r, uint64_t *ret_lo, uint64_t *ret_hi);
 
+/* ---- the peer-copy ring ------------------------------------------------------------- */
+
+/* The ring of in-memory peer copies over n positions: next[p] is the position that holds p's
+ * copy, a single cycle through all n, so every position holds exactly one other's. zones[p]
+ * names the zone of p's instance (NULL or "" count as one unnamed zone). With one zone the
+ * ring is position order (next[p] = p + 1 mod n). With several, positions are grouped by
+ * zone (the largest group first, ties in order of first appearance, positions in order
+ * within a group) and dealt to the ring's even slots, then its odd ones, so no position is
+ * held in its own zone unless one zone has more than half of them. The one rule the workers
+ * (who send and hold the copies) and the coordinator (which restores from them) both use.
+ * Returns the number of positions held in their own zone, or -EINVAL (n < 1, n > 4096). */
+int st_peer_ring(int n, const char *const *zones, int *next);
+
 /* ---- allocation ------------------------------------------------------------------ */
 
 /* All allocation goes through these so tests can make the Nth call fail (curl torture). */

@@ -296,3 +296,67 @@ void st_shard(uint64_t n, int64_t dp, int64_t r, uint64_t *ret_lo, uint64_t *ret
     *ret_lo = ur * q + (ur * rem) / (uint64_t)dp;
     *ret_hi = (ur + 1) * q + ((ur + 1) * rem) / (uint64_t)dp;
 }
+
+/* See common.h. */
+int st_peer_ring(int n, const char *const *zones, int *next) {
+    if (n < 1 || n > 4096 || !next)
+        return -EINVAL;
+    int *grp = st_calloc((size_t)n, sizeof(int)), *size = st_calloc((size_t)n, sizeof(int));
+    int *rank = st_calloc((size_t)n, sizeof(int)), *order = st_calloc((size_t)n, sizeof(int));
+    int *cyc = st_calloc((size_t)n, sizeof(int));
+    int ng = 0, same = -ENOMEM;
+    if (!grp || !size || !rank || !order || !cyc)
+        goto out;
+    /* Zone groups in order of first appearance. */
+    for (int p = 0; p < n; p++) {
+        const char *z = zones && zones[p] ? zones[p] : "";
+        grp[p] = -1;
+        for (int q = 0; q < p && grp[p] < 0; q++) {
+            const char *zq = zones && zones[q] ? zones[q] : "";
+            if (!strcmp(z, zq))
+                grp[p] = grp[q];
+        }
+        if (grp[p] < 0)
+            grp[p] = ng++;
+        size[grp[p]]++;
+    }
+    if (ng == 1) {
+        for (int p = 0; p < n; p++)
+            cyc[p] = p;
+    } else {
+        /* Groups by size, largest first (a stable selection: ties keep their order). */
+        for (int g = 0; g < ng; g++)
+            rank[g] = g;
+        for (int i = 1; i < ng; i++)
+            for (int j = i; j > 0 && size[rank[j]] > size[rank[j - 1]]; j--) {
+                int t = rank[j];
+                rank[j] = rank[j - 1];
+                rank[j - 1] = t;
+            }
+        int k = 0;
+        for (int i = 0; i < ng; i++)
+            for (int p = 0; p < n; p++)
+                if (grp[p] == rank[i])
+                    order[k++] = p;
+        /* Even slots first, then odd: order[i] and order[i + ceil(n/2)] end up adjacent. */
+        int slot = 0;
+        for (int i = 0; i < n; i++) {
+            cyc[slot] = order[i];
+            slot += 2;
+            if (slot >= n)
+                slot = 1;
+        }
+    }
+    same = 0;
+    for (int i = 0; i < n; i++) {
+        next[cyc[i]] = cyc[(i + 1) % n];
+        same += n > 1 && grp[cyc[i]] == grp[cyc[(i + 1) % n]];
+    }
+out:
+    st_free(grp);
+    st_free(size);
+    st_free(rank);
+    st_free(order);
+    st_free(cyc);
+    return same;
+}

@@ -1023,7 +1023,8 @@ static uint64_t first_lease(struct coord_loop *L, const struct wv *v, size_t nv,
 
 /* A peer restore's sources: the step every survivor rolls back to, and for each worker of the
  * view the position it held in the last running epoch (-1 = none), the dead ones included:
- * their state is sent by their successor in position order, from its peer copy. */
+ * their state is sent by their successor in the copies' ring (st_peer_ring over the epoch's
+ * zones), from its peer copy. */
 struct peer_src {
     uint64_t step;
     int *pos;          /* [nv] position s*dp + r in the run layout, -1 = none */
@@ -1274,7 +1275,7 @@ static bool pc_has(const struct lworker *w, uint64_t epoch, uint64_t step) {
 
 /* After an unannounced loss: restores from the peer copies of the last running epoch when
  * one step's copies survive for every position (each alive owner holds its own, each dead
- * owner's successor holds it), onto the available workers. Returns 0 when ordered, -ENODATA
+ * owner's successor in the copies' ring holds it), onto the available workers. Returns 0 when ordered, -ENODATA
  * when no copy serves (the caller restores from disk), or another negative errno. */
 static int start_peer_restore(struct coord_loop *L, const struct wv *v, size_t nv, double now,
                               const char *reason) {
@@ -1284,7 +1285,9 @@ static int start_peer_restore(struct coord_loop *L, const struct wv *v, size_t n
         return -ENODATA;
     struct peer_src ps = {0, st_calloc(nv + 1, sizeof(int)), st_calloc(nv + 1, sizeof(size_t))};
     long *vi = st_calloc((size_t)n, sizeof(*vi));
-    if (!ps.pos || !ps.succ || !vi)
+    int *next = st_calloc((size_t)n, sizeof(*next));
+    const char **zones = st_calloc((size_t)n, sizeof(*zones));
+    if (!ps.pos || !ps.succ || !vi || !next || !zones)
         TRY_GOTO(-ENOMEM, r, out);
     for (size_t i = 0; i < nv; i++)
         ps.pos[i] = -1;
@@ -1297,8 +1300,12 @@ static int start_peer_restore(struct coord_loop *L, const struct wv *v, size_t n
             TRY_GOTO(-ENODATA, r, out); /* gone from the table: nothing to plan with */
         ps.pos[vi[p]] = p;
     }
+    /* The copies' ring, as the workers derived it from the epoch's zones (st_peer_ring). */
     for (int p = 0; p < n; p++)
-        ps.succ[vi[p]] = (size_t)vi[(p + 1) % n]; /* vi complete now */
+        zones[p] = v[vi[p]].w.zone; /* vi complete now */
+    TRY_GOTO(st_peer_ring(n, zones, next), r, out);
+    for (int p = 0; p < n; p++)
+        ps.succ[vi[p]] = (size_t)vi[next[p]];
     bool found = false;
     pthread_mutex_lock(&L->lock);
     for (int p = 0; p < n; p++)
@@ -1309,7 +1316,7 @@ static int start_peer_restore(struct coord_loop *L, const struct wv *v, size_t n
             uint64_t cand = w->pc_step[k];
             bool ok = cand != L->peer_failed_at;
             for (int q = 0; ok && q < n; q++) {
-                const struct wv *o = &v[vi[q]], *sc = &v[vi[(q + 1) % n]];
+                const struct wv *o = &v[vi[q]], *sc = &v[vi[next[q]]];
                 if (!o->dead)
                     ok = pc_has(lw_get(L, o->w.id), L->run_epoch, cand);
                 else
@@ -1336,6 +1343,8 @@ out:
     st_free(ps.pos);
     st_free(ps.succ);
     st_free(vi);
+    st_free(next);
+    st_free(zones);
     return r;
 }
 
@@ -1590,14 +1599,18 @@ static void phase_reconf(struct coord_loop *L, const struct wv *v, size_t nv, do
 }
 
 /* "node-3 was noticed", "node-1 and node-2 were lost": the positioned workers that are lost
- * (lost = true) or leaving, by the node names the cloud gave, for an event's "because". */
+ * (lost = true: dead, or failed when none is dead) or leaving, by the node names the cloud gave, for an event's "because". */
 static void who(struct coord_loop *L, const struct wv *v, size_t nv, bool lost,
                 const char *verb, char *buf, size_t size) {
     size_t k = 0;
     int n = 0;
+    bool anydead = false; /* lost: the dead ones; the survivors whose step failed only if none */
+    for (size_t i = 0; i < nv; i++)
+        anydead |= v[i].positioned && v[i].dead;
     buf[0] = '\0';
     for (size_t i = 0; i < nv && k < size; i++) {
-        if (!v[i].positioned || (lost ? !(v[i].dead || v[i].failed) : v[i].dead || !v[i].leaving))
+        if (!v[i].positioned ||
+            (lost ? !(v[i].dead || (!anydead && v[i].failed)) : v[i].dead || !v[i].leaving))
             continue;
         const struct linst *x = v[i].w.instance_id[0] ? inst_find(L, v[i].w.instance_id) : NULL;
         const char *name = x && x->node[0] ? x->node

@@ -281,6 +281,7 @@ static int configure_locked(struct coord *c, int dp, int pp, const struct coord_
         peers[i].data_addr = wks[i]->pub.data_addr;
         peers[i].stage = (uint32_t)a[i].stage;
         peers[i].replica = (uint32_t)a[i].replica;
+        peers[i].zone = wks[i]->pub.zone;
         peerp[i] = &peers[i];
     }
     uint64_t epoch = c->job.epoch + 1;

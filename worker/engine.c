@@ -64,7 +64,30 @@ int worker_layout_check(const struct worker_layout *l, int nlayers) {
             if (l->ranks[j] == l->ranks[i])
                 return -EINVAL;
     }
+    if (l->peer_ring_set) { /* a single cycle through every position */
+        int p = 0;
+        for (int i = 0; i < n; i++) {
+            if (l->peer_next[p] < 0 || l->peer_next[p] >= n || (i < n - 1 && l->peer_next[p] == 0))
+                return -EINVAL;
+            p = l->peer_next[p];
+        }
+        if (p != 0)
+            return -EINVAL;
+    }
     return 0;
+}
+
+int worker_layout_peer_next(const struct worker_layout *l, int pos) {
+    int n = l->dp * l->pp;
+    return l->peer_ring_set ? l->peer_next[pos] : (pos + 1) % n;
+}
+
+int worker_layout_peer_prev(const struct worker_layout *l, int pos) {
+    int n = l->dp * l->pp;
+    for (int p = 0; l->peer_ring_set && p < n; p++)
+        if (l->peer_next[p] == pos)
+            return p;
+    return (pos + n - 1) % n;
 }
 
 int worker_layout_init(struct worker_layout *ret, int dp, int pp, const int *stage_lo,

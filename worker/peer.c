@@ -3,8 +3,10 @@
  * The one idea: every worker can compute, from the layout alone, what any position's state
  * looks like (its layers, their sizes, its moment shards), so a copy travels as one bare
  * message per direction, without a header, and the receiver knows where each layer sits in
- * it. Positions form a ring (successor = next position): with a loss of one worker, its state
- * survives at its successor and everyone else's at its owner. */
+ * it. Positions form a ring (worker_layout_peer_next: st_peer_ring over the positions' zones,
+ * so the successor sits in another zone where there is one; position order in one zone): with
+ * a loss of one worker, or of a whole zone, its state survives at its successor and everyone
+ * else's at its owner. */
 #include <string.h>
 
 #include "check.h" /* TRY, TRY_GOTO */
@@ -76,7 +78,7 @@ static uint64_t part_floats(const struct worker_train_config *tc, const struct w
 /* See worker-peer.h. */
 uint64_t worker__peer_need(const struct worker_train_config *tc, const struct worker_layout *lay,
                            int pos) {
-    int n = npos(lay), pred = (pos + n - 1) % n;
+    int pred = worker_layout_peer_prev(lay, pos);
     return WORKER_PEER_GENS * (part_floats(tc, lay, pos) + part_floats(tc, lay, pred)) *
            sizeof(float);
 }
@@ -130,7 +132,8 @@ int worker__peer_exchange(struct worker_peer_store *s, const struct worker_train
     int n = npos(lay), st = worker_engine_stage(eng), rep = worker_engine_replica(eng);
     if (st < 0 || n < 2)
         return -EINVAL;
-    int pos = st * lay->dp + rep, succ = (pos + 1) % n, pred = (pos + n - 1) % n;
+    int pos = st * lay->dp + rep, succ = worker_layout_peer_next(lay, pos),
+        pred = worker_layout_peer_prev(lay, pos);
     g.epoch = epoch;
     g.step = step;
     g.opt_step = worker_engine_opt_step(eng);
@@ -167,6 +170,9 @@ static bool same_layout(const struct worker_layout *a, const struct worker_layou
         return false;
     for (int i = 0; i <= a->pp; i++)
         if (a->stage_lo[i] != b->stage_lo[i])
+            return false;
+    for (int p = 0; p < npos(a); p++)
+        if (worker_layout_peer_next(a, p) != worker_layout_peer_next(b, p))
             return false;
     return true;
 }

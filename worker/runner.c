@@ -307,9 +307,29 @@ static int comm_build(struct runner *R, uint64_t epoch, Spottrain__V1__Peer **pe
     return r;
 }
 
-/* Layout of (dp, pp) with the given split; ranks from the peers' (stage, replica). */
+/* The peer-copy ring of lay from the zones the Configure's peers name (every position's). */
+static int layout_ring(struct worker_layout *lay, const Spottrain__V1__Configure *cf) {
+    int n = lay->dp * lay->pp;
+    const char *zones[WORKER_MAX_RANKS] = {NULL};
+    for (size_t i = 0; i < cf->n_peers; i++) {
+        const Spottrain__V1__Peer *p = cf->peers[i];
+        if (p->stage == WORKER_RUNNER_SPARE_STAGE || (int)p->stage >= lay->pp ||
+            (int)p->replica >= lay->dp)
+            continue;
+        zones[p->stage * (uint32_t)lay->dp + p->replica] = p->zone;
+    }
+    int r = st_peer_ring(n, zones, lay->peer_next);
+    if (r < 0)
+        return r;
+    lay->peer_ring_set = true;
+    return worker_layout_check(lay, lay->stage_lo[lay->pp]);
+}
+
+/* Layout of (dp, pp) with the given split; ranks from the peers' (stage, replica), the peer
+ * ring from the Configure's. */
 static int layout_build(struct runner *R, int dp, int pp, const int *split, int nsplit,
-                        Spottrain__V1__Peer **peers, size_t n, struct worker_layout *ret) {
+                        Spottrain__V1__Peer **peers, size_t n,
+                        const Spottrain__V1__Configure *cf, struct worker_layout *ret) {
     if (nsplit != pp + 1 || split[0] != 0 || split[pp] != R->nlayers)
         return -EINVAL;
     TRY(worker_layout_init(ret, dp, pp, split, R->nlayers));
@@ -328,7 +348,7 @@ static int layout_build(struct runner *R, int dp, int pp, const int *split, int 
     for (int p = 0; p < dp * pp; p++)
         if (!seen[p])
             return -EINVAL;
-    return 0;
+    return layout_ring(ret, cf);
 }
 
 /* mode=init / mode=restore: a fresh engine on the Configure's peers. */
@@ -346,7 +366,7 @@ static int apply_fresh(struct runner *R, const Spottrain__V1__Command *cmd, cons
     if (!cf->shape)
         return -EINVAL;
     TRY(layout_build(R, (int)cf->shape->dp, (int)cf->shape->pp, split, nsplit, cf->peers,
-                     cf->n_peers, &lay));
+                     cf->n_peers, cf, &lay));
     TRY_GOTO(comm_build(R, cmd->epoch, cf->peers, cf->n_peers, &cf->data_plane_secret,
                         cf->data_plane_tls, &comm, &rank), r, out);
     TRY_GOTO(worker_engine_new(&R->tc, &lay, (int)cf->stage, (int)cf->replica, comm, R->tokens,
@@ -521,7 +541,7 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
         if (!cf->shape)
             TRY_GOTO(-EINVAL, r, out);
         TRY_GOTO(layout_build(R, (int)cf->shape->dp, (int)cf->shape->pp, split, nsplit,
-                              pl.p, pl.n, &lay), r, out);
+                              pl.p, pl.n, cf, &lay), r, out);
         if (R->eng && !R->failed && !restore) {
             TRY_GOTO(worker_engine_reshape_begin(R->eng, &lay, (int)cf->stage, (int)cf->replica,
                                                  comm), r, out);

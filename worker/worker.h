@@ -52,7 +52,15 @@ struct worker_layout {
     int dp, pp;
     int stage_lo[WORKER_MAX_STAGES + 1]; /* stage s owns layers [stage_lo[s], stage_lo[s+1]) */
     int ranks[WORKER_MAX_RANKS];         /* comm rank of position s*dp + r */
+    /* The peer-copy ring (st_peer_ring, from the positions' zones): position peer_next[p]
+     * holds p's copy. Unset (a layout from worker_layout_init): position order. */
+    bool peer_ring_set;
+    int peer_next[WORKER_MAX_RANKS];
 };
+
+/* The position that holds pos's peer copy, and the one whose copy pos holds. */
+int worker_layout_peer_next(const struct worker_layout *l, int pos);
+int worker_layout_peer_prev(const struct worker_layout *l, int pos);
 
 /* Fills *ret for (dp, pp) with the given stage boundaries (pp+1 entries: 0 = first,
  * nlayers = last, strictly increasing) and ranks[s*dp + r] = s*dp + r.

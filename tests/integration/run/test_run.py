@@ -46,6 +46,7 @@ Each per-kind test checks that the bytes the workers received equal the plan's b
 Usage: test_run.py NAME  (env SPOTTRAIN_BIN, SPOTTRAIN_SRCDIR). Exit 0 pass, 1 fail, 77 skip.
 """
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -511,6 +512,93 @@ def test_peer():
         for k in ("peer-restore", "checkpoint-restore"):
             check(set(m[k]) == {"count", "bytes", "stall_seconds", "steps_replayed"},
                   "fields of %s: %s" % (k, sorted(m[k])))
+        same(ref, save)
+    finally:
+        if proc and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_zone():
+    # A whole zone lost at once, without notice. Three zones over five instances (the sim puts
+    # instance n in zone n mod 3), pp pinned to 2: the 2x2 runs on four of them and zone-a
+    # holds two positions that are neighbours in position order (one would hold the other's
+    # only copy). The copies' ring follows the zones (st_peer_ring), so each of them is held
+    # in another zone: the job comes back from peer copies, with no disk restore, and ends
+    # bitwise equal to the uninterrupted run.
+    import signal
+    d = tempfile.mkdtemp(prefix="st-run-")
+    proc = None
+    try:
+        steps, every = 4000, 25
+        job = write_job(d, "zone", steps, "seconds,N\n0,5\n", unannounced=1, planner="pp: 2",
+                        ckpt="600s", extra="  fault_tolerance: {peer_copy_every: %d}\n" % every)
+        with open(job) as f:
+            spec = f.read()
+        with open(job, "w") as f:
+            f.write(spec.replace("    provider: sim\n",
+                                 "    provider: sim\n    zones: [zone-a, zone-b, zone-c]\n"))
+        ref = reference(d, job, steps)
+        save, summ = os.path.join(d, "save"), os.path.join(d, "summary.json")
+        err = open(os.path.join(d, "run.err"), "w")
+        proc = subprocess.Popen([BIN, "run", job, "--steps", str(steps), "--save", save,
+                                 "--json-summary", summ, "--state-dir",
+                                 os.path.join(d, "state")],
+                                stdout=subprocess.PIPE, stderr=err, text=True)
+
+        def rest():
+            with open(os.path.join(d, "run.err")) as f:
+                for l in f:
+                    if "rest=http://" in l:
+                        return l.split("rest=")[1].split()[0]
+            return None
+        base = wait_for("the REST address", rest, 60)
+
+        def job_at(step, epoch):
+            try:
+                j = json.loads(http_get(base, "/v1/job"))
+            except (OSError, ValueError):
+                return None
+            return j if j["epoch"] >= epoch and j["step"] >= step else None
+        j = wait_for("step 3 copies in", lambda: job_at(3 * every + 5, 1), 90)
+        check(j["shape"] == {"dp": 2, "pp": 2} or (j["shape"]["dp"], j["shape"]["pp"]) == (2, 2),
+              "started as 2x2: %r" % j["shape"])
+        ws = json.loads(http_get(base, "/v1/workers"))
+        ws = ws.get("workers", ws) if isinstance(ws, dict) else ws
+        pos = {w["stage"] * 2 + w["replica"]: w for w in ws
+               if w["state"] == "active" and w["epoch"] == j["epoch"]}
+        check(sorted(pos) == [0, 1, 2, 3], "four positions: %r" % sorted(pos))
+        zone = {p: w["zone"] for p, w in pos.items()}
+        lost = sorted(p for p in pos if zone[p] == "zone-a")
+        check(len(lost) == 2 and any((p + 1) % 4 in lost for p in lost),
+              "zone-a holds two positions, neighbours in position order: %r" % zone)
+        pids = wait_for("the worker processes", lambda: (
+            lambda p: p if all(pos[q]["instance_id"] in p for q in lost) else None)(
+                sim_worker_pids(d)), 30)
+        for q in lost:
+            os.kill(pids[pos[q]["instance_id"]], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=150)
+        err.close()
+        sys.stdout.write(out[-4000:])
+        check(proc.returncode == 0, "spottrain run exited %d" % proc.returncode)
+        with open(summ) as f:
+            s = json.load(f)
+        m = s["migrations"]
+        check(s["finished"] and s["steps"] == steps, "job did not finish: %s" % s)
+        check(m["peer-restore"]["count"] == 1, "peer restores: %r" % m["peer-restore"])
+        check(m["checkpoint-restore"]["count"] == 0,
+              "checkpoint restores: %r" % m["checkpoint-restore"])
+        check(m["fresh-start"]["count"] == 0, "fresh starts: %r" % m["fresh-start"])
+        # The events name the lost (the two kills may be seen one by one), never a survivor
+        # whose step failed with them.
+        node = {q: "node-%d" % (int(pos[q]["instance_id"][2:]) - 1) for q in pos}
+        named = set()
+        for because in re.findall(r"because (.*) (?:was|were) lost", out):
+            named |= set(re.split(r", | and ", because))
+        check(named and named <= {node[q] for q in lost},
+              "events name %s as lost; the lost are %s" % (sorted(named),
+                                                           sorted(node[q] for q in lost)))
         same(ref, save)
     finally:
         if proc and proc.poll() is None:
@@ -1477,7 +1565,7 @@ def test_tls():
 
 TESTS = {"tls": test_tls, "auth": test_auth, "restart": test_restart, "standalone": test_standalone, "central": test_central, "intra": test_intra, "inter": test_inter,
          "pipeline": test_pipeline, "reshard": test_reshard, "input": test_input,
-         "peer": test_peer, "refused": test_refused, "mitm": test_mitm}
+         "peer": test_peer, "zone": test_zone, "refused": test_refused, "mitm": test_mitm}
 
 if __name__ == "__main__":
     name = sys.argv[1] if len(sys.argv) > 1 else ""

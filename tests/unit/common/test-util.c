@@ -121,5 +121,57 @@ static int test_try(void) {
     return 0;
 }
 
+/* Follows next[] from 0: a single cycle through all n positions. */
+static bool one_cycle(const int *next, int n) {
+    bool seen[64] = {false};
+    int p = 0;
+    for (int i = 0; i < n; i++) {
+        if (p < 0 || p >= n || seen[p])
+            return false;
+        seen[p] = true;
+        p = next[p];
+    }
+    return p == 0;
+}
+
+static int test_peer_ring(void) {
+    int next[64];
+    /* one zone (or none named): position order */
+    const char *one[] = {"a", "a", "a", "a"};
+    ASSERT_EQ(st_peer_ring(4, one, next), 4); /* all held in their own zone */
+    for (int p = 0; p < 4; p++)
+        ASSERT_EQ(next[p], (p + 1) % 4);
+    ASSERT_EQ(st_peer_ring(3, NULL, next), 3);
+    ASSERT_EQ(next[2], 0);
+    /* a, b, c, a: position order would hold 3 in its own zone at 0; the ring is 0 1 3 2 */
+    const char *abca[] = {"a", "b", "c", "a"};
+    ASSERT_EQ(st_peer_ring(4, abca, next), 0);
+    ASSERT_EQ(next[0], 1);
+    ASSERT_EQ(next[1], 3);
+    ASSERT_EQ(next[3], 2);
+    ASSERT_EQ(next[2], 0);
+    /* two zones, same-zone positions adjacent: every copy crosses */
+    const char *aabb[] = {"a", "a", "b", "b", "a", "b"};
+    ASSERT_EQ(st_peer_ring(6, aabb, next), 0);
+    ASSERT_TRUE(one_cycle(next, 6));
+    for (int p = 0; p < 6; p++)
+        ASSERT_TRUE(strcmp(aabb[p], aabb[next[p]]) != 0);
+    /* a zone with more than half: the fewest own-zone holders a cycle allows (5 a of 7: 3) */
+    const char *many[] = {"a", "a", "a", "b", "a", "c", "a"};
+    ASSERT_EQ(st_peer_ring(7, many, next), 3);
+    ASSERT_TRUE(one_cycle(next, 7));
+    /* odd n, largest group at most half: none */
+    const char *odd[] = {"x", "y", "z", "x", "y"};
+    ASSERT_EQ(st_peer_ring(5, odd, next), 0);
+    ASSERT_TRUE(one_cycle(next, 5));
+    ASSERT_EQ(st_peer_ring(0, NULL, next), -EINVAL);
+    ASSERT_EQ(st_peer_ring(2, NULL, NULL), -EINVAL);
+    st_alloc_fail_after(1);
+    ASSERT_EQ(st_peer_ring(4, abca, next), -ENOMEM);
+    st_alloc_fail_after(0);
+    return 0;
+}
+
 TEST_MAIN(TEST(test_duration), TEST(test_size), TEST(test_uuid), TEST(test_files),
-          TEST(test_error_format), TEST(test_alloc_failure), TEST(test_try))
+          TEST(test_error_format), TEST(test_alloc_failure), TEST(test_try),
+          TEST(test_peer_ring))
