@@ -7,6 +7,10 @@ set -u
 pkgs=$1; shift
 venv="${SPOTTRAIN_BUILDDIR:?}/venv-control"
 stamp="$venv/.installed-$(echo "$pkgs" | tr ' =<>' '____')"
+# Tests run two at a time: one creates the venv and installs while the other waits its turn.
+mkdir -p "$SPOTTRAIN_BUILDDIR"
+exec 9>"$SPOTTRAIN_BUILDDIR/venv-control.lock"
+flock 9
 if [ ! -f "$stamp" ]; then
   python3 -m venv "$venv" >/dev/null 2>&1 || { echo "SKIP: cannot create a venv"; exit 77; }
   # shellcheck disable=SC2086
@@ -14,5 +18,7 @@ if [ ! -f "$stamp" ]; then
     { tail -5 "$venv/pip.log"; echo "SKIP: pip install $pkgs failed (no network?)"; exit 77; }
   touch "$stamp"
 fi
+flock -u 9
+exec 9>&-
 export PATH="$venv/bin:$PATH"
 exec "$venv/bin/python" "$@"
