@@ -61,6 +61,12 @@ int mig_endpoint_new(const char *bind_host, int port, struct mig_endpoint **ret)
 const char *mig_endpoint_addr(const struct mig_endpoint *ep);
 /* Port the endpoint listens on. */
 int mig_endpoint_port(const struct mig_endpoint *ep);
+/* The coordinator has moved on to `epoch`: a mig_comm_new() of a lower epoch that is still
+ * waiting for its peers (one of them dead, say) gives up within 50 ms with -ECANCELED instead
+ * of at its timeout. Comms already built are not touched (a live migration still moves state
+ * on the old epoch's). Safe from any thread; epochs only go up. NULL-safe. */
+void mig_endpoint_abandon(struct mig_endpoint *ep, uint64_t epoch);
+
 /* Closes the listener and every buffered early connection. NULL-safe; returns NULL.
  * Every communicator built on ep must be freed first. */
 struct mig_endpoint *mig_endpoint_free(struct mig_endpoint *ep);

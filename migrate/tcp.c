@@ -40,6 +40,7 @@
 #include <openssl/rand.h>       /* RAND_bytes */
 #include <openssl/ssl.h>        /* SSL_CTX, SSL: the encrypted data plane */
 #include <poll.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -296,7 +297,21 @@ struct mig_endpoint {
     struct mig_auth_failure fail[MIG_AUTH_FAILURES_KEPT]; /* ring, oldest at fail_head */
     size_t fail_head, nfail;
     uint64_t fail_total;
+    /* mig_endpoint_abandon(): comms of lower epochs still being built give up. Set from the
+     * worker's command thread, read by the one that builds. */
+    _Atomic uint64_t abandon_below;
 };
+
+#define ABANDON_POLL_MS 50 /* how often a build that waits looks at abandon_below */
+
+/* See migrate.h. */
+void mig_endpoint_abandon(struct mig_endpoint *ep, uint64_t epoch) {
+    if (!ep)
+        return;
+    uint64_t cur = atomic_load(&ep->abandon_below);
+    while (cur < epoch && !atomic_compare_exchange_weak(&ep->abandon_below, &cur, epoch))
+        ;
+}
 
 /* Records and logs a refused connection. The log names the peer, never a key or a proof. */
 static void auth_fail(struct mig_endpoint *ep, const char *peer, uint64_t epoch,
@@ -1009,6 +1024,13 @@ static int tcp_init(struct mig_comm *c, const char *const *peer_addrs) {
 
     double deadline = st_now() + c->timeout_s;
     for (;;) {
+        if (c->epoch < atomic_load(&ep->abandon_below)) {
+            st_log(ST_LOG_WARN, "migrate", "rank %d: epoch %llu: abandoned while connecting (the "
+                   "coordinator moved on to epoch %llu)", c->rank, (unsigned long long)c->epoch,
+                   (unsigned long long)atomic_load(&ep->abandon_below));
+            r = -ECANCELED;
+            goto out;
+        }
         listener_progress(ep);
         TRY_GOTO(pending_scan(c, tc), r, out);
         bool all = true;
@@ -1047,7 +1069,7 @@ static int tcp_init(struct mig_comm *c, const char *const *peer_addrs) {
             else if (out[j].st == OUT_IDLE && out[j].retry_at < wake)
                 wake = out[j].retry_at;
         }
-        if (poll(pfd, np, ms_until(wake)) < 0 && errno != EINTR) {
+        if (poll(pfd, np, ST_MIN(ms_until(wake), ABANDON_POLL_MS)) < 0 && errno != EINTR) {
             r = -errno;
             goto out;
         }

@@ -184,6 +184,11 @@ static int on_command(struct worker_agent *a, const Spottrain__V1__Command *cmd,
                       size_t errsz, void *userdata) {
     struct runner *R = userdata;
     (void)a;
+    /* The coordinator gives an epoch's order only once the one before is running or has
+     * failed: a communicator of an older epoch still being built (a peer died before it
+     * connected) will never come up, so the runner thread stops waiting for it now rather
+     * than at the data plane's timeout. */
+    mig_endpoint_abandon(R->ep, cmd->epoch);
     size_t len = spottrain__v1__command__get_packed_size(cmd);
     uint8_t *buf = st_malloc(len ? len : 1);
     if (!buf)

@@ -1,11 +1,13 @@
 /* test-transport.c: the TCP data plane with real processes on loopback — point-to-point
  * (empty, small, 64 MiB streamed), concurrent batches, collectives over subgroups checked
  * byte-exact against a serial reference, and the failure paths: a peer that dies, a peer that
- * never comes, a stale epoch, a size mismatch.
+ * never comes, a stale epoch, a size mismatch, a build the coordinator abandoned.
  *
  * The one idea: every rank is a forked process (rank-util.h), so failures are real closed
  * sockets, and every wait is bounded by the transport's own timeout. */
+#include <pthread.h>
 #include <string.h>
+#include <time.h>
 
 #include "common.h"
 #include "test.h"
@@ -540,6 +542,47 @@ static int test_alloc_failures(void) {
     return 0;
 }
 
+/* The coordinator moved on: a build of an older epoch waiting for a peer that never comes
+ * gives up with -ECANCELED, whether abandoned before it started or while it waits (another
+ * thread), long before its 60 s timeout; a later epoch's build is not affected. */
+struct abandon_arg {
+    struct mig_endpoint *ep;
+    uint64_t epoch;
+};
+
+static void *abandon_later(void *p) {
+    struct abandon_arg *a = p;
+    struct timespec ts = {0, 100 * 1000 * 1000};
+    nanosleep(&ts, NULL); /* usually inside the build by now; either order must give -ECANCELED */
+    mig_endpoint_abandon(a->ep, a->epoch);
+    return NULL;
+}
+
+static int test_abandon(void) {
+    struct mig_endpoint *a;
+    struct mig_comm *c = NULL;
+    ASSERT_OK(mig_endpoint_new("127.0.0.1", 0, &a));
+    const char *addrs[2] = {mig_endpoint_addr(a), "127.0.0.1:1"}; /* rank 1 never listens */
+    struct abandon_arg arg = {a, 3};
+    pthread_t th;
+    ASSERT_EQ(pthread_create(&th, NULL, abandon_later, &arg), 0);
+    ASSERT_ERR(mig_comm_new("tcp", a, 2, 0, 2, addrs, 60.0, &c), -ECANCELED);
+    pthread_join(th, NULL);
+    ASSERT_TRUE(c == NULL);
+    mig_endpoint_free(a);
+    /* abandoned before the build: at once; lower calls do not undo it; the epoch named is
+     * not abandoned itself and times out as usual */
+    ASSERT_OK(mig_endpoint_new("127.0.0.1", 0, &a));
+    addrs[0] = mig_endpoint_addr(a);
+    mig_endpoint_abandon(a, 5);
+    mig_endpoint_abandon(a, 1);
+    ASSERT_ERR(mig_comm_new("tcp", a, 4, 0, 2, addrs, 60.0, &c), -ECANCELED);
+    ASSERT_ERR(mig_comm_new("tcp", a, 5, 0, 2, addrs, 0.3, &c), -ETIMEDOUT);
+    mig_endpoint_abandon(NULL, 9);
+    mig_endpoint_free(a);
+    return 0;
+}
+
 TEST_MAIN(TEST(test_p2p), TEST(test_batch_all_to_all), TEST(test_collectives),
           TEST(test_dead_peer), TEST(test_no_show), TEST(test_epochs), TEST(test_size_mismatch),
-          TEST(test_bad_args), TEST(test_alloc_failures))
+          TEST(test_bad_args), TEST(test_alloc_failures), TEST(test_abandon))
