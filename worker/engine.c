@@ -159,7 +159,7 @@ int worker_engine_new(const struct worker_train_config *cfg, const struct worker
     e->magic = WORKER_ENGINE_MAGIC;
     e->cfg = *cfg;
     e->data = data;
-    TRY_GOTO(worker__view_init(&e->cur, cfg, layout, stage, replica, comm), r, out);
+    TRY_GOTO(worker__view_init(&e->cur, cfg, layout, stage, replica, comm, NULL), r, out);
     for (int l = e->cur.lo; l < e->cur.hi; l++)
         TRY_GOTO(kern_layer_init(&cfg->model, l, cfg->seed, e->cur.layers[l - e->cur.lo].param),
                  r, out);
@@ -176,6 +176,7 @@ struct worker_engine *worker_engine_free(struct worker_engine *e) {
     if (!e)
         return NULL;
     drop_work(e);
+    worker__view_unshare(&e->old, &e->cur);
     worker__view_done(&e->cur);
     worker__view_done(&e->old);
     e->magic = 0;
@@ -444,29 +445,25 @@ int worker_engine_reshape_begin(struct worker_engine *e, const struct worker_lay
     if (e->old.valid)
         return -EBUSY;
     TRY(check_position(&e->cfg, layout, stage, replica, comm));
+    /* What the new position keeps as it is (a layer's parameters, a moment shard of the same
+     * range) stays in its buffer, shared by both views until the commit: a worker whose
+     * position does not change copies nothing and touches no new memory. Only what changes
+     * is allocated and filled from the old view here or by the transfers. */
     struct engine_view nv;
-    TRY(worker__view_init(&nv, &e->cfg, layout, stage, replica, comm));
+    TRY(worker__view_init(&nv, &e->cfg, layout, stage, replica, comm, &e->cur));
     size_t n0 = kern_layer_param_count(&e->cfg.model, 0);
     for (int l = nv.lo; l < nv.hi && stage >= 0; l++) {
         struct engine_layer *N = &nv.layers[l - nv.lo];
         struct engine_layer *O = worker__view_layer(&e->cur, l);
         if (O) {
-            memcpy(N->param, O->param, N->n * sizeof(float));
             size_t a = ST_MAX(N->lo, O->lo), b = ST_MIN(N->hi, O->hi);
-            if (a < b) {
+            if (a < b && N->m != O->m) {
                 memcpy(N->m + (a - N->lo), O->m + (a - O->lo), (b - a) * sizeof(float));
                 memcpy(N->v + (a - N->lo), O->v + (a - O->lo), (b - a) * sizeof(float));
             }
         } else if (l == 0 && e->cur.tied0) {
             memcpy(N->param, e->cur.tied0, n0 * sizeof(float));
         }
-    }
-    if (nv.tied0) {
-        struct engine_layer *O = worker__view_layer(&e->cur, 0);
-        if (O)
-            memcpy(nv.tied0, O->param, n0 * sizeof(float));
-        else if (e->cur.tied0)
-            memcpy(nv.tied0, e->cur.tied0, n0 * sizeof(float));
     }
     drop_work(e);
     e->old = e->cur;
@@ -478,6 +475,7 @@ int worker_engine_reshape_commit(struct worker_engine *e) {
     TRY(engine_check(e));
     if (!e->old.valid)
         return -EINVAL;
+    worker__view_unshare(&e->old, &e->cur);
     worker__view_done(&e->old);
     return 0;
 }
@@ -487,6 +485,7 @@ int worker_engine_reshape_abort(struct worker_engine *e) {
     if (!e->old.valid)
         return -EINVAL;
     drop_work(e);
+    worker__view_unshare(&e->cur, &e->old);
     worker__view_done(&e->cur);
     e->cur = e->old;
     memset(&e->old, 0, sizeof(e->old));

@@ -40,10 +40,22 @@ void worker__view_done(struct engine_view *v) {
     memset(v, 0, sizeof(*v));
 }
 
-/* Allocates (zeroed) the buffers of position (stage, replica); stage -1 holds nothing. */
+static const struct engine_layer *view_layer_c(const struct engine_view *v, int layer) {
+    if (!v || !v->valid || v->stage < 0 || layer < v->lo || layer >= v->hi)
+        return NULL;
+    return &v->layers[layer - v->lo];
+}
+
+/* A buffer of n floats: share's when it has one (n > 0), else a fresh zeroed one. */
+static float *take(float *share, size_t n) {
+    return share && n > 0 ? share : st_calloc(ST_MAX(n, 1), sizeof(float));
+}
+
+/* Allocates (zeroed) the buffers of position (stage, replica), or borrows share's; stage -1
+ * holds nothing. */
 int worker__view_init(struct engine_view *v, const struct worker_train_config *cfg,
                       const struct worker_layout *layout, int stage, int replica,
-                      struct mig_comm *comm) {
+                      struct mig_comm *comm, const struct engine_view *share) {
     int r = 0;
     memset(v, 0, sizeof(*v));
     v->layout = *layout;
@@ -60,24 +72,57 @@ int worker__view_init(struct engine_view *v, const struct worker_train_config *c
         TRY_GOTO(-ENOMEM, r, out);
     for (int l = v->lo; l < v->hi; l++) {
         struct engine_layer *L = &v->layers[l - v->lo];
+        const struct engine_layer *O = view_layer_c(share, l);
         L->layer = l;
         L->n = kern_layer_param_count(&cfg->model, l);
         worker_shard(L->n, layout->dp, replica, &L->lo, &L->hi);
-        L->param = st_calloc(L->n, sizeof(float));
-        L->m = st_calloc(ST_MAX(L->hi - L->lo, 1), sizeof(float));
-        L->v = st_calloc(ST_MAX(L->hi - L->lo, 1), sizeof(float));
+        bool same = O && O->lo == L->lo && O->hi == L->hi;
+        L->param = take(O ? O->param : NULL, L->n);
+        L->m = take(same ? O->m : NULL, L->hi - L->lo);
+        L->v = take(same ? O->v : NULL, L->hi - L->lo);
         if (!L->param || !L->m || !L->v)
             TRY_GOTO(-ENOMEM, r, out);
     }
     if (stage == layout->pp - 1 && v->lo > 0) {
-        v->tied0 = st_calloc(kern_layer_param_count(&cfg->model, 0), sizeof(float));
+        const struct engine_layer *O = view_layer_c(share, 0);
+        size_t n0 = kern_layer_param_count(&cfg->model, 0);
+        v->tied0 = take(O ? O->param : share && share->stage >= 0 ? share->tied0 : NULL, n0);
         if (!v->tied0)
             TRY_GOTO(-ENOMEM, r, out);
     }
 out:
-    if (r < 0)
+    if (r < 0) {
+        worker__view_unshare(v, share);
         worker__view_done(v);
+    }
     return r;
+}
+
+static bool holds(const struct engine_view *v, const float *p) {
+    if (!p || !v || !v->valid)
+        return false;
+    if (p == v->tied0)
+        return true;
+    for (int i = 0; v->layers && i < v->hi - v->lo; i++)
+        if (p == v->layers[i].param || p == v->layers[i].m || p == v->layers[i].v)
+            return true;
+    return false;
+}
+
+void worker__view_unshare(struct engine_view *v, const struct engine_view *keep) {
+    if (!keep || !keep->valid)
+        return;
+    for (int i = 0; v->layers && i < v->hi - v->lo; i++) {
+        struct engine_layer *L = &v->layers[i];
+        if (holds(keep, L->param))
+            L->param = NULL;
+        if (holds(keep, L->m))
+            L->m = NULL;
+        if (holds(keep, L->v))
+            L->v = NULL;
+    }
+    if (holds(keep, v->tied0))
+        v->tied0 = NULL;
 }
 
 struct engine_work *worker__work_free(struct engine_work *w, int nowned) {

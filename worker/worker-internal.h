@@ -72,10 +72,17 @@ struct worker_engine {
 
 /* stage.c */
 /* Allocates the zeroed buffers of position (stage, replica) of layout into *v (stage -1:
- * nothing). comm is borrowed. Returns 0, -ENOMEM. Release with worker__view_done. */
+ * nothing). comm is borrowed. With share (a reshape: the view being replaced), every buffer
+ * whose contents the new position keeps as they are is share's own buffer, not a copy: the
+ * parameters of a layer both own (or layer 0's for a tied copy) and a moment shard of the
+ * same range. Until one of the two views is dropped with worker__view_unshare first, they
+ * hold those buffers together. Returns 0, -ENOMEM. Release with worker__view_done. */
 int worker__view_init(struct engine_view *v, const struct worker_train_config *cfg,
                       const struct worker_layout *layout, int stage, int replica,
-                      struct mig_comm *comm);
+                      struct mig_comm *comm, const struct engine_view *share);
+/* Forgets (without freeing) every buffer of v that keep holds too, so that
+ * worker__view_done(v) frees only v's own. */
+void worker__view_unshare(struct engine_view *v, const struct engine_view *keep);
 /* Frees a view's buffers and zeroes it; safe on a zeroed view. */
 void worker__view_done(struct engine_view *v);
 /* The owned layer `layer` of v, or NULL when v does not own it. */

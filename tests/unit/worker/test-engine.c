@@ -380,9 +380,11 @@ static void *reshape_thread(void *p) {
                 break;
             size_t lo, hi;
             worker_shard(b.n, 2, 1, &lo, &hi);
-            /* the kept half was copied by reshape_begin */
+            /* the kept half was copied by reshape_begin into the wider shard; the parameters,
+             * kept as they are, are the old view's own buffer */
             if (memcmp(b.adam_m, ob.adam_m, ob.shard_hi * sizeof(float)) != 0 ||
-                b.shard_lo != 0 || b.shard_hi != b.n) {
+                b.shard_lo != 0 || b.shard_hi != b.n || b.adam_m == ob.adam_m ||
+                b.param != ob.param) {
                 r = -EPROTO;
                 break;
             }
@@ -488,6 +490,24 @@ static int test_bad_arguments(void) {
     ASSERT_OK(worker_engine_reshape_abort(e));
     ASSERT_OK(worker_engine_layer(e, WORKER_VIEW_CURRENT, 1, &b));
     ASSERT_TRUE(b.param[3] == p0);
+    /* A reshape to the same position shares every buffer (nothing copied, no new memory);
+     * commit, abort and free each release them once (ASan checks). */
+    struct worker_layer_bufs ob;
+    ASSERT_OK(worker_engine_reshape_begin(e, &l, 0, 0, NULL));
+    ASSERT_OK(worker_engine_layer(e, WORKER_VIEW_OLD, 1, &ob));
+    ASSERT_OK(worker_engine_layer(e, WORKER_VIEW_CURRENT, 1, &b));
+    ASSERT_TRUE(b.param == ob.param && b.adam_m == ob.adam_m && b.adam_v == ob.adam_v);
+    ASSERT_OK(worker_engine_reshape_commit(e));
+    ASSERT_OK(worker_engine_layer(e, WORKER_VIEW_CURRENT, 1, &b));
+    ASSERT_TRUE(b.param == ob.param && b.param[3] == p0);
+    ASSERT_OK(worker_engine_step(e, 0, NULL));
+    ASSERT_OK(worker_engine_reshape_begin(e, &l, 0, 0, NULL));
+    ASSERT_OK(worker_engine_reshape_abort(e));
+    ASSERT_OK(worker_engine_step(e, 1, NULL));
+    ASSERT_OK(worker_engine_reshape_begin(e, &l, 0, 0, NULL));
+    worker_engine_free(e); /* in the middle of a reshape */
+    e = NULL;
+    ASSERT_OK(worker_engine_new(&cfg, &l, 0, 0, NULL, tokens, &e));
     /* Loading a checkpoint of another model fails and names it. */
     char dir[300];
     snprintf(dir, sizeof(dir), "%s/no-such-ckpt", tmpdir);
