@@ -104,6 +104,7 @@ struct reconf {
     double pred_step, pred_stall, pred_stall_dp; /* the fitted model's, when ordered */
     bool calibrated;           /* pred_step had measured steps behind it */
     char why[240];             /* the event line's tail: why this epoch (set at the order) */
+    bool trains_on;            /* a migration: the old epoch trains until the boundary */
 };
 
 struct coord_loop {
@@ -172,6 +173,7 @@ struct coord_loop {
     /* Stall bookkeeping: records [chain, stall_rec] wait for the first step of the epoch that
      * ended them (stall_rec, ok); -1 = nothing pending. */
     int chain, stall_rec;
+    char stall_why[240];      /* stall_rec's rc.why: the next order may come before its step */
     /* Wall seconds the provider's (trace) clock was held before the first epoch ran: the
      * trace's events start with training, however long the workers took to come up, so a
      * run replays the same trace against the same steps whatever the machine's load. */
@@ -927,6 +929,7 @@ static int start_restore(struct coord_loop *L, const struct wv *v, size_t nv, do
         goto out;
     cm_epoch_end(L);
     shape_time(L, now);
+    L->rc.trains_on = false;
     memset(&L->rc.rec, 0, sizeof(L->rc.rec));
     L->rc.rec.epoch = epoch;
     L->rc.rec.at_step = step;
@@ -1210,7 +1213,11 @@ static int start_migrate(struct coord_loop *L, const struct wv *v, size_t nv, in
            "%.6f s, %.6f s after the decision began", epoch, at, np + 1, st_now() - t_order,
            st_now() - now);
     cm_epoch_end(L);
-    shape_time(L, now);
+    /* A peer restore's old epoch has stopped; a migration's trains on until the boundary,
+     * in its shape (counted when the reconfiguration ends). */
+    if (ps)
+        shape_time(L, now);
+    L->rc.trains_on = !ps;
     enum coord_loop_kind kind = plan->cls == PLAN_MIGCLASS_PIPELINE  ? COORD_LOOP_PIPELINE
                                 : plan->cls == PLAN_MIGCLASS_INTER_STAGE ? COORD_LOOP_INTER
                                                                          : COORD_LOOP_INTRA;
@@ -1378,6 +1385,7 @@ static void record_done(struct coord_loop *L, bool ok, uint64_t moved, double no
         if (L->chain < 0)
             L->chain = S->nrecords - 1;
         L->stall_rec = ok && !first ? S->nrecords - 1 : -1;
+        snprintf(L->stall_why, sizeof(L->stall_why), "%s", L->rc.why);
         if (first)
             L->chain = -1; /* the job's start: no stall to speak of */
     }
@@ -1406,13 +1414,24 @@ static void stall_done(struct coord_loop *L, const struct wv *v, size_t nv) {
     struct coord_loop_summary *S = &L->sum;
     if (L->stall_rec < 0 || L->chain < 0 || S->records[L->stall_rec].epoch != L->epoch)
         return;
+    /* The epoch's positions: while the next reconfiguration is being ordered the workers'
+     * rows already name its epoch, but they train on in this one until its boundary. */
+    bool by_run = L->phase == PH_RECONF;
+    if (by_run && (L->run_epoch != L->epoch || !L->run_pos))
+        return;
     double span = 0, span_new = 0, steps[64];
     struct coord_loop_stall_parts parts = {0}, parts_new = {0};
     int ns = 0;
     bool all = true, old = false;
     pthread_mutex_lock(&L->lock);
     for (size_t i = 0; i < nv && all; i++) {
-        if (!v[i].positioned || v[i].dead)
+        bool positioned = v[i].positioned;
+        if (by_run) {
+            positioned = false;
+            for (int p = 0; p < L->run_dp * L->run_pp && !positioned; p++)
+                positioned = !strcmp(L->run_pos[p], v[i].w.id);
+        }
+        if (!positioned || v[i].dead)
             continue;
         struct lworker *w = lw_get(L, v[i].w.id);
         if (!w || w->first_epoch != L->epoch) {
@@ -1487,12 +1506,12 @@ static void stall_done(struct coord_loop *L, const struct wv *v, size_t nv) {
         set_event(L, "epoch %" PRIu64 ": %s, running %dx%d from step %" PRIu64 ", %s stall, %s",
                   L->epoch, rec->kind == COORD_LOOP_RESTORE ? "checkpoint restore"
                                                             : "restart from scratch",
-                  rec->to_dp, rec->to_pp, rec->at_step, sb, L->rc.why);
+                  rec->to_dp, rec->to_pp, rec->at_step, sb, L->stall_why);
     else
         set_event(L, "epoch %" PRIu64 ": %s%s %dx%d -> %dx%d at step %" PRIu64 ", %s, %s "
                   "stall, %s", L->epoch, coord_loop_kind_name(rec->kind),
                   loop_kind_is_migration(rec->kind) ? " migration" : "", rec->from_dp,
-                  rec->from_pp, rec->to_dp, rec->to_pp, rec->at_step, mb, sb, L->rc.why);
+                  rec->from_pp, rec->to_dp, rec->to_pp, rec->at_step, mb, sb, L->stall_why);
     L->chain = L->stall_rec = -1;
 }
 
@@ -1501,6 +1520,9 @@ static void phase_reconf(struct coord_loop *L, const struct wv *v, size_t nv, do
     bool failed = false;
     uint64_t moved = 0;
     char bad[160] = "";
+    /* A migration ordered for a later boundary leaves the running epoch training until then:
+     * its first step may come in now, and ends its own chain, not the next one's. */
+    stall_done(L, v, nv);
     pthread_mutex_lock(&L->lock);
     for (size_t k = 0; k < L->rc.npart; k++) {
         struct lworker *w = lw_get(L, L->rc.part[k]);
@@ -1524,6 +1546,8 @@ static void phase_reconf(struct coord_loop *L, const struct wv *v, size_t nv, do
         }
     }
     pthread_mutex_unlock(&L->lock);
+    if (L->rc.trains_on && (failed || done >= L->rc.npart))
+        shape_time(L, now);
     if (!failed && done < L->rc.npart && now - L->rc.started > L->cfg.reconfig_timeout) {
         failed = true;
         snprintf(bad, sizeof(bad), "timed out after %.0f s", now - L->rc.started);

@@ -17,6 +17,10 @@ engine, can appear and then grow; `train --local --dp 2` shows it against `--dp 
   inter       forced 2x2 -> 2x2 with a noticed worker replaced by a spare (inter-stage)
   pipeline    forced 2x1 -> 1x2 -> 1x3 (pipeline repartition)
   reshard     forced 1x2 -> 2x2 -> 4x1 (ZeRO-1 optimizer shards resharded when dp changes)
+  slow        forced 1x2 -> 2x1 -> 1x2 on a larger model (a 4-layer, 256-channel GPT): steps
+              slow enough that each next shape is ordered before the running epoch's first
+              step is reported; every migration still gets its own stall and parts, every
+              shape its training time
   restart     kill -9 of a standalone coordinator mid-run and again mid-migration (a notice's),
               restarted at once: the job resumes from its journal each time, same bits
   standalone  `coordinator --train` with workers started by hand: the liveput planner decides
@@ -60,7 +64,7 @@ kind: TrainingJob
 metadata:
   name: {name}
 spec:
-  model: {{layers: 2, hidden: 32, heads: 2, vocab: 64, seq_len: 16}}
+  model: {model}
   training:
     micro_batch: 2
     global_batch: 8
@@ -99,14 +103,18 @@ def sh(args, timeout, **kw):
     return p.returncode, p.stdout, p.stderr
 
 
+TINY = "{layers: 2, hidden: 32, heads: 2, vocab: 64, seq_len: 16}"
+
+
 def write_job(d, name, steps, trace, scale=0.02, notice="120s", unannounced=0,
-              planner="dp: {min: 1, max: 8}", ckpt="600s", extra=""):
+              planner="dp: {min: 1, max: 8}", ckpt="600s", extra="", model=TINY):
     with open(os.path.join(d, "trace.csv"), "w") as f:
         f.write(trace)
     path = os.path.join(d, "job.yaml")
     with open(path, "w") as f:
         f.write(SPEC.format(name=name, steps=steps, scale=scale, notice=notice,
-                            unannounced=unannounced, planner=planner, ckpt=ckpt) + extra)
+                            unannounced=unannounced, planner=planner, ckpt=ckpt,
+                            model=model) + extra)
     return path
 
 
@@ -180,10 +188,10 @@ def check_parts(s):
               (r["epoch"], p, r["stall_seconds"]))
 
 
-def forced(name, shapes, trace, want, steps=30, fleet_extra=""):
+def forced(name, shapes, trace, want, steps=30, fleet_extra="", model=TINY, shares=False):
     d = tempfile.mkdtemp(prefix="st-run-")
     try:
-        job = write_job(d, name, steps, trace)
+        job = write_job(d, name, steps, trace, model=model)
         if fleet_extra:
             with open(job) as f:
                 text = f.read().replace("    trace: trace.csv\n",
@@ -202,6 +210,20 @@ def forced(name, shapes, trace, want, steps=30, fleet_extra=""):
                   "no %s migration in %s" % (k, got))
             check(s["migrations"][k]["count"] >= 1, "summary counts no %s" % k)
         check(sum(r["planned_bytes"] for r in kinds(s)) > 0, "nothing moved")
+        # Every forced shape trained its steps, so each shows in the time per shape: at least
+        # a tenth of its share of the steps' wall time (its steps may be slower or faster than
+        # the others', not ten times; the bug this catches left ~0 s). Only where steps outweigh the run's fixed costs
+        # (the last shape also holds the end: the save, the stop).
+        sched = [(int(a), b) for a, b in (x.split(":") for x in shapes.split(","))]
+        tps = {"%dx%d" % (x["dp"], x["pp"]): x["seconds"] for x in s["time_per_shape"]}
+        total = sum(tps.values())
+        for i, (at, shape) in enumerate(sched if shares else []):
+            n = (sched[i + 1][0] if i + 1 < len(sched) else steps) - at
+            share = sum((sched[j + 1][0] if j + 1 < len(sched) else steps) - sched[j][0]
+                        for j in range(len(sched)) if sched[j][1] == shape) / steps
+            check(tps.get(shape, 0) >= 0.1 * share * total,
+                  "shape %s (%d steps from %d) shows %.3f s of %.3f s in the time per shape" %
+                  (shape, n, at, tps.get(shape, 0), total))
         same(ref, save)
     finally:
         shutil.rmtree(d, ignore_errors=True)
@@ -213,6 +235,16 @@ def test_intra():
 
 def test_pipeline():
     forced("pipe", "0:2x1,10:1x2,20:1x3", "seconds,N\n0,3\n600,3\n", ["pipeline"])
+
+
+def test_slow():
+    # Steps slow enough (a few tenths of a second) that the loop orders the next forced shape
+    # before the running epoch's first step is reported: each migration still gets its own
+    # stall, measured parts and reason, and each shape its training time (they went to the
+    # next migration, and the shape between showed ~0 s, when the loop looked for first steps
+    # only once the next epoch ran).
+    forced("slow", "0:1x2,4:2x1,8:1x2", "seconds,N\n0,2\n600,2\n", ["pipeline"], steps=12,
+           model="{layers: 4, hidden: 256, heads: 4, vocab: 64, seq_len: 64}", shares=True)
 
 
 def test_reshard():
@@ -301,8 +333,11 @@ def test_central():
             if j and j["state"] not in ("running", "pending"):
                 with open(os.path.join(d, "run.err")) as f:
                     sys.stdout.write("".join(l for l in f if " loop: " in l)[-6000:])
-                raise Fail("the job is %s at step %d before %d %s (want step >= %d)" %
-                           (j["state"], j["step"], n, kind, step))
+                raise Fail("the job is %s at step %d before %d %s (want step >= %d); it "
+                           "counted %s; its events: %s" %
+                           (j["state"], j["step"], n, kind, step,
+                            {k: v["count"] for k, v in j["migrations"].items()},
+                            http_get(base, "/v1/events")[-3000:]))
             return j if (j and j["migrations"][kind]["count"] >= n and j["step"] >= step and
                          j["state"] == "running") else None
 
@@ -1563,7 +1598,7 @@ def test_tls():
         shutil.rmtree(d, ignore_errors=True)
 
 
-TESTS = {"tls": test_tls, "auth": test_auth, "restart": test_restart, "standalone": test_standalone, "central": test_central, "intra": test_intra, "inter": test_inter,
+TESTS = {"tls": test_tls, "auth": test_auth, "restart": test_restart, "standalone": test_standalone, "central": test_central, "slow": test_slow, "intra": test_intra, "inter": test_inter,
          "pipeline": test_pipeline, "reshard": test_reshard, "input": test_input,
          "peer": test_peer, "zone": test_zone, "refused": test_refused, "mitm": test_mitm}
 
