@@ -7,6 +7,7 @@
 #include <inttypes.h>
 #include <jansson.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -118,6 +119,65 @@ static void drop_work(struct worker_engine *e) {
     e->work = worker__work_free(e->work, nowned(&e->cur));
 }
 
+static void drop_spare(struct worker_engine *e) {
+    e->spare = worker__work_free(e->spare, e->spare_n);
+    e->spare_lo = e->spare_n = 0;
+}
+
+/* The current view's work buffers, from the spare's where they fit (the spare goes). */
+static int work_make(struct worker_engine *e, bool touch) {
+    int r = worker__work_new(e, &e->cur, touch, e->spare, e->spare_lo, e->spare_n, &e->work);
+    drop_spare(e);
+    return r;
+}
+
+/* A reshape made ready ahead of its boundary (worker_engine_reshape_prepare): the new
+ * position's view, sharing what it keeps with the current one, its own buffers allocated and
+ * written page by page on a thread of their own while steps run on. (The step's work buffers
+ * are not: on two busy cores, faulting in those too while two workers trained took 10 s where
+ * it takes 1 s at the boundary, and the boundary waited for it.) */
+struct engine_prep {
+    pthread_t th;
+    const struct worker_engine *e; /* read: cfg, and cur's buffer pointers (not contents) */
+    struct worker_layout layout;
+    int stage, replica;
+    struct engine_view view;
+    int rc;
+};
+
+static void *prep_main(void *arg) {
+    struct engine_prep *p = arg;
+    const struct worker_engine *e = p->e;
+    p->rc = worker__view_init(&p->view, &e->cfg, &p->layout, p->stage, p->replica, NULL,
+                              &e->cur);
+    if (p->rc == 0 && p->stage >= 0)
+        worker__view_touch(&p->view, &e->cur, &e->cfg.model);
+    return NULL;
+}
+
+/* Waits for the preparation and takes it: 0 with *ret_view when it is of this position, else
+ * frees it and returns -ENOENT. e->prep is NULL after. */
+static int prep_take(struct worker_engine *e, const struct worker_layout *layout, int stage,
+                     int replica, struct engine_view *ret_view) {
+    struct engine_prep *p = e->prep;
+    if (!p)
+        return -ENOENT;
+    e->prep = NULL;
+    pthread_join(p->th, NULL);
+    bool same = p->rc == 0 && layout && p->stage == stage && p->replica == replica &&
+                p->layout.dp == layout->dp && p->layout.pp == layout->pp;
+    for (int s = 0; same && s <= layout->pp; s++)
+        same = p->layout.stage_lo[s] == layout->stage_lo[s];
+    if (same) {
+        *ret_view = p->view;
+    } else {
+        worker__view_unshare(&p->view, &e->cur);
+        worker__view_done(&p->view);
+    }
+    st_free(p);
+    return same ? 0 : -ENOENT;
+}
+
 /* Validates a position against the config and its comm. */
 static int check_position(const struct worker_train_config *cfg,
                           const struct worker_layout *layout, int stage, int replica,
@@ -175,7 +235,9 @@ out:
 struct worker_engine *worker_engine_free(struct worker_engine *e) {
     if (!e)
         return NULL;
+    (void)prep_take(e, NULL, 0, 0, NULL);
     drop_work(e);
+    drop_spare(e);
     worker__view_unshare(&e->old, &e->cur);
     worker__view_done(&e->cur);
     worker__view_done(&e->old);
@@ -376,7 +438,7 @@ int worker_engine_step(struct worker_engine *e, uint64_t step, double *ret_loss)
     if (v->stage < 0 || e->old.valid)
         return -EINVAL;
     if (!e->work)
-        TRY(worker__work_new(e, &e->work));
+        TRY(work_make(e, false));
     struct engine_work *w = e->work;
     for (int i = 0; i < v->hi - v->lo; i++)
         memset(w->acc[i], 0, v->layers[i].n * sizeof(double));
@@ -450,7 +512,10 @@ int worker_engine_reshape_begin(struct worker_engine *e, const struct worker_lay
      * position does not change copies nothing and touches no new memory. Only what changes
      * is allocated and filled from the old view here or by the transfers. */
     struct engine_view nv;
-    TRY(worker__view_init(&nv, &e->cfg, layout, stage, replica, comm, &e->cur));
+    if (prep_take(e, layout, stage, replica, &nv) == 0)
+        nv.comm = comm;
+    else
+        TRY(worker__view_init(&nv, &e->cfg, layout, stage, replica, comm, &e->cur));
     size_t n0 = kern_layer_param_count(&e->cfg.model, 0);
     for (int l = nv.lo; l < nv.hi && stage >= 0; l++) {
         struct engine_layer *N = &nv.layers[l - nv.lo];
@@ -465,9 +530,46 @@ int worker_engine_reshape_begin(struct worker_engine *e, const struct worker_lay
             memcpy(N->param, e->cur.tied0, n0 * sizeof(float));
         }
     }
-    drop_work(e);
+    drop_spare(e);
+    e->spare = e->work; /* its layers' buffers go to the new view's work (work_make) */
+    e->spare_lo = e->cur.lo;
+    e->spare_n = nowned(&e->cur);
+    e->work = NULL;
     e->old = e->cur;
     e->cur = nv;
+    return 0;
+}
+
+int worker_engine_ready(struct worker_engine *e) {
+    TRY(engine_check(e));
+    if (e->cur.stage < 0 || e->old.valid || e->work)
+        return 0;
+    return work_make(e, true);
+}
+
+int worker_engine_reshape_prepare(struct worker_engine *e, const struct worker_layout *layout,
+                                  int stage, int replica) {
+    TRY(engine_check(e));
+    if (e->old.valid)
+        return -EBUSY;
+    if (!layout || worker_layout_check(layout, kern_num_layers(&e->cfg.model)) < 0 ||
+        stage < -1 || stage >= layout->pp || (stage >= 0 && (replica < 0 ||
+                                                             replica >= layout->dp)))
+        return -EINVAL;
+    (void)prep_take(e, NULL, 0, 0, NULL); /* an older one: another position */
+    struct engine_prep *p = st_calloc(1, sizeof(*p));
+    if (!p)
+        return -ENOMEM;
+    p->e = e;
+    p->layout = *layout;
+    p->stage = stage;
+    p->replica = replica;
+    int r = pthread_create(&p->th, NULL, prep_main, p);
+    if (r != 0) {
+        st_free(p);
+        return -r;
+    }
+    e->prep = p;
     return 0;
 }
 
@@ -489,6 +591,9 @@ int worker_engine_reshape_abort(struct worker_engine *e) {
     worker__view_done(&e->cur);
     e->cur = e->old;
     memset(&e->old, 0, sizeof(e->old));
+    e->work = e->spare; /* the old view's own, untouched since the begin */
+    e->spare = NULL;
+    e->spare_lo = e->spare_n = 0;
     return 0;
 }
 

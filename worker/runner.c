@@ -80,6 +80,7 @@ struct runner {
     double first_from;        /* st_now() the stall of first_epoch counts from */
     uint64_t rolled_back;     /* steps the last peer-copy rollback undid (to be replayed) */
     double pc_reported;       /* st_now() a copy last asked for an immediate Report */
+    uint64_t prepared;        /* epoch whose reshape the engine was asked to make ready */
 };
 
 /* ---- rendezvous ---------------------------------------------------------------------------- */
@@ -390,6 +391,7 @@ static int apply_fresh(struct runner *R, const Spottrain__V1__Command *cmd, cons
                          (unsigned long long)cf->start_step);
         goto out;
     }
+    TRY_GOTO(worker_engine_ready(eng), r, out); /* in the stall, not in the first step */
     R->eng = eng;
     R->comm = comm;
     eng = NULL;
@@ -595,6 +597,10 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
     if (reshaped)
         TRY_GOTO(worker_engine_reshape_commit(R->eng), r, out);
     reshaped = false;
+    /* The step's buffers now, inside the stall (the commit part), not in the first step,
+     * whose time the stall subtracts. */
+    if (cfg)
+        TRY_GOTO(worker_engine_ready(R->eng), r, out);
     R->comm = mig_comm_free(R->comm);
     R->comm = comm; /* a send-only worker keeps it open too: its peers may still be reading */
     comm = NULL;
@@ -829,8 +835,28 @@ static bool try_reconfigure(struct runner *R) {
         return true;
     }
     bool have_state = R->eng != NULL;
-    if (have_state && R->done < at)
-        return false; /* train up to the boundary first */
+    if (have_state && R->done < at) {
+        /* Train up to the boundary first; meanwhile the engine makes our new position's
+         * memory ready on a thread of its own (worker_engine_reshape_prepare), so the
+         * boundary finds it allocated and faulted in. Only an optimization: a failure here
+         * leaves the reshape to allocate at the boundary, as it would have. */
+        if (R->pcfg && R->prepared != R->pmig->epoch && !R->failed &&
+            R->epoch + 1 == R->pmig->epoch && R->pcfg->configure->shape) {
+            const Spottrain__V1__Configure *cf = R->pcfg->configure;
+            struct worker_layout lay;
+            R->prepared = R->pmig->epoch;
+            if (layout_build(R, (int)cf->shape->dp, (int)cf->shape->pp, split, nsplit, pl.p,
+                             pl.n, cf, &lay) == 0) {
+                int r = worker_engine_reshape_prepare(R->eng, &lay, (int)cf->stage,
+                                                      (int)cf->replica);
+                if (r < 0)
+                    st_log(ST_LOG_WARN, "runner", "Epoch %llu: could not prepare the "
+                           "reshape ahead of step %llu: %s", (unsigned long long)R->pmig->epoch,
+                           (unsigned long long)at, st_strerror(r));
+            }
+        }
+        return false;
+    }
     if (have_state && R->done > at) {
         notice(R, "reconfig-failed", "epoch=%llu: boundary %llu already passed (at %llu)",
                (unsigned long long)R->pmig->epoch, (unsigned long long)at,

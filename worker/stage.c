@@ -98,6 +98,16 @@ out:
     return r;
 }
 
+/* Writes one byte of every page of a buffer of fresh memory (zero: a calloc'd buffer stays
+ * zero, a malloc'd one is written before it is read). */
+static void touch(void *p, size_t bytes) {
+    volatile unsigned char *c = p;
+    for (size_t i = 0; c && i < bytes; i += 4096)
+        c[i] = 0;
+    if (c && bytes)
+        c[bytes - 1] = 0;
+}
+
 static bool holds(const struct engine_view *v, const float *p) {
     if (!p || !v || !v->valid)
         return false;
@@ -107,6 +117,22 @@ static bool holds(const struct engine_view *v, const float *p) {
         if (p == v->layers[i].param || p == v->layers[i].m || p == v->layers[i].v)
             return true;
     return false;
+}
+
+void worker__view_touch(const struct engine_view *v, const struct engine_view *share,
+                        const struct kern_config *model) {
+    for (int i = 0; v->valid && v->stage >= 0 && i < v->hi - v->lo; i++) {
+        const struct engine_layer *L = &v->layers[i];
+        size_t ns = ST_MAX(L->hi - L->lo, 1);
+        if (!holds(share, L->param))
+            touch(L->param, L->n * sizeof(float));
+        if (!holds(share, L->m))
+            touch(L->m, ns * sizeof(float));
+        if (!holds(share, L->v))
+            touch(L->v, ns * sizeof(float));
+    }
+    if (v->valid && v->tied0 && !holds(share, v->tied0))
+        touch(v->tied0, kern_layer_param_count(model, 0) * sizeof(float));
 }
 
 void worker__view_unshare(struct engine_view *v, const struct engine_view *keep) {
@@ -168,9 +194,25 @@ struct engine_work *worker__work_free(struct engine_work *w, int nowned) {
     return NULL;
 }
 
-/* Sizes every buffer of a step from the current view. Caller frees with worker__work_free. */
-int worker__work_new(const struct worker_engine *e, struct engine_work **ret) {
-    const struct engine_view *v = &e->cur;
+/* Sizes every buffer of a step from view v of e (only e->cfg is read from e), with every page
+ * written when t (worker_engine_ready: the faults then happen now, not in the first step).
+ * Caller frees with worker__work_free. */
+static void *wmalloc(size_t bytes, bool t) {
+    void *p = st_malloc(bytes);
+    if (t)
+        touch(p, bytes);
+    return p;
+}
+
+static void *wcalloc(size_t n, size_t size, bool t) {
+    void *p = st_calloc(n, size);
+    if (t)
+        touch(p, n * size);
+    return p;
+}
+
+int worker__work_new(const struct worker_engine *e, const struct engine_view *v, bool t,
+                     struct engine_work *d, int d_lo, int d_n, struct engine_work **ret) {
     const struct kern_config *mc = &e->cfg.model;
     int B = e->cfg.micro_batch, T = mc->seq_len, C = mc->channels, V = mc->vocab;
     int nowned = v->hi - v->lo;
@@ -190,18 +232,18 @@ int worker__work_new(const struct worker_engine *e, struct engine_work **ret) {
         TRY_GOTO(-ENOMEM, r, out);
     for (int s = 0; s < w->nslots; s++) {
         struct engine_slot *sl = &w->slots[s];
-        sl->tokens = st_malloc(BT * sizeof(int));
-        sl->targets = st_malloc(BT * sizeof(int));
+        sl->tokens = wmalloc(BT * sizeof(int), t);
+        sl->targets = wmalloc(BT * sizeof(int), t);
         sl->acts = st_calloc((size_t)nowned, sizeof(float *));
         sl->out = st_calloc((size_t)nowned, sizeof(float *));
         if (!sl->tokens || !sl->targets || !sl->acts || !sl->out)
             TRY_GOTO(-ENOMEM, r, out);
-        if (!first && !(sl->in = st_malloc(BTC * sizeof(float))))
+        if (!first && !(sl->in = wmalloc(BTC * sizeof(float), t)))
             TRY_GOTO(-ENOMEM, r, out);
         for (int i = 0; i < nowned; i++) {
             size_t na = kern_layer_act_count(mc, v->lo + i, B);
-            sl->acts[i] = st_malloc(ST_MAX(na, 1) * sizeof(float));
-            sl->out[i] = st_malloc(BTC * sizeof(float));
+            sl->acts[i] = wmalloc(ST_MAX(na, 1) * sizeof(float), t);
+            sl->out[i] = wmalloc(BTC * sizeof(float), t);
             if (!sl->acts[i] || !sl->out[i])
                 TRY_GOTO(-ENOMEM, r, out);
         }
@@ -209,26 +251,43 @@ int worker__work_new(const struct worker_engine *e, struct engine_work **ret) {
     size_t maxshard = 1;
     for (int i = 0; i < nowned; i++) {
         const struct engine_layer *L = &v->layers[i];
-        w->grad[i] = st_calloc(L->n, sizeof(float));
-        w->acc[i] = st_calloc(L->n, sizeof(double));
+        int k = L->layer - d_lo; /* the donor's buffers of this layer: between steps a
+                                  * gradient buffer is zero, an accumulator is reset */
+        if (d && k >= 0 && k < d_n && d->grad && d->acc && d->grad[k] && d->acc[k]) {
+            w->grad[i] = d->grad[k];
+            w->acc[i] = d->acc[k];
+            d->grad[k] = NULL;
+            d->acc[k] = NULL;
+        } else {
+            w->grad[i] = wcalloc(L->n, sizeof(float), t);
+            w->acc[i] = wcalloc(L->n, sizeof(double), t);
+        }
         if (!w->grad[i] || !w->acc[i])
             TRY_GOTO(-ENOMEM, r, out);
         maxshard = ST_MAX(maxshard, L->hi - L->lo);
     }
+    if (last && d && d->grad_head && d->acc_head) {
+        w->grad_head = d->grad_head;
+        w->acc_head = d->acc_head;
+        d->grad_head = NULL;
+        d->acc_head = NULL;
+    }
     if (last) {
-        w->grad_head = st_calloc(VC, sizeof(float));
-        w->acc_head = st_calloc(VC, sizeof(double));
-        w->logits = st_malloc(BT * V * sizeof(float));
+        if (!w->grad_head)
+            w->grad_head = wcalloc(VC, sizeof(float), t);
+        if (!w->acc_head)
+            w->acc_head = wcalloc(VC, sizeof(double), t);
+        w->logits = wmalloc(BT * V * sizeof(float), t);
         w->losses = st_malloc(BT * sizeof(float));
         if (!w->grad_head || !w->acc_head || !w->logits || !w->losses)
             TRY_GOTO(-ENOMEM, r, out);
     }
-    if (first && !last && !(w->recv_head = st_malloc(VC * sizeof(double))))
+    if (first && !last && !(w->recv_head = wmalloc(VC * sizeof(double), t)))
         TRY_GOTO(-ENOMEM, r, out);
-    w->dbuf[0] = st_malloc(BTC * sizeof(float));
-    w->dbuf[1] = st_malloc(BTC * sizeof(float));
-    w->scratch = st_malloc(kern_scratch_count(mc, B) * sizeof(float));
-    w->gshard = st_malloc(maxshard * sizeof(float));
+    w->dbuf[0] = wmalloc(BTC * sizeof(float), t);
+    w->dbuf[1] = wmalloc(BTC * sizeof(float), t);
+    w->scratch = wmalloc(kern_scratch_count(mc, B) * sizeof(float), t);
+    w->gshard = wmalloc(maxshard * sizeof(float), t);
     w->norm_parts = st_calloc(WORKER_NORM_SLOTS, sizeof(double));
     w->sample = st_malloc(((size_t)T + 1) * sizeof(uint16_t));
     if (!w->dbuf[0] || !w->dbuf[1] || !w->scratch || !w->gshard || !w->norm_parts ||

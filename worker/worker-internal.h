@@ -68,6 +68,12 @@ struct worker_engine {
     struct engine_view cur;
     struct engine_view old;   /* valid only between reshape_begin and commit/abort */
     struct engine_work *work; /* NULL until the first step after (re)configuration */
+    struct engine_prep *prep; /* a reshape's memory, made ready while steps run; or NULL */
+    /* The old view's work buffers after a reshape_begin: its layers' gradient buffers and
+     * the head's go to the new work buffers of the same layers (sizes depend on the layer
+     * alone), the rest is freed when those are made; an abort takes them back. */
+    struct engine_work *spare;
+    int spare_lo, spare_n;
 };
 
 /* stage.c */
@@ -80,6 +86,10 @@ struct worker_engine {
 int worker__view_init(struct engine_view *v, const struct worker_train_config *cfg,
                       const struct worker_layout *layout, int stage, int replica,
                       struct mig_comm *comm, const struct engine_view *share);
+/* Writes every page of v's own buffers (not those share holds too), so that the first
+ * use does not fault them in: what a reshape prepared ahead of its boundary touches. */
+void worker__view_touch(const struct engine_view *v, const struct engine_view *share,
+                        const struct kern_config *model);
 /* Forgets (without freeing) every buffer of v that keep holds too, so that
  * worker__view_done(v) frees only v's own. */
 void worker__view_unshare(struct engine_view *v, const struct engine_view *keep);
@@ -89,7 +99,9 @@ void worker__view_done(struct engine_view *v);
 struct engine_layer *worker__view_layer(struct engine_view *v, int layer);
 /* Sizes the work buffers of a step for e's current view. Caller frees with
  * worker__work_free(w, owned layer count). Returns 0 or -ENOMEM. */
-int worker__work_new(const struct worker_engine *e, struct engine_work **ret);
+int worker__work_new(const struct worker_engine *e, const struct engine_view *v, bool touch,
+                     struct engine_work *donor, int donor_lo, int donor_n,
+                     struct engine_work **ret);
 /* NULL-safe; returns NULL. */
 /* Adds the squares of x[0..n) exactly into limb[WORKER_NORM_SLOTS] (fixed point, 32-bit
  * limbs; the last two slots count NaN and infinite squares). Limbs of several accumulators

@@ -140,6 +140,20 @@ int worker_engine_reshape_begin(struct worker_engine *e, const struct worker_lay
                                 int stage, int replica, struct mig_comm *comm);
 int worker_engine_reshape_commit(struct worker_engine *e);
 int worker_engine_reshape_abort(struct worker_engine *e);
+/* Makes a reshape to (layout, stage, replica) ready while steps run on: a thread allocates the
+ * buffers the new position does not share with the current one and writes every page of
+ * them, so that a later reshape_begin of that position finds them ready (it waits for the
+ * thread): on a machine where fresh memory costs ~0.5 ms per MB that was most of a large
+ * model's stall. Contents are still copied at reshape_begin (they change with every step).
+ * A begin of another position, or worker_engine_free, discards it. Returns 0, -EBUSY
+ * mid-reshape, -EINVAL, -ENOMEM or a thread error; failure only means no preparation. */
+int worker_engine_reshape_prepare(struct worker_engine *e, const struct worker_layout *layout,
+                                  int stage, int replica);
+/* Allocates the work buffers of a step now (else the first step does): a reconfiguration
+ * calls it before it ends, so that the new epoch's first step is an ordinary one and the
+ * stall, which subtracts the first steps' median, counts the allocation. 0 or -ENOMEM;
+ * nothing to do for a spare, mid-reshape, or when they exist. */
+int worker_engine_ready(struct worker_engine *e);
 
 /* Checkpoint save: gathers the moment shards to replica 0 of each stage, which writes its
  * layers' files (PARAM, ADAM_M, ADAM_V of every tensor, full) into dir; then position

@@ -354,6 +354,10 @@ static void *reshape_thread(void *p) {
         goto out;
     if ((r = worker_engine_new(&cfg, &l2, 0, rank, comm, tokens, &e)) < 0)
         goto out;
+    /* The new position's memory is made ready while the steps run (a thread of its own); the
+     * begin below takes it, and the contents still come out equal. */
+    if ((r = worker_engine_reshape_prepare(e, &l1, rank == 0 ? 0 : -1, 0)) < 0)
+        goto out;
     for (int s = 0; s < 2 && r >= 0; s++)
         r = worker_engine_step(e, (uint64_t)s, NULL);
     if (r < 0)
@@ -505,7 +509,30 @@ static int test_bad_arguments(void) {
     ASSERT_OK(worker_engine_reshape_abort(e));
     ASSERT_OK(worker_engine_step(e, 1, NULL));
     ASSERT_OK(worker_engine_reshape_begin(e, &l, 0, 0, NULL));
+    ASSERT_ERR(worker_engine_reshape_prepare(e, &l, 0, 0), -EBUSY);
     worker_engine_free(e); /* in the middle of a reshape */
+    e = NULL;
+    ASSERT_OK(worker_engine_new(&cfg, &l, 0, 0, NULL, tokens, &e));
+    /* A prepared reshape: taken by the begin of its position, discarded by another's, by a
+     * newer preparation, or by free (while its thread may still run). */
+    ASSERT_ERR(worker_engine_reshape_prepare(e, NULL, 0, 0), -EINVAL);
+    ASSERT_ERR(worker_engine_reshape_prepare(e, &l, 1, 0), -EINVAL);
+    ASSERT_OK(worker_engine_reshape_prepare(e, &l, 0, 0));
+    ASSERT_OK(worker_engine_step(e, 2, NULL));
+    ASSERT_OK(worker_engine_reshape_begin(e, &l, 0, 0, NULL));
+    ASSERT_OK(worker_engine_layer(e, WORKER_VIEW_OLD, 1, &ob));
+    ASSERT_OK(worker_engine_layer(e, WORKER_VIEW_CURRENT, 1, &b));
+    ASSERT_TRUE(b.param == ob.param && b.adam_m == ob.adam_m);
+    ASSERT_OK(worker_engine_reshape_commit(e));
+    ASSERT_OK(worker_engine_ready(e));
+    ASSERT_OK(worker_engine_step(e, 3, NULL));
+    ASSERT_OK(worker_engine_reshape_prepare(e, &l, -1, 0));
+    ASSERT_OK(worker_engine_reshape_prepare(e, &l, 0, 0)); /* replaces the spare's */
+    ASSERT_OK(worker_engine_reshape_begin(e, &l, -1, 0, NULL)); /* not the prepared one */
+    ASSERT_OK(worker_engine_reshape_abort(e));
+    ASSERT_OK(worker_engine_step(e, 4, NULL)); /* the old view's work came back */
+    ASSERT_OK(worker_engine_reshape_prepare(e, &l, 0, 0));
+    worker_engine_free(e);
     e = NULL;
     ASSERT_OK(worker_engine_new(&cfg, &l, 0, 0, NULL, tokens, &e));
     /* Loading a checkpoint of another model fails and names it. */
