@@ -83,7 +83,7 @@ spec:
     time_scale: {scale}
     notice: {notice}
     unannounced: {unannounced}
-  planner: {{interval: 60s, {planner}}}
+  planner: {{interval: {interval}, {planner}}}
   checkpoint: {{interval: {ckpt}, keep: 2}}
 """
 
@@ -107,14 +107,15 @@ TINY = "{layers: 2, hidden: 32, heads: 2, vocab: 64, seq_len: 16}"
 
 
 def write_job(d, name, steps, trace, scale=0.02, notice="120s", unannounced=0,
-              planner="dp: {min: 1, max: 8}", ckpt="600s", extra="", model=TINY):
+              planner="dp: {min: 1, max: 8}", ckpt="600s", extra="", model=TINY,
+              interval="60s"):
     with open(os.path.join(d, "trace.csv"), "w") as f:
         f.write(trace)
     path = os.path.join(d, "job.yaml")
     with open(path, "w") as f:
         f.write(SPEC.format(name=name, steps=steps, scale=scale, notice=notice,
                             unannounced=unannounced, planner=planner, ckpt=ckpt,
-                            model=model) + extra)
+                            model=model, interval=interval) + extra)
     return path
 
 
@@ -300,8 +301,10 @@ def test_central():
     proc = None
     try:
         steps, every = 4000, 25
+        # Decisions only on changes of membership (a day between planned ones): under load the
+        # fitted step times can make a 1x2 look better than the 2x2 on its own, at any tick.
         job = write_job(d, "central", steps, "seconds,N\n0,8\n",
-                        planner="dp: {min: 1, max: 2}, pp: 2", ckpt="20s",
+                        planner="dp: {min: 1, max: 2}, pp: 2", ckpt="20s", interval="1d",
                         extra="  fault_tolerance: {peer_copy_every: %d}\n" % every)
         ref = reference(d, job, steps)
         save, summ = os.path.join(d, "save"), os.path.join(d, "summary.json")
@@ -382,13 +385,23 @@ def test_central():
         signal_(signal.SIGKILL, positions()[3])
         j = wait_for("the peer restore trained on",
                      lambda: counted("peer_restore", 1, j["step"] + 3 * every), 90)
-        # 4. A notice without a spare: the 2x2 shrinks to 1x2.
-        noticed = positions()[1]
-        signal_(signal.SIGTERM, noticed)
-        j = wait_for("the intra-stage migration trained on",
-                     lambda: counted("intra_stage", 1, j["step"] + every), 90)
-        check(noticed not in positions(), "the noticed worker still holds a position")
-        signal_(signal.SIGKILL, noticed)
+        # 4. A notice without a spare: the 2x2 shrinks to 1x2. The loss of step 3 changed the
+        # membership, so the planner decided again: with no spare left, the measured step
+        # times of a loaded machine can make it shrink to 1x2 itself (the same intra-stage
+        # migration, a liveput decision); then there is nothing left for a notice to do.
+        j = job()
+        if j["shape"] == {"dp": 2, "pp": 2}:
+            noticed = positions()[1]
+            signal_(signal.SIGTERM, noticed)
+            j = wait_for("the intra-stage migration trained on",
+                         lambda: counted("intra_stage", 1, j["step"] + every), 90)
+            check(noticed not in positions(), "the noticed worker still holds a position")
+            signal_(signal.SIGKILL, noticed)
+        else:
+            check(j["shape"] == {"dp": 1, "pp": 2}, "after the peer restore: %r" % j["shape"])
+            j = wait_for("the planner's intra-stage migration trained on",
+                         lambda: counted("intra_stage", 1, j["step"] + every), 90)
+            print("the planner shrank to 1x2 itself after the peer restore")
 
         out, _ = proc.communicate(timeout=150)
         err.close()
