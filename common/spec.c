@@ -220,6 +220,7 @@ static const struct field planner_fields[] = {
     {"dp", F_SHAPE, OFF(planner.dp), 0, 1, 4096, NULL, &dp_range_table, 0, NULL},
     {"pp", F_SHAPE, OFF(planner.pp), 0, 1, 1024, NULL, &pp_range_table, 0, NULL},
     {"wait_limit", F_DURATION, OFF(planner.wait_limit), 0, 0, 1e7, NULL, NULL, MIN_EXCL, NULL},
+    {"learn", F_BOOL, OFF(planner.learn), 0, 0, 0, NULL, NULL, 0, NULL},
 };
 static const struct table planner_table = TABLE(planner_fields);
 
@@ -1416,6 +1417,7 @@ void st_spec_defaults(struct st_spec *spec) {
     spec->planner.lookahead = 12;
     snprintf(spec->planner.predictor, sizeof(spec->planner.predictor), "notice");
     spec->planner.wait_limit = 1800;
+    spec->planner.learn = true;
     spec->checkpoint.interval = 1800;
     spec->checkpoint.keep = 2;
     /* Measured on the quickstart (8 CPU workers on 2 cores, `SPOTTRAIN_DEBUG=info spottrain
@@ -1762,6 +1764,7 @@ char *st_spec_to_json(const struct st_spec *spec) {
     jset(planner, "pp", shape_json(spec->planner.pp, spec->planner.pp_min, spec->planner.pp_max,
                                    &ok), &ok);
     jset(planner, "wait_limit", json_real(spec->planner.wait_limit), &ok);
+    jset(planner, "learn", json_boolean(spec->planner.learn), &ok);
     jset(sp, "planner", planner, &ok);
 
     jset(ckpt, "dir", json_string(spec->checkpoint.dir), &ok);

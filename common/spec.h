@@ -151,6 +151,8 @@ struct st_spec_planner {
     double wait_limit;    /* seconds of cloud time the job may wait for a fleet that can
                            * host a feasible shape before it stops with an error (default
                            * 1800) */
+    bool learn;           /* decide on the cost model fitted to the job's measured steps and
+                           * migrations (default true); false: on the spec's fleet figures */
 };
 
 struct st_spec_checkpoint {

@@ -571,6 +571,13 @@ static enum plan_meas_kind meas_kind(enum coord_loop_kind k) {
                                         : PLAN_MEAS_INTRA;
 }
 
+/* The cost model decisions are taken on: the fitted one, unless the spec says
+ * planner.learn: false (then the spec's fleet figures; the fit still predicts, for the
+ * summary's predicted-against-measured figures). */
+static const struct plan_cost *decide_cost(const struct coord_loop *L) {
+    return L->fit && L->cfg.spec.planner.learn ? plan_fit_cost(L->fit) : L->cfg.cost;
+}
+
 /* Feeds the steps measured since the last call (their mean) to the fit. */
 static void cm_feed(struct coord_loop *L) {
     pthread_mutex_lock(&L->lock);
@@ -734,7 +741,7 @@ static void choose_shape(struct coord_loop *L, int n, uint64_t at, const struct 
         struct plan_decision d;
         cm_feed(L);
         double t0 = st_now();
-        int r = plan_decide(L->fit ? plan_fit_cost(L->fit) : L->cfg.cost, &sit, &o, &d);
+        int r = plan_decide(decide_cost(L), &sit, &o, &d);
         decided = st_now() - t0;
         consulted = true;
         if (r == 0 && d.shape.dp > 0) {
@@ -771,7 +778,7 @@ static void choose_shape(struct coord_loop *L, int n, uint64_t at, const struct 
         struct coord_planner_decision pd = {
             .dp = dp, .pp = pp, .at_step = at, .decide_seconds = decided,
             .expected_samples_per_s =
-                dp > 0 ? plan_cost_throughput(L->fit ? plan_fit_cost(L->fit) : L->cfg.cost, dp,
+                dp > 0 ? plan_cost_throughput(decide_cost(L), dp,
                                               pp) : 0,
         };
         snprintf(pd.reason, sizeof(pd.reason), "%s", why);

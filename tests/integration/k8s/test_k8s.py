@@ -358,7 +358,11 @@ class Coordinator:
 
     def wait(self):
         try:
-            return self.p.wait(TIMEOUT)
+            rc = self.p.wait(TIMEOUT)
+            # The process is gone, but its last lines may still be in the pipe: saw() after
+            # wait() must see them (under load the reader thread was behind).
+            self.thread.join(TIMEOUT)
+            return rc
         except subprocess.TimeoutExpired:
             self.p.kill()
             self.p.wait()
@@ -366,7 +370,9 @@ class Coordinator:
 
     def wait_long(self, timeout):
         try:
-            return self.p.wait(timeout)
+            rc = self.p.wait(timeout)
+            self.thread.join(TIMEOUT)
+            return rc
         except subprocess.TimeoutExpired:
             fail("coordinator did not finish within %.0f s" % timeout)
 

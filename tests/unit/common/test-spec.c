@@ -66,6 +66,8 @@ static const struct bad_case bad_cases[] = {
      "spec.training.steps", "expected an integer, found a list"},
     {BASE "  planner: {lookahead: 0}\n", 1, 10, 24, "spec.planner.lookahead",
      "must be between 1 and 1000, found 0"},
+    {BASE "  planner: {learn: maybe}\n", 1, 10, 20, "spec.planner.learn",
+     "expected true or false, found 'maybe'"},
     {BASE "  fleet2: 1\n  planner: {interval: soon}\n", 2, 10, 3, "spec",
      "unknown key 'fleet2' (did you mean 'fleet'?)"},
     {BASE "  planner: {interval: soon}\n", 1, 10, 23, "spec.planner.interval",
@@ -510,6 +512,7 @@ static int test_defaults(void) {
     ASSERT_EQ(s.fleet.gpu_memory, 16ull << 30);
     ASSERT_NEAR(s.planner.interval, 60, 0, 0);
     ASSERT_EQ(s.planner.lookahead, 12);
+    ASSERT_TRUE(s.planner.learn);
     ASSERT_STREQ(s.planner.predictor, "notice");
     ASSERT_EQ(s.planner.dp, 0);
     ASSERT_EQ(s.planner.pp, 0);
@@ -953,7 +956,7 @@ static int test_provider_notice(void) {
 
 /* Positions kept for checks made after parsing (st_spec_where), and planner.wait_limit. */
 static int test_where(void) {
-    static const char yaml[] = BASE "  planner: {dp: 2, wait_limit: 90s}\n";
+    static const char yaml[] = BASE "  planner: {dp: 2, wait_limit: 90s, learn: false}\n";
     struct st_spec *s = st_malloc(sizeof(*s));
     struct st_error errs[4];
     size_t nerrs = 0;
@@ -962,6 +965,7 @@ static int test_where(void) {
     ASSERT_TRUE(s);
     ASSERT_OK(st_spec_parse(inline_name, yaml, strlen(yaml), s, errs, 4, &nerrs));
     ASSERT_NEAR(s->planner.wait_limit, 90, 0, 1e-12);
+    ASSERT_FALSE(s->planner.learn);
     ASSERT_EQ(st_spec_where(s, "spec.planner.dp", &line, &col), 0);
     ASSERT_EQ(line, 10);
     ASSERT_EQ(col, 17);
