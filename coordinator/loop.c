@@ -104,7 +104,6 @@ struct reconf {
     double pred_step, pred_stall, pred_stall_dp; /* the fitted model's, when ordered */
     bool calibrated;           /* pred_step had measured steps behind it */
     char why[240];             /* the event line's tail: why this epoch (set at the order) */
-    bool trains_on;            /* a migration: the old epoch trains until the boundary */
 };
 
 struct coord_loop {
@@ -936,7 +935,6 @@ static int start_restore(struct coord_loop *L, const struct wv *v, size_t nv, do
         goto out;
     cm_epoch_end(L);
     shape_time(L, now);
-    L->rc.trains_on = false;
     memset(&L->rc.rec, 0, sizeof(L->rc.rec));
     L->rc.rec.epoch = epoch;
     L->rc.rec.at_step = step;
@@ -1224,7 +1222,6 @@ static int start_migrate(struct coord_loop *L, const struct wv *v, size_t nv, in
      * in its shape (counted when the reconfiguration ends). */
     if (ps)
         shape_time(L, now);
-    L->rc.trains_on = !ps;
     enum coord_loop_kind kind = plan->cls == PLAN_MIGCLASS_PIPELINE  ? COORD_LOOP_PIPELINE
                                 : plan->cls == PLAN_MIGCLASS_INTER_STAGE ? COORD_LOOP_INTER
                                                                          : COORD_LOOP_INTRA;
@@ -1553,8 +1550,8 @@ static void phase_reconf(struct coord_loop *L, const struct wv *v, size_t nv, do
         }
     }
     pthread_mutex_unlock(&L->lock);
-    if (L->rc.trains_on && (failed || done >= L->rc.npart))
-        shape_time(L, now);
+    if (loop_kind_is_migration(L->rc.rec.kind) && (failed || done >= L->rc.npart))
+        shape_time(L, now); /* the old shape trained until the boundary */
     if (!failed && done < L->rc.npart && now - L->rc.started > L->cfg.reconfig_timeout) {
         failed = true;
         snprintf(bad, sizeof(bad), "timed out after %.0f s", now - L->rc.started);

@@ -134,8 +134,8 @@ static int work_make(struct worker_engine *e, bool touch) {
 /* A reshape made ready ahead of its boundary (worker_engine_reshape_prepare): the new
  * position's view, sharing what it keeps with the current one, its own buffers allocated and
  * written page by page on a thread of their own while steps run on. (The step's work buffers
- * are not: on two busy cores, faulting in those too while two workers trained took 10 s where
- * it takes 1 s at the boundary, and the boundary waited for it.) */
+ * are not: tried on two cores busy with two training workers, faulting those in too took the
+ * thread far longer than doing it at the boundary, and the boundary waited for it.) */
 struct engine_prep {
     pthread_t th;
     const struct worker_engine *e; /* read: cfg, and cur's buffer pointers (not contents) */
@@ -178,18 +178,25 @@ static int prep_take(struct worker_engine *e, const struct worker_layout *layout
     return same ? 0 : -ENOENT;
 }
 
-/* Validates a position against the config and its comm. */
-static int check_position(const struct worker_train_config *cfg,
-                          const struct worker_layout *layout, int stage, int replica,
-                          struct mig_comm *comm) {
+/* Validates a position against the config (its layout, stage and replica). */
+static int check_layout_position(const struct worker_train_config *cfg,
+                                 const struct worker_layout *layout, int stage, int replica) {
     int nl = kern_num_layers(&cfg->model);
-    if (worker_layout_check(layout, nl) < 0)
+    if (!layout || worker_layout_check(layout, nl) < 0)
         return -EINVAL;
     if (stage < -1 || stage >= layout->pp || (stage >= 0 && (replica < 0 ||
                                                              replica >= layout->dp)))
         return -EINVAL;
     if (cfg->global_batch % (layout->dp * cfg->micro_batch) != 0)
         return -EINVAL;
+    return 0;
+}
+
+/* Validates a position against the config and its comm. */
+static int check_position(const struct worker_train_config *cfg,
+                          const struct worker_layout *layout, int stage, int replica,
+                          struct mig_comm *comm) {
+    TRY(check_layout_position(cfg, layout, stage, replica));
     if (!comm && layout->dp * layout->pp > 1)
         return -EINVAL;
     if (comm) {
@@ -552,10 +559,7 @@ int worker_engine_reshape_prepare(struct worker_engine *e, const struct worker_l
     TRY(engine_check(e));
     if (e->old.valid)
         return -EBUSY;
-    if (!layout || worker_layout_check(layout, kern_num_layers(&e->cfg.model)) < 0 ||
-        stage < -1 || stage >= layout->pp || (stage >= 0 && (replica < 0 ||
-                                                             replica >= layout->dp)))
-        return -EINVAL;
+    TRY(check_layout_position(&e->cfg, layout, stage, replica));
     (void)prep_take(e, NULL, 0, 0, NULL); /* an older one: another position */
     struct engine_prep *p = st_calloc(1, sizeof(*p));
     if (!p)

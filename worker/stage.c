@@ -21,10 +21,14 @@ int worker__rank(const struct engine_view *v, int stage, int replica) {
     return v->layout.ranks[stage * v->layout.dp + replica];
 }
 
-struct engine_layer *worker__view_layer(struct engine_view *v, int layer) {
-    if (!v->valid || v->stage < 0 || layer < v->lo || layer >= v->hi)
+static const struct engine_layer *view_layer_c(const struct engine_view *v, int layer) {
+    if (!v || !v->valid || v->stage < 0 || layer < v->lo || layer >= v->hi)
         return NULL;
     return &v->layers[layer - v->lo];
+}
+
+struct engine_layer *worker__view_layer(struct engine_view *v, int layer) {
+    return (struct engine_layer *)view_layer_c(v, layer);
 }
 
 void worker__view_done(struct engine_view *v) {
@@ -38,12 +42,6 @@ void worker__view_done(struct engine_view *v) {
     }
     st_free(v->tied0);
     memset(v, 0, sizeof(*v));
-}
-
-static const struct engine_layer *view_layer_c(const struct engine_view *v, int layer) {
-    if (!v || !v->valid || v->stage < 0 || layer < v->lo || layer >= v->hi)
-        return NULL;
-    return &v->layers[layer - v->lo];
 }
 
 /* A buffer of n floats: share's when it has one (n > 0), else a fresh zeroed one. */
@@ -194,9 +192,7 @@ struct engine_work *worker__work_free(struct engine_work *w, int nowned) {
     return NULL;
 }
 
-/* Sizes every buffer of a step from view v of e (only e->cfg is read from e), with every page
- * written when t (worker_engine_ready: the faults then happen now, not in the first step).
- * Caller frees with worker__work_free. */
+/* Allocations of work buffers, every page written when t. */
 static void *wmalloc(size_t bytes, bool t) {
     void *p = st_malloc(bytes);
     if (t)
@@ -211,6 +207,7 @@ static void *wcalloc(size_t n, size_t size, bool t) {
     return p;
 }
 
+/* See worker-internal.h. Only e->cfg is read from e. */
 int worker__work_new(const struct worker_engine *e, const struct engine_view *v, bool t,
                      struct engine_work *d, int d_lo, int d_n, struct engine_work **ret) {
     const struct kern_config *mc = &e->cfg.model;
@@ -266,17 +263,16 @@ int worker__work_new(const struct worker_engine *e, const struct engine_view *v,
             TRY_GOTO(-ENOMEM, r, out);
         maxshard = ST_MAX(maxshard, L->hi - L->lo);
     }
-    if (last && d && d->grad_head && d->acc_head) {
-        w->grad_head = d->grad_head;
-        w->acc_head = d->acc_head;
-        d->grad_head = NULL;
-        d->acc_head = NULL;
-    }
     if (last) {
-        if (!w->grad_head)
+        if (d && d->grad_head && d->acc_head) {
+            w->grad_head = d->grad_head;
+            w->acc_head = d->acc_head;
+            d->grad_head = NULL;
+            d->acc_head = NULL;
+        } else {
             w->grad_head = wcalloc(VC, sizeof(float), t);
-        if (!w->acc_head)
             w->acc_head = wcalloc(VC, sizeof(double), t);
+        }
         w->logits = wmalloc(BT * V * sizeof(float), t);
         w->losses = st_malloc(BT * sizeof(float));
         if (!w->grad_head || !w->acc_head || !w->logits || !w->losses)

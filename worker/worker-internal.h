@@ -97,8 +97,12 @@ void worker__view_unshare(struct engine_view *v, const struct engine_view *keep)
 void worker__view_done(struct engine_view *v);
 /* The owned layer `layer` of v, or NULL when v does not own it. */
 struct engine_layer *worker__view_layer(struct engine_view *v, int layer);
-/* Sizes the work buffers of a step for e's current view. Caller frees with
- * worker__work_free(w, owned layer count). Returns 0 or -ENOMEM. */
+/* Sizes the work buffers of a step for view v of e, every page written when touch (the
+ * faults then happen now, not in the first step). The gradient buffers of layers the donor
+ * (the old view's work, its owned layers starting at donor_lo, donor_n of them; may be NULL)
+ * holds, and its head's, are moved over, not allocated: their sizes depend on the layer
+ * alone. Caller frees with worker__work_free(w, owned layer count), and the donor's rest.
+ * Returns 0 or -ENOMEM. */
 int worker__work_new(const struct worker_engine *e, const struct engine_view *v, bool touch,
                      struct engine_work *donor, int donor_lo, int donor_n,
                      struct engine_work **ret);

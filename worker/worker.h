@@ -143,8 +143,8 @@ int worker_engine_reshape_abort(struct worker_engine *e);
 /* Makes a reshape to (layout, stage, replica) ready while steps run on: a thread allocates the
  * buffers the new position does not share with the current one and writes every page of
  * them, so that a later reshape_begin of that position finds them ready (it waits for the
- * thread): on a machine where fresh memory costs ~0.5 ms per MB that was most of a large
- * model's stall. Contents are still copied at reshape_begin (they change with every step).
+ * thread): where fresh memory faults in slowly (a VM) that was most of a large model's
+ * stall (docs/live-migration.md, "At the GPT-2 124M size"). Contents are still copied at reshape_begin (they change with every step).
  * A begin of another position, or worker_engine_free, discards it. Returns 0, -EBUSY
  * mid-reshape, -EINVAL, -ENOMEM or a thread error; failure only means no preparation. */
 int worker_engine_reshape_prepare(struct worker_engine *e, const struct worker_layout *layout,

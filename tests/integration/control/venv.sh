@@ -7,7 +7,7 @@ set -u
 pkgs=$1; shift
 venv="${SPOTTRAIN_BUILDDIR:?}/venv-control"
 stamp="$venv/.installed-$(echo "$pkgs" | tr ' =<>' '____')"
-# Tests run two at a time: one creates the venv and installs while the other waits its turn.
+# Tests run several at a time: one creates the venv and installs while the others wait.
 mkdir -p "$SPOTTRAIN_BUILDDIR"
 exec 9>"$SPOTTRAIN_BUILDDIR/venv-control.lock"
 flock 9
