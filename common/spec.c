@@ -236,6 +236,8 @@ static const struct field fault_tolerance_fields[] = {
      0, NULL},
     {"peer_copy_memory", F_SIZE, OFF(fault_tolerance.peer_copy_memory), 0, 0, 0, NULL, NULL, 0,
      NULL},
+    {"peer_copy_background", F_BOOL, OFF(fault_tolerance.peer_copy_background), 0, 0, 0, NULL,
+     NULL, 0, NULL},
 };
 static const struct table fault_tolerance_table = TABLE(fault_tolerance_fields);
 
@@ -1426,6 +1428,7 @@ void st_spec_defaults(struct st_spec *spec) {
      * the replay after a loss under 20 steps (two generations are kept). */
     spec->fault_tolerance.peer_copy_every = 10;
     spec->fault_tolerance.peer_copy_memory = 4ull << 30;
+    spec->fault_tolerance.peer_copy_background = true;
     snprintf(spec->coordinator.listen, sizeof(spec->coordinator.listen), "127.0.0.1:7070");
     spec->coordinator.heartbeat_deadline = 10;
     spec->coordinator.events_keep = 10000;
@@ -1774,6 +1777,8 @@ char *st_spec_to_json(const struct st_spec *spec) {
     json_t *ft = json_object();
     jset(ft, "peer_copy_every", json_integer(spec->fault_tolerance.peer_copy_every), &ok);
     jset(ft, "peer_copy_memory", json_integer((json_int_t)spec->fault_tolerance.peer_copy_memory),
+         &ok);
+    jset(ft, "peer_copy_background", json_boolean(spec->fault_tolerance.peer_copy_background),
          &ok);
     jset(sp, "fault_tolerance", ft, &ok);
     jset(coord, "listen", json_string(spec->coordinator.listen), &ok);

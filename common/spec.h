@@ -165,6 +165,8 @@ struct st_spec_checkpoint {
 struct st_spec_fault_tolerance {
     int peer_copy_every;       /* steps between peer copies; 0 = off */
     uint64_t peer_copy_memory; /* bytes a worker may spend on copies (its own and a peer's) */
+    bool peer_copy_background; /* exchange on a thread while training goes on (true), or at the
+                                  step boundary (false) */
 };
 
 struct st_spec_coordinator {

@@ -56,7 +56,8 @@ int mig__comm_new_ops(const struct mig_transport_ops *ops, struct mig_endpoint *
     c->magic = MIG__COMM_MAGIC;
     c->ops = ops;
     c->ep = ep;
-    c->epoch = epoch;
+    c->epoch = epoch & ~MIG_EPOCH_SIDE;
+    c->side = (epoch & MIG_EPOCH_SIDE) != 0;
     c->rank = rank;
     c->nranks = nranks;
     c->timeout_s = timeout_s;
@@ -71,8 +72,8 @@ int mig__comm_new_ops(const struct mig_transport_ops *ops, struct mig_endpoint *
         mig_comm_free(c);
         return r;
     }
-    st_log(ST_LOG_DEBUG, "migrate", "rank %d/%d: %s comm of epoch %llu ready", rank, nranks,
-           ops->name, (unsigned long long)epoch);
+    st_log(ST_LOG_DEBUG, "migrate", "rank %d/%d: %s comm of epoch %llu%s ready", rank, nranks,
+           ops->name, (unsigned long long)c->epoch, c->side ? " (side channel)" : "");
     *ret = c;
     return 0;
 }
@@ -86,6 +87,8 @@ int mig_comm_new_auth(const char *transport, struct mig_endpoint *ep, uint64_t e
         return -EINVAL;
     if (!ops)
         return strcmp(transport, "nccl") == 0 ? -EOPNOTSUPP : -EINVAL;
+    if ((epoch & MIG_EPOCH_SIDE) && ops != &mig__tcp_ops)
+        return -EOPNOTSUPP;
     return mig__comm_new_ops(ops, ep, epoch, rank, nranks, peer_addrs, auth, timeout_s, ret);
 }
 
@@ -117,6 +120,12 @@ struct mig_comm *mig_comm_free(struct mig_comm *c) {
 
 static bool comm_ok(const struct mig_comm *c) {
     return c && c->magic == MIG__COMM_MAGIC;
+}
+
+/* See migrate.h. */
+void mig_comm_cancel(struct mig_comm *c) {
+    if (comm_ok(c))
+        atomic_store(&c->cancelled, true);
 }
 
 /* See migrate.h. */

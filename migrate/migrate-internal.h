@@ -7,6 +7,8 @@
 #ifndef ST_MIGRATE_INTERNAL_H
 #define ST_MIGRATE_INTERNAL_H
 
+#include <stdatomic.h>
+
 #include "common.h" /* st_log, st_malloc, ST_MIN */
 #include "config.h" /* HAVE_CUDA */
 #include "migrate.h"
@@ -40,7 +42,9 @@ struct mig_comm {
     uint64_t magic; /* MIG__COMM_MAGIC while alive */
     const struct mig_transport_ops *ops;
     struct mig_endpoint *ep; /* borrowed */
-    uint64_t epoch;
+    uint64_t epoch;    /* without MIG_EPOCH_SIDE */
+    bool side;         /* the epoch's side channel (MIG_EPOCH_SIDE) */
+    _Atomic bool cancelled; /* mig_comm_cancel(): batches give up */
     int rank, nranks;
     double timeout_s;  /* seconds without progress before -ETIMEDOUT */
     bool keyed;        /* built with a secret: messages carry MACs */

@@ -92,6 +92,16 @@ int mig_comm_new(const char *transport, struct mig_endpoint *ep, uint64_t epoch,
                  int nranks, const char *const *peer_addrs, double timeout_s,
                  struct mig_comm **ret);
 
+/* OR'd into the epoch given to mig_comm_new() or mig_comm_new_auth(): the epoch's side
+ * channel, a second communicator of the same epoch with connections of its own (the hello's
+ * flags say which channel, and the handshake's transcript binds them, so neither channel can
+ * adopt the other's connections). Its ranks and size need not be the main communicator's.
+ * Another thread may drive it while this one drives the main communicator: a batch touches
+ * only its comm's connections, never the endpoint. Building it (the endpoint) stays on the
+ * endpoint's thread. "tcp" only (-EOPNOTSUPP otherwise); mig_comm_epoch() answers without the
+ * bit. The worker's peer copies run on it (docs/live-migration.md). */
+#define MIG_EPOCH_SIDE (1ull << 63)
+
 #define MIG_KEY_BYTES 32  /* the data-plane secret of one epoch */
 #define MIG_JOB_ID_MAX 64 /* job id bound into the proofs, NUL included */
 
@@ -119,6 +129,10 @@ int mig_comm_new_auth(const char *transport, struct mig_endpoint *ep, uint64_t e
 
 /* Closes every connection of the epoch and wipes its key. NULL-safe; returns NULL. */
 struct mig_comm *mig_comm_free(struct mig_comm *c);
+/* The batch running on c in another thread, and every later call on c, give up within 50 ms
+ * with -ECANCELED; the streams with unfinished messages are unusable afterwards. Safe from any
+ * thread while c is alive. NULL-safe. */
+void mig_comm_cancel(struct mig_comm *c);
 
 /* A connection refused by the handshake, as recorded on the endpoint. */
 struct mig_auth_failure {

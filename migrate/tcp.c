@@ -65,6 +65,7 @@
 #define HDR_SIZE 32
 #define HELLO_KEYED 1u          /* flags: the dialler holds a secret (messages carry MACs) */
 #define HELLO_TLS 2u            /* flags: the connection continues as TLS 1.3 (PSK) */
+#define HELLO_SIDE 4u           /* flags: a connection of the epoch's side channel */
 #define TLS_PSK_ID "spottrain-dp-v2" /* the external PSK's identity; the key is per connection */
 #define CHUNK_BYTES (4u << 20)  /* at most this much per send()/recv() call */
 #define MAX_PENDING 256         /* early connections buffered on an endpoint */
@@ -292,6 +293,8 @@ struct mig_endpoint {
     bool any_epoch;     /* false until the first comm */
     uint64_t built_epoch; /* newest epoch whose comm came up; valid when built */
     bool built;
+    uint64_t built_side;  /* the same for side channels (MIG_EPOCH_SIDE); valid when side_built */
+    bool side_built;
     struct pending pend[MAX_PENDING];
     size_t npend;
     struct mig_auth_failure fail[MIG_AUTH_FAILURES_KEPT]; /* ring, oldest at fail_head */
@@ -500,7 +503,10 @@ static void pending_sort_idle(struct mig_endpoint *ep) {
             continue;
         }
         uint64_t epoch = get64(p->hello + 8);
-        if (ep->built && epoch <= ep->built_epoch && epoch >= ep->min_epoch) {
+        bool side = (get32(p->hello + 28) & HELLO_SIDE) != 0;
+        bool built = side ? ep->side_built : ep->built;
+        if (built && epoch <= (side ? ep->built_side : ep->built_epoch) &&
+            epoch >= ep->min_epoch) {
             pending_refuse(ep, i, -EACCES, "hello for an epoch already built");
             continue;
         }
@@ -727,7 +733,8 @@ struct outgoing {
 
 /* The hello's flags for c: what every connection of the epoch must agree on. */
 static uint32_t hello_flags(const struct mig_comm *c) {
-    return (c->keyed ? HELLO_KEYED : 0u) | (c->tls ? HELLO_TLS : 0u);
+    return (c->keyed ? HELLO_KEYED : 0u) | (c->tls ? HELLO_TLS : 0u) |
+           (c->side ? HELLO_SIDE : 0u);
 }
 
 static int out_start(struct outgoing *o) {
@@ -943,8 +950,8 @@ static int pending_scan(struct mig_comm *c, struct tcp_comm *tc) {
             pending_refuse(ep, i, -ESTALE, NULL);
             continue;
         }
-        if (epoch > c->epoch) {
-            i++; /* for a later mig_comm_new */
+        if (epoch > c->epoch || ((get32(p->hello + 28) & HELLO_SIDE) != 0) != c->side) {
+            i++; /* for a later mig_comm_new, or the epoch's other channel */
             continue;
         }
         int status = pending_challenge(c, tc, p, &why);
@@ -1009,7 +1016,8 @@ static int tcp_init(struct mig_comm *c, const char *const *peer_addrs) {
         out[i].fd = -1;
     if (c->nranks == 1)
         goto out; /* nothing to connect; no endpoint needed */
-    ep->min_epoch = c->epoch;
+    if (!ep->any_epoch || c->epoch > ep->min_epoch)
+        ep->min_epoch = c->epoch; /* a side channel comes after its epoch's main comm */
     ep->any_epoch = true;
     for (int j = c->rank + 1; j < c->nranks; j++) {
         if (!peer_addrs[j] || parse_addr(peer_addrs[j], &out[j].addr) < 0) {
@@ -1024,6 +1032,10 @@ static int tcp_init(struct mig_comm *c, const char *const *peer_addrs) {
 
     double deadline = st_now() + c->timeout_s;
     for (;;) {
+        if (atomic_load(&c->cancelled)) {
+            r = -ECANCELED;
+            goto out;
+        }
         if (c->epoch < atomic_load(&ep->abandon_below)) {
             st_log(ST_LOG_WARN, "migrate", "rank %d: epoch %llu: abandoned while connecting (the "
                    "coordinator moved on to epoch %llu)", c->rank, (unsigned long long)c->epoch,
@@ -1092,8 +1104,13 @@ static int tcp_init(struct mig_comm *c, const char *const *peer_addrs) {
     }
     if (c->tls)
         TRY_GOTO(tls_start(c, tc, pfd), r, out);
-    ep->built = true;
-    ep->built_epoch = c->epoch;
+    if (c->side) {
+        ep->side_built = true;
+        ep->built_side = c->epoch;
+    } else {
+        ep->built = true;
+        ep->built_epoch = c->epoch;
+    }
 out:
     if (ep && c->nranks > 1)
         /* Challenged connections of this epoch that never proved themselves: strangers, or
@@ -1465,6 +1482,10 @@ static int tcp_batch(struct mig_comm *c, struct mig_op *ops, size_t n) {
     double deadline = st_now() + c->timeout_s;
     while (left) {
         bool progress = false, any_ready = false;
+        if (atomic_load_explicit(&c->cancelled, memory_order_relaxed)) {
+            r = -ECANCELED;
+            goto out;
+        }
         for (int q = 0; q < 2 * nr; q++) {
             int i = head[q], p = q / 2;
             if (i < 0 || !ready[q])
@@ -1519,7 +1540,7 @@ static int tcp_batch(struct mig_comm *c, struct mig_op *ops, size_t n) {
                 pfd[np++] = (struct pollfd){.fd = tc->conns[p].fd, .events = ev};
             }
         }
-        int pr = poll(pfd, np, ms_until(deadline));
+        int pr = poll(pfd, np, ST_MIN(ms_until(deadline), ABANDON_POLL_MS)); /* see cancelled */
         if (pr < 0 && errno != EINTR) {
             r = -errno;
             goto out;

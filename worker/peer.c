@@ -120,20 +120,18 @@ static int part_copy(struct worker_peer_part *p, struct worker_engine *eng, bool
 }
 
 /* See worker-peer.h. */
-int worker__peer_exchange(struct worker_peer_store *s, const struct worker_train_config *tc,
-                          struct worker_engine *eng, struct mig_comm *comm, uint64_t epoch,
-                          uint64_t step) {
+int worker__peer_take(const struct worker_train_config *tc, struct worker_engine *eng,
+                      uint64_t epoch, uint64_t step, struct worker_peer_gen *ret) {
     struct worker_peer_gen g;
     int r = 0;
-    if (!s || !tc || !eng || !comm)
+    if (!tc || !eng || !ret)
         return -EINVAL;
     memset(&g, 0, sizeof(g));
     const struct worker_layout *lay = worker_engine_layout(eng);
     int n = npos(lay), st = worker_engine_stage(eng), rep = worker_engine_replica(eng);
     if (st < 0 || n < 2)
         return -EINVAL;
-    int pos = st * lay->dp + rep, succ = worker_layout_peer_next(lay, pos),
-        pred = worker_layout_peer_prev(lay, pos);
+    int pos = st * lay->dp + rep, pred = worker_layout_peer_prev(lay, pos);
     g.epoch = epoch;
     g.step = step;
     g.opt_step = worker_engine_opt_step(eng);
@@ -147,20 +145,58 @@ int worker__peer_exchange(struct worker_peer_store *s, const struct worker_train
     if (!g.own.data || !g.held.data)
         TRY_GOTO(-ENOMEM, r, out);
     TRY_GOTO(part_copy(&g.own, eng, false), r, out);
+    *ret = g;
+    return 0;
+out:
+    gen_done(&g);
+    return r;
+}
+
+/* See worker-peer.h. */
+int worker__peer_swap(struct worker_peer_gen *g, struct mig_comm *comm) {
+    if (!g || !comm || g->valid || !g->own.data || !g->held.data ||
+        mig_comm_size(comm) != npos(&g->layout))
+        return -EINVAL;
+    int pos = g->stage * g->layout.dp + g->replica;
     struct mig_op ops[2] = {
-        {.peer = lay->ranks[succ], .send = true, .buf = g.own.data,
-         .bytes = (size_t)g.own.nfloats * sizeof(float)},
-        {.peer = lay->ranks[pred], .send = false, .buf = g.held.data,
-         .bytes = (size_t)g.held.nfloats * sizeof(float)},
+        {.peer = worker_layout_peer_next(&g->layout, pos), .send = true, .buf = g->own.data,
+         .bytes = (size_t)g->own.nfloats * sizeof(float)},
+        {.peer = worker_layout_peer_prev(&g->layout, pos), .send = false, .buf = g->held.data,
+         .bytes = (size_t)g->held.nfloats * sizeof(float)},
     };
-    TRY_GOTO(mig_batch(comm, ops, 2), r, out);
-    g.valid = true;
+    TRY(mig_batch(comm, ops, 2));
+    g->valid = true;
+    return 0;
+}
+
+/* See worker-peer.h. */
+void worker__peer_keep(struct worker_peer_store *s, struct worker_peer_gen *g) {
+    if (!s || !g || !g->valid)
+        return;
     /* Replace the oldest (or an empty) generation. */
     int k = !s->gen[0].valid ? 0 : !s->gen[1].valid ? 1 : s->gen[0].step <= s->gen[1].step ? 0 : 1;
     gen_done(&s->gen[k]);
-    s->gen[k] = g;
-    memset(&g, 0, sizeof(g));
-out:
+    s->gen[k] = *g;
+    memset(g, 0, sizeof(*g));
+}
+
+/* See worker-peer.h. */
+void worker__peer_gen_free(struct worker_peer_gen *g) {
+    if (g)
+        gen_done(g);
+}
+
+/* See worker-peer.h. */
+int worker__peer_exchange(struct worker_peer_store *s, const struct worker_train_config *tc,
+                          struct worker_engine *eng, struct mig_comm *comm, uint64_t epoch,
+                          uint64_t step) {
+    struct worker_peer_gen g;
+    if (!s || !comm)
+        return -EINVAL;
+    TRY(worker__peer_take(tc, eng, epoch, step, &g));
+    int r = worker__peer_swap(&g, comm);
+    if (r >= 0)
+        worker__peer_keep(s, &g);
     gen_done(&g);
     return r;
 }

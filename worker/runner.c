@@ -1,13 +1,17 @@
 /* runner.c: a worker process under a coordinator — agent + engine + data plane + notices.
  *
- * The one idea: only this thread touches the engine and the communicators. The agent's watch
- * thread copies every command into a queue; this thread drains it before every step and
- * decides: train step `done` when the lease allows, write a checkpoint due at `done`, or
- * reconfigure when the next epoch's order is complete and `done` is its boundary. Every wait
+ * The one idea: only this thread touches the engine and the epoch's communicator (the peer
+ * copies' exchange runs on a thread of its own, on a side channel of its own: struct peerbg).
+ * The agent's watch thread copies every command into a queue; this thread drains it before
+ * every step and decides: train step `done` when the lease allows, write a checkpoint due at
+ * `done`, or reconfigure when the next epoch's order is complete and `done` is its boundary.
+ * Every wait
  * is bounded (reconfig_timeout, the data plane's timeout), and a failure is reported as a
  * notice and leaves the worker waiting for the coordinator's next order — never hanging. */
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h> /* offsetof */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +42,28 @@ struct bgckpt {
     float **snap;              /* per layer: param | m | v, 3 * n floats */
     size_t *n;
     int result;
+};
+
+/* Peer copies of one epoch on its side channel (MIG_EPOCH_SIDE): what building the channel
+ * needs, taken when the epoch's communicator came up; the channel itself, built at the epoch's
+ * first copy; and the exchange in flight, which a thread of its own runs while training goes
+ * on (fault_tolerance.peer_copy_background). The thread touches only `g` and `side`; the
+ * runner thread waits for it (peer_settle) before it keeps the generation, starts another, or
+ * frees the channel. */
+struct peerbg {
+    uint64_t epoch;             /* epoch of everything below; 0 = none */
+    int npos, pos;              /* the layout's positions, ours */
+    char (*addr)[MIG_ADDR_MAX]; /* data-plane address per position */
+    struct mig_auth auth;       /* the epoch's secret (wiped with the rest) */
+    struct mig_comm *side;      /* built at the epoch's first copy; NULL = not yet */
+    bool broken;                /* the channel failed in this epoch: no more copies in it */
+    pthread_t th;
+    bool running;               /* th was started and not joined */
+    _Atomic bool finished;      /* th is done with g (set by th) */
+    struct worker_peer_gen g;   /* the generation being exchanged */
+    int result;
+    double t0, t_end;           /* st_now() when the exchange started / ended (set by th) */
+    double blocked;             /* seconds the runner spent on it (snapshot, waiting) */
 };
 
 struct runner {
@@ -74,6 +100,8 @@ struct runner {
     struct bgckpt bg;
     double next_notice_poll;
     struct worker_peer_store peers; /* in-memory copies: ours and our predecessor's */
+    struct peerbg pc;         /* the epoch's side channel and the exchange in flight */
+    _Atomic uint64_t cmd_epoch; /* newest epoch a command named (set by the watch thread) */
     uint64_t peer_refused;    /* epoch whose copies did not fit the memory budget */
     double last_step_end;     /* st_now() at the end of the last step (any epoch); 0 = none */
     uint64_t first_epoch;     /* epoch whose first step is still to be reported; 0 = none */
@@ -190,6 +218,9 @@ static int on_command(struct worker_agent *a, const Spottrain__V1__Command *cmd,
      * connected) will never come up, so the runner thread stops waiting for it now rather
      * than at the data plane's timeout. */
     mig_endpoint_abandon(R->ep, cmd->epoch);
+    uint64_t cur = atomic_load(&R->cmd_epoch);
+    while (cur < cmd->epoch && !atomic_compare_exchange_weak(&R->cmd_epoch, &cur, cmd->epoch))
+        ;
     size_t len = spottrain__v1__command__get_packed_size(cmd);
     uint8_t *buf = st_malloc(len ? len : 1);
     if (!buf)
@@ -240,9 +271,113 @@ static void progress(struct runner *R, double step_seconds, double stall) {
                           step_seconds, stall);
 }
 
+/* ---- peer copies ------------------------------------------------------------------------- */
+
+/* Generation g was exchanged: keep it and tell the coordinator both generations we hold now
+ * (the newest notice alone says everything: notices may be dropped when the agent's queue is
+ * full between two Reports). seconds: the exchange; blocked: what training waited for it. */
+static void peer_kept(struct runner *R, struct worker_peer_gen *g, double seconds,
+                      double blocked) {
+    uint64_t epoch = g->epoch, step = g->step;
+    worker__peer_keep(&R->peers, g);
+    const struct worker_peer_gen *o = &R->peers.gen[0];
+    if (o->valid && o->step == step && o->epoch == epoch)
+        o = &R->peers.gen[1];
+    notice(R, "peer-copy", "epoch=%llu step=%llu prev_epoch=%llu prev_step=%llu seconds=%.6f "
+           "blocked=%.6f", (unsigned long long)epoch, (unsigned long long)step,
+           (unsigned long long)(o->valid ? o->epoch : 0),
+           (unsigned long long)(o->valid ? o->step : 0), seconds, blocked);
+    if (st_now() - R->pc_reported >= 0.1) {
+        R->pc_reported = st_now();
+        worker_agent_report_now(R->agent); /* the queue drains; the view stays fresh */
+    }
+}
+
+static void *peer_main(void *arg) {
+    struct peerbg *b = arg;
+    b->result = worker__peer_swap(&b->g, b->side);
+    b->t_end = st_now();
+    atomic_store(&b->finished, true);
+    return NULL;
+}
+
+/* An exchange is over (b->result): keeps its generation when both directions completed. A
+ * failed or cancelled exchange leaves the side channel's streams out of step: no more copies
+ * in this epoch. The generations kept before are untouched either way. */
+static void peer_finish(struct runner *R) {
+    struct peerbg *b = &R->pc;
+    if (b->result >= 0) {
+        peer_kept(R, &b->g, b->t_end - b->t0, b->blocked);
+        return;
+    }
+    b->broken = true;
+    if (b->result == -ECANCELED)
+        st_log(ST_LOG_INFO, "runner", "Peer copy of step %llu (epoch %llu) cancelled: the epoch "
+               "ends", (unsigned long long)b->g.step, (unsigned long long)b->g.epoch);
+    else
+        notice(R, "peer-copy-failed", "epoch=%llu step=%llu: %s", (unsigned long long)b->g.epoch,
+               (unsigned long long)b->g.step, st_strerror(b->result));
+    worker__peer_gen_free(&b->g);
+}
+
+/* Ends the exchange in flight, if any: waits for it (cancelling it first when `cancel`; it
+ * then ends within 50 ms) and finishes it. */
+static void peer_settle(struct runner *R, bool cancel) {
+    struct peerbg *b = &R->pc;
+    if (!b->running)
+        return;
+    if (cancel && !atomic_load(&b->finished))
+        mig_comm_cancel(b->side);
+    pthread_join(b->th, NULL);
+    b->running = false;
+    atomic_store(&b->finished, false);
+    peer_finish(R);
+}
+
+/* The epoch is over for the peer copies: ends the exchange in flight, frees the side channel
+ * and forgets what building it needed. */
+static void peer_side_drop(struct runner *R) {
+    struct peerbg *b = &R->pc;
+    peer_settle(R, true);
+    b->side = mig_comm_free(b->side);
+    st_free(b->addr);
+    mig_auth_clear(&b->auth);
+    memset(b, 0, offsetof(struct peerbg, th));
+}
+
+/* A new epoch's communicator is up: remembers what its side channel needs (peers[i] is comm
+ * rank i; lay->ranks maps positions to those), to be built at the epoch's first copy. */
+static int peer_side_set(struct runner *R, uint64_t epoch, const struct worker_layout *lay,
+                         int stage, int replica, Spottrain__V1__Peer **peers, size_t n,
+                         const ProtobufCBinaryData *secret, bool tls) {
+    struct peerbg *b = &R->pc;
+    peer_side_drop(R);
+    int np = lay->dp * lay->pp;
+    if (np < 2 || !secret || secret->len != MIG_KEY_BYTES || !secret->data)
+        return 0; /* nothing to copy to, or nothing to build with (no copies then) */
+    b->addr = st_calloc((size_t)np, sizeof(*b->addr));
+    if (!b->addr)
+        return -ENOMEM;
+    for (int p = 0; p < np; p++) {
+        if (lay->ranks[p] < 0 || (size_t)lay->ranks[p] >= n) {
+            peer_side_drop(R);
+            return -EINVAL;
+        }
+        snprintf(b->addr[p], sizeof(b->addr[p]), "%s", peers[lay->ranks[p]]->data_addr);
+    }
+    memcpy(b->auth.key, secret->data, MIG_KEY_BYTES);
+    worker_agent_job_id(R->agent, b->auth.job_id);
+    b->auth.tls = tls;
+    b->npos = np;
+    b->pos = stage * lay->dp + replica;
+    b->epoch = epoch;
+    return 0;
+}
+
 /* ---- epochs --------------------------------------------------------------------------------- */
 
 static void drop_state(struct runner *R) {
+    peer_side_drop(R);
     R->eng = worker_engine_free(R->eng);
     R->comm = mig_comm_free(R->comm);
 }
@@ -251,6 +386,7 @@ static void drop_state(struct runner *R) {
  * and drops the engine, whose contents are undefined now. What survives is on disk and in
  * the peer copies (R->peers), which a failure never touches: a restore starts from those. */
 static void fail_state(struct runner *R) {
+    peer_side_drop(R);
     R->failed = true;
     R->comm = mig_comm_free(R->comm);
     R->eng = worker_engine_free(R->eng);
@@ -392,6 +528,8 @@ static int apply_fresh(struct runner *R, const Spottrain__V1__Command *cmd, cons
         goto out;
     }
     TRY_GOTO(worker_engine_ready(eng), r, out); /* in the stall, not in the first step */
+    TRY_GOTO(peer_side_set(R, cmd->epoch, &lay, (int)cf->stage, (int)cf->replica, cf->peers,
+                           cf->n_peers, &cf->data_plane_secret, cf->data_plane_tls), r, out);
     R->eng = eng;
     R->comm = comm;
     eng = NULL;
@@ -601,6 +739,10 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
      * whose time the stall subtracts. */
     if (cfg)
         TRY_GOTO(worker_engine_ready(R->eng), r, out);
+    peer_side_drop(R); /* the old epoch's copies end with its communicator */
+    if (cfg)
+        TRY_GOTO(peer_side_set(R, mig->epoch, &lay, (int)cfg->configure->stage,
+                               (int)cfg->configure->replica, pl.p, pl.n, secret, tls), r, out);
     R->comm = mig_comm_free(R->comm);
     R->comm = comm; /* a send-only worker keeps it open too: its peers may still be reading */
     comm = NULL;
@@ -1036,12 +1178,28 @@ static void run_checkpoints(struct runner *R) {
     R->nckpt = keep;
 }
 
+/* Waits for the exchange in flight to end by itself: the next one may start only then (every
+ * worker starts them at the same steps, so each pair of neighbours exchanges the same
+ * generation). A newer epoch's order cancels the wait: a peer may be gone. */
+static void peer_wait(struct runner *R) {
+    struct peerbg *b = &R->pc;
+    while (b->running && !atomic_load(&b->finished) && atomic_load(&R->cmd_epoch) <= R->epoch) {
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    peer_settle(R, true);
+}
+
 /* Every peer_copy_every steps: a new generation of peer copies (worker-peer.h), unless the
  * epoch's copies do not fit the memory budget (then no copies at all in this epoch, said once:
  * every worker takes the same decision from the layout, so nobody waits on a refusing peer).
- * A failed exchange fails the epoch like a failed step: a peer is gone. */
+ * The runner snapshots its state at the step boundary; the exchange runs on the epoch's side
+ * channel, on a thread of its own while the next steps train (or here, with
+ * peer_copy_background false). A failed exchange does not fail the epoch: a lost peer fails
+ * the next step anyway, and the generations kept before still serve a restore. */
 static void peer_copy(struct runner *R) {
     const struct st_spec_fault_tolerance *ft = &R->cfg.spec.fault_tolerance;
+    struct peerbg *b = &R->pc;
     if (ft->peer_copy_every <= 0 || !R->eng || R->failed || worker_engine_stage(R->eng) < 0 ||
         R->done % (uint64_t)ft->peer_copy_every != 0 || R->done >= (uint64_t)R->tc.total_steps)
         return;
@@ -1060,27 +1218,41 @@ static void peer_copy(struct runner *R) {
                (unsigned long long)ft->peer_copy_memory);
         return;
     }
+    if (b->epoch != R->epoch || b->broken)
+        return; /* no side channel in this epoch (no secret), or it failed */
     double t0 = st_now();
-    int r = worker__peer_exchange(&R->peers, &R->tc, R->eng, R->comm, R->epoch, R->done);
+    peer_wait(R);
+    if (b->broken)
+        return;
+    int r = 0;
+    if (!b->side) {
+        /* Collective: every position reaches its first copy at the same step. */
+        const char *addrs[WORKER_MAX_RANKS];
+        for (int p = 0; p < b->npos; p++)
+            addrs[p] = b->addr[p];
+        r = mig_comm_new_auth("tcp", R->ep, R->epoch | MIG_EPOCH_SIDE, b->pos, b->npos, addrs,
+                              &b->auth, R->cfg.timeout, &b->side);
+        relay_auth_failures(R);
+    }
+    if (r >= 0)
+        r = worker__peer_take(&R->tc, R->eng, R->epoch, R->done, &b->g);
     if (r < 0) {
-        fail_state(R);
-        notice(R, "step-failed", "epoch=%llu peer copy step=%llu: %s",
-               (unsigned long long)R->epoch, (unsigned long long)R->done, st_strerror(r));
+        b->broken = true;
+        notice(R, "peer-copy-failed", "epoch=%llu step=%llu: %s", (unsigned long long)R->epoch,
+               (unsigned long long)R->done, st_strerror(r));
         return;
     }
-    /* Both generations we hold, so the newest notice alone tells the coordinator everything
-     * (notices may be dropped when the agent's queue is full between two Reports). */
-    const struct worker_peer_gen *o = &R->peers.gen[0];
-    if (o->valid && o->step == R->done && o->epoch == R->epoch)
-        o = &R->peers.gen[1];
-    notice(R, "peer-copy", "epoch=%llu step=%llu prev_epoch=%llu prev_step=%llu seconds=%.6f",
-           (unsigned long long)R->epoch, (unsigned long long)R->done,
-           (unsigned long long)(o->valid ? o->epoch : 0), (unsigned long long)(o->valid ? o->step : 0),
-           st_now() - t0);
-    if (st_now() - R->pc_reported >= 0.1) {
-        R->pc_reported = st_now();
-        worker_agent_report_now(R->agent); /* the queue drains; the view stays fresh */
+    b->t0 = st_now();
+    b->blocked = b->t0 - t0;
+    atomic_store(&b->finished, false);
+    if (ft->peer_copy_background && pthread_create(&b->th, NULL, peer_main, b) == 0) {
+        b->running = true;
+        return;
     }
+    peer_main(b); /* at the boundary: asked for, or no thread to spare */
+    atomic_store(&b->finished, false);
+    b->blocked = st_now() - t0;
+    peer_finish(R);
 }
 
 static bool can_step(struct runner *R) {
@@ -1101,6 +1273,8 @@ static int runner_loop(struct runner *R) {
         if (R->stop)
             break;
         poll_notice(R);
+        if (R->pc.running && atomic_load(&R->pc.finished))
+            peer_settle(R, false); /* an exchange is done: keep it and tell at once */
         run_checkpoints(R); /* a checkpoint at a boundary is taken before reshaping there */
         if (try_reconfigure(R))
             continue;
@@ -1230,6 +1404,7 @@ int worker_runner_run(const struct worker_runner_config *cfg) {
     }
 out:
     bg_join(R);
+    peer_side_drop(R); /* before the store and the agent: it may keep and tell */
     worker__peer_store_done(&R->peers);
     if (R->agent)
         R->agent = worker_agent_free(R->agent);

@@ -2,11 +2,13 @@
  *
  * Every `fault_tolerance.peer_copy_every` steps each positioned worker of an epoch snapshots
  * its own state (the parameters of its stage's layers, its ZeRO-1 moment shards, the AdamW
- * step) and sends that snapshot to its successor in position order, receiving its
- * predecessor's. A generation (own + held, same step) is committed only when both the send
- * and the receive completed; the two newest generations are kept, so a loss in the middle of
- * an exchange still leaves one step that every survivor holds. docs/live-migration.md,
- * "Peer copies", has the protocol. */
+ * step) and sends that snapshot to its successor in the ring, receiving its predecessor's:
+ * worker__peer_take() at the step boundary, worker__peer_swap() on the epoch's side channel
+ * (on the runner's peer-copy thread while the next steps train), worker__peer_keep(). A
+ * generation (own + held, same step) is kept only when both the send and the receive
+ * completed; the two newest generations are kept, so a loss in the middle of an exchange
+ * still leaves one step that every survivor holds. docs/live-migration.md, "Peer copies", has
+ * the protocol. */
 #ifndef ST_WORKER_PEER_H
 #define ST_WORKER_PEER_H
 
@@ -60,11 +62,30 @@ uint64_t worker__peer_need(const struct worker_train_config *tc, const struct wo
 uint64_t worker__peer_need_max(const struct worker_train_config *tc,
                                const struct worker_layout *lay);
 
-/* Takes a generation at `step` of `epoch`: snapshots eng's current view, exchanges with the
- * ring neighbours on comm (collective over the layout's positions; every position calls it at
- * the same step). On success the oldest generation is replaced. On failure nothing changes
- * but the half-built generation is freed; the comm may be unusable. Returns 0 or negative
- * errno. */
+/* Snapshots eng's current view as a generation at `step` of `epoch`: its own part filled, its
+ * held part allocated, not valid yet. The caller passes it to worker__peer_swap() and then
+ * worker__peer_keep(), or frees it with worker__peer_gen_free(). Returns 0, -ENOMEM, -EINVAL
+ * (no position, or a layout of one position). */
+int worker__peer_take(const struct worker_train_config *tc, struct worker_engine *eng,
+                      uint64_t epoch, uint64_t step, struct worker_peer_gen *ret);
+
+/* The exchange of generation g: sends its own part to the successor and receives the
+ * predecessor's into its held part, on comm, whose rank r is position r of g's layout (the
+ * epoch's side channel, MIG_EPOCH_SIDE; every position calls it for the same step). Touches
+ * only g and comm, so it may run on a thread other than the engine's while the engine steps.
+ * Returns 0 (g is valid) or negative errno (-ECANCELED after mig_comm_cancel; g stays
+ * invalid and the comm may be unusable). */
+int worker__peer_swap(struct worker_peer_gen *g, struct mig_comm *comm);
+
+/* Moves valid generation g into the store in place of the oldest; g is left empty. A
+ * generation is kept only when both directions of its exchange completed. */
+void worker__peer_keep(struct worker_peer_store *s, struct worker_peer_gen *g);
+
+/* Frees a generation that was not kept. NULL-safe. */
+void worker__peer_gen_free(struct worker_peer_gen *g);
+
+/* take, swap and keep at once, on this thread: the exchange at the step boundary
+ * (fault_tolerance.peer_copy_background: false). On failure nothing changes in s. */
 int worker__peer_exchange(struct worker_peer_store *s, const struct worker_train_config *tc,
                           struct worker_engine *eng, struct mig_comm *comm, uint64_t epoch,
                           uint64_t step);

@@ -1,7 +1,8 @@
 /* test-transport.c: the TCP data plane with real processes on loopback — point-to-point
  * (empty, small, 64 MiB streamed), concurrent batches, collectives over subgroups checked
  * byte-exact against a serial reference, and the failure paths: a peer that dies, a peer that
- * never comes, a stale epoch, a size mismatch, a build the coordinator abandoned.
+ * never comes, a stale epoch, a size mismatch, a build the coordinator abandoned; and the
+ * epoch's side channel driven by a thread of its own beside the main comm, and cancelled.
  *
  * The one idea: every rank is a forked process (rank-util.h), so failures are real closed
  * sockets, and every wait is bounded by the transport's own timeout. */
@@ -583,6 +584,119 @@ static int test_abandon(void) {
     return 0;
 }
 
+/* ---- the side channel (MIG_EPOCH_SIDE) ---------------------------------------------- */
+
+/* Side ranks are the main ranks reversed: the side channel names its own ranks. */
+struct side_job {
+    struct mig_comm *side;
+    int rank, n;
+    size_t bytes;
+    int rc;
+};
+
+/* A ring exchange on the side channel: send to side rank + 1, receive from side rank - 1. */
+static void *side_ring(void *p) {
+    struct side_job *j = p;
+    unsigned char *out = malloc(j->bytes), *in = malloc(j->bytes);
+    j->rc = -ENOMEM;
+    if (out && in) {
+        for (size_t i = 0; i < j->bytes; i++)
+            out[i] = ru_byte(5, j->rank, i);
+        struct mig_op ops[2] = {
+            {.peer = (j->rank + 1) % j->n, .send = true, .buf = out, .bytes = j->bytes},
+            {.peer = (j->rank + j->n - 1) % j->n, .send = false, .buf = in, .bytes = j->bytes},
+        };
+        j->rc = mig_batch(j->side, ops, 2);
+        int from = (j->rank + j->n - 1) % j->n;
+        for (size_t i = 0; j->rc == 0 && i < j->bytes; i++)
+            if (in[i] != ru_byte(5, from, i))
+                j->rc = -EBADMSG;
+    }
+    free(out);
+    free(in);
+    return NULL;
+}
+
+static void *cancel_later(void *p) {
+    struct timespec ts = {0, 100 * 1000 * 1000};
+    nanosleep(&ts, NULL); /* usually inside the batch's poll by now; either order must cancel */
+    mig_comm_cancel(p);
+    return NULL;
+}
+
+static int side_rank(int rank, int n, struct mig_endpoint *ep, const char *const *addrs,
+                     void *arg) {
+    (void)arg;
+    struct mig_comm *c, *side, *c3;
+    struct mig_auth auth;
+    memset(&auth, 0, sizeof(auth));
+    memset(auth.key, 0x5a, sizeof(auth.key));
+    snprintf(auth.job_id, sizeof(auth.job_id), "side-test");
+    const char *raddrs[RU_MAX];
+    for (int i = 0; i < n; i++)
+        raddrs[i] = addrs[n - 1 - i];
+    int srank = n - 1 - rank;
+    RCHECK_R(mig_comm_new_auth("tcp", ep, 2, rank, n, addrs, &auth, TMO, &c), 0);
+    RCHECK_R(mig_comm_new_auth("tcp", ep, 2 | MIG_EPOCH_SIDE, srank, n, raddrs, &auth, TMO,
+                               &side), 0);
+    RCHECK_R(mig_comm_epoch(side), 2);
+    RCHECK_R(mig_comm_rank(side), srank);
+    /* the side ring on a thread while this one sums on the main comm, both on loopback */
+    struct side_job j = {side, srank, n, 8u << 20, -1};
+    pthread_t th;
+    RCHECK_R(pthread_create(&th, NULL, side_ring, &j), 0);
+    for (int k = 0; k < 20; k++) {
+        float v[4096];
+        for (size_t i = 0; i < ST_ARRAY_SIZE(v); i++)
+            v[i] = (float)(rank + 1);
+        int all[RU_MAX];
+        for (int i = 0; i < n; i++)
+            all[i] = i;
+        RCHECK_R(mig_allreduce(c, all, n, v, ST_ARRAY_SIZE(v), MIG_F32), 0);
+        RCHECK(v[0] == (float)(n * (n + 1) / 2) && v[4095] == v[0]);
+    }
+    pthread_join(th, NULL);
+    RCHECK_R(j.rc, 0);
+    uint64_t sent = 0, recvd = 0;
+    mig_comm_stats(c, &sent, &recvd);
+    RCHECK(sent < (1u << 20)); /* the main comm's figures count only its own messages */
+    mig_comm_stats(side, &sent, &recvd);
+    RCHECK_R(sent, 8u << 20);
+    RCHECK_R(recvd, 8u << 20);
+    /* an older epoch's side channel is stale; the next epoch's main comm still builds */
+    struct mig_comm *old = NULL;
+    RCHECK_R(mig_comm_new_auth("tcp", ep, 1 | MIG_EPOCH_SIDE, srank, n, raddrs, &auth, TMO,
+                               &old), -ESTALE);
+    RCHECK_R(mig_comm_new_auth("tcp", ep, 3, rank, n, addrs, &auth, TMO, &c3), 0);
+    /* cancel: side rank 0 waits for a message nobody sends; another thread cancels it long
+     * before the 20 s timeout, and the comm stays cancelled */
+    if (srank == 0) {
+        unsigned char b[16];
+        pthread_t ct;
+        double t0 = st_now();
+        RCHECK_R(pthread_create(&ct, NULL, cancel_later, side), 0);
+        RCHECK_R(mig_recv(side, 1, b, sizeof(b)), -ECANCELED);
+        pthread_join(ct, NULL);
+        RCHECK(st_now() - t0 < 5.0);
+        RCHECK_R(mig_send(side, 1, b, sizeof(b)), -ECANCELED);
+    }
+    RCHECK_R(mig_barrier(c3, (int[]){0, 1, 2}, n), 0); /* nobody leaves before the cancel */
+    mig_comm_free(side);
+    mig_comm_free(c3);
+    mig_comm_free(c);
+    return 0;
+}
+
+static int test_side_channel(void) {
+    ASSERT_EQ(run_ok(3, side_rank, NULL), 0);
+    /* not on another transport */
+    struct mig_comm *c = NULL;
+    ASSERT_ERR(mig_comm_new("nccl", NULL, 1 | MIG_EPOCH_SIDE, 0, 1, NULL, 1.0, &c), -EOPNOTSUPP);
+    mig_comm_cancel(NULL);
+    return 0;
+}
+
 TEST_MAIN(TEST(test_p2p), TEST(test_batch_all_to_all), TEST(test_collectives),
           TEST(test_dead_peer), TEST(test_no_show), TEST(test_epochs), TEST(test_size_mismatch),
-          TEST(test_bad_args), TEST(test_alloc_failures), TEST(test_abandon))
+          TEST(test_bad_args), TEST(test_alloc_failures), TEST(test_abandon),
+          TEST(test_side_channel))

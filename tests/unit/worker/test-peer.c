@@ -2,7 +2,9 @@
  * loopback, one thread per rank.
  *
  *  exchange:  after step 2 each rank holds its own state and its peer's, byte-exact (the held
- *             part of rank 0 is rank 1's own part and the other way round);
+ *             part of rank 0 is rank 1's own part and the other way round); the same for the
+ *             copy of step 4, taken as the runner takes it: snapshot, then the exchange on the
+ *             epoch's side channel in a thread while steps 4 and 5 train;
  *  rollback:  after two more steps, rolling both ranks back to the copy of step 2 and
  *             replaying steps 2 and 3 gives the same bits as the first time (data order is a
  *             function of the step);
@@ -102,13 +104,28 @@ struct rank_arg {
     int dead_rc;             /* the exchange after the peer left */
 };
 
+struct swap_job {
+    struct worker_peer_gen g;
+    struct mig_comm *side;
+    int rc;
+};
+
+static void *swap_main(void *p) {
+    struct swap_job *j = p;
+    j->rc = worker__peer_swap(&j->g, j->side);
+    return NULL;
+}
+
 static void *rank_main(void *p) {
     struct rank_arg *a = p;
     struct worker_train_config cfg = make_cfg();
     struct worker_layout lay;
     int nl = kern_num_layers(&model), split[2] = {0, nl}, r;
-    struct mig_comm *comm = NULL;
+    struct mig_comm *comm = NULL, *side = NULL;
     struct worker_engine *e = NULL;
+    struct swap_job bg;
+    pthread_t th;
+    memset(&bg, 0, sizeof(bg));
     kern_set_threads(1);
     worker_layout_init(&lay, 2, 1, split, nl);
     if ((r = mig_comm_new("tcp", a->ep[a->rank], 1, a->rank, 2, a->addrs, 30.0, &comm)) < 0)
@@ -121,7 +138,7 @@ static void *rank_main(void *p) {
         goto out;
     for (uint64_t s = 2; s < 4 && r >= 0; s++)
         r = worker_engine_step(e, s, NULL);
-    if (r < 0 || (r = worker__peer_exchange(&a->store, &cfg, e, comm, 1, 4)) < 0)
+    if (r < 0)
         goto out;
     a->n = engine_dump(e, NULL);
     a->after4 = st_malloc(a->n * sizeof(float));
@@ -131,6 +148,21 @@ static void *rank_main(void *p) {
         goto out;
     }
     engine_dump(e, a->after4);
+    /* The copy of step 4 as the runner takes it: snapshot here, exchange on the epoch's side
+     * channel in a thread while steps 4 and 5 train on the main comm. */
+    if ((r = mig_comm_new("tcp", a->ep[a->rank], 1 | MIG_EPOCH_SIDE, a->rank, 2, a->addrs,
+                          30.0, &side)) < 0 ||
+        (r = worker__peer_take(&cfg, e, 1, 4, &bg.g)) < 0)
+        goto out;
+    bg.side = side;
+    if ((r = -pthread_create(&th, NULL, swap_main, &bg)) < 0)
+        goto out;
+    for (uint64_t s = 4; s < 6 && r >= 0; s++)
+        r = worker_engine_step(e, s, NULL);
+    pthread_join(th, NULL);
+    if (r < 0 || (r = bg.rc) < 0)
+        goto out;
+    worker__peer_keep(&a->store, &bg.g);
     /* Roll back to step 2 and replay. */
     const struct worker_peer_gen *g = worker__peer_find(&a->store, e, 2);
     if (!g) {
@@ -160,6 +192,8 @@ out:
     if (r < 0)
         pthread_barrier_wait(a->bar); /* keep the other thread from waiting forever */
     worker_engine_free(e);
+    worker__peer_gen_free(&bg.g);
+    mig_comm_free(side);
     mig_comm_free(comm);
     return NULL;
 }
