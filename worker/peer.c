@@ -16,41 +16,47 @@
 
 static int npos(const struct worker_layout *lay) { return lay->dp * lay->pp; }
 
-/* Fills p's layer table (no data) for position pos of lay. Caller frees p->l. */
+/* Fills p's layer table (no data) for position pos of lay: the parameters of every layer
+ * first (none when !params), then each layer's moment shards. Caller frees p->l. */
 static int part_describe(const struct worker_train_config *tc, const struct worker_layout *lay,
-                         int pos, struct worker_peer_part *p) {
+                         int pos, bool params, struct worker_peer_part *p) {
     int s = pos / lay->dp, rep = pos % lay->dp;
     int lo = lay->stage_lo[s], hi = lay->stage_lo[s + 1];
     bool tied = s == lay->pp - 1 && lo > 0;
     memset(p, 0, sizeof(*p));
     p->pos = pos;
+    p->has_params = params;
     p->nl = hi - lo + (tied ? 1 : 0);
     p->l = st_calloc((size_t)p->nl, sizeof(*p->l));
     if (!p->l)
         return -ENOMEM;
-    uint64_t off = 0;
-    int k = 0;
-    for (int l = lo; l < hi; l++, k++) {
+    for (int k = 0; k < p->nl; k++) {
         struct worker_peer_layer *x = &p->l[k];
-        size_t a, b;
-        x->layer = (uint64_t)l;
-        x->n = kern_layer_param_count(&tc->model, l);
-        worker_shard((size_t)x->n, lay->dp, rep, &a, &b);
+        x->layer = k < hi - lo ? (uint64_t)(lo + k) : 0; /* the tied extra: layer 0 */
+        x->n = kern_layer_param_count(&tc->model, (int)x->layer);
+        size_t a = 0, b = 0;
+        if (k < hi - lo)
+            worker_shard((size_t)x->n, lay->dp, rep, &a, &b);
         x->lo = a;
         x->hi = b;
-        x->off = off;
-        off += x->n + 2 * (x->hi - x->lo);
+        x->off = p->pfloats;
+        if (params)
+            p->pfloats += x->n;
     }
-    if (tied) {
-        struct worker_peer_layer *x = &p->l[k];
-        x->layer = 0;
-        x->n = kern_layer_param_count(&tc->model, 0);
-        x->lo = x->hi = 0;
-        x->off = off;
-        off += x->n;
+    uint64_t off = p->pfloats;
+    for (int k = 0; k < p->nl; k++) {
+        p->l[k].moff = off;
+        off += 2 * (p->l[k].hi - p->l[k].lo);
     }
     p->nfloats = off;
     return 0;
+}
+
+/* Whether the copy pos holds of pred's state can leave out the parameters: data-parallel
+ * replicas of one stage hold the same parameters after every step, bit for bit, so our own
+ * part of the same generation has them. */
+static bool held_params(const struct worker_layout *lay, int pos, int pred) {
+    return pos / lay->dp != pred / lay->dp;
 }
 
 static void part_done(struct worker_peer_part *p) {
@@ -66,9 +72,9 @@ static void gen_done(struct worker_peer_gen *g) {
 }
 
 static uint64_t part_floats(const struct worker_train_config *tc, const struct worker_layout *lay,
-                            int pos) {
+                            int pos, bool params) {
     struct worker_peer_part p;
-    if (part_describe(tc, lay, pos, &p) < 0)
+    if (part_describe(tc, lay, pos, params, &p) < 0)
         return UINT64_MAX / 16;
     uint64_t n = p.nfloats;
     part_done(&p);
@@ -79,8 +85,9 @@ static uint64_t part_floats(const struct worker_train_config *tc, const struct w
 uint64_t worker__peer_need(const struct worker_train_config *tc, const struct worker_layout *lay,
                            int pos) {
     int pred = worker_layout_peer_prev(lay, pos);
-    return WORKER_PEER_GENS * (part_floats(tc, lay, pos) + part_floats(tc, lay, pred)) *
-           sizeof(float);
+    return WORKER_PEER_GENS *
+           (part_floats(tc, lay, pos, true) +
+            part_floats(tc, lay, pred, held_params(lay, pos, pred))) * sizeof(float);
 }
 
 /* See worker-peer.h. */
@@ -100,19 +107,19 @@ static int part_copy(struct worker_peer_part *p, struct worker_engine *eng, bool
         TRY(worker_engine_layer(eng, WORKER_VIEW_CURRENT, (int)x->layer, &b));
         if (b.n != x->n || b.shard_lo != x->lo || b.shard_hi != x->hi)
             return -EINVAL;
-        float *d = p->data + x->off;
+        float *d = p->data + x->off, *m = p->data + x->moff;
         size_t sh = (size_t)(x->hi - x->lo);
         if (to_engine) {
             memcpy(b.param, d, (size_t)x->n * sizeof(float));
             if (sh) {
-                memcpy(b.adam_m, d + x->n, sh * sizeof(float));
-                memcpy(b.adam_v, d + x->n + sh, sh * sizeof(float));
+                memcpy(b.adam_m, m, sh * sizeof(float));
+                memcpy(b.adam_v, m + sh, sh * sizeof(float));
             }
         } else {
             memcpy(d, b.param, (size_t)x->n * sizeof(float));
             if (sh) {
-                memcpy(d + x->n, b.adam_m, sh * sizeof(float));
-                memcpy(d + x->n + sh, b.adam_v, sh * sizeof(float));
+                memcpy(m, b.adam_m, sh * sizeof(float));
+                memcpy(m + sh, b.adam_v, sh * sizeof(float));
             }
         }
     }
@@ -138,8 +145,8 @@ int worker__peer_take(const struct worker_train_config *tc, struct worker_engine
     g.layout = *lay;
     g.stage = st;
     g.replica = rep;
-    TRY_GOTO(part_describe(tc, lay, pos, &g.own), r, out);
-    TRY_GOTO(part_describe(tc, lay, pred, &g.held), r, out);
+    TRY_GOTO(part_describe(tc, lay, pos, true, &g.own), r, out);
+    TRY_GOTO(part_describe(tc, lay, pred, held_params(lay, pos, pred), &g.held), r, out);
     g.own.data = st_malloc(ST_MAX(g.own.nfloats, 1) * sizeof(float));
     g.held.data = st_malloc(ST_MAX(g.held.nfloats, 1) * sizeof(float));
     if (!g.own.data || !g.held.data)
@@ -157,10 +164,12 @@ int worker__peer_swap(struct worker_peer_gen *g, struct mig_comm *comm) {
     if (!g || !comm || g->valid || !g->own.data || !g->held.data ||
         mig_comm_size(comm) != npos(&g->layout))
         return -EINVAL;
-    int pos = g->stage * g->layout.dp + g->replica;
+    int pos = g->stage * g->layout.dp + g->replica, succ = worker_layout_peer_next(&g->layout, pos);
+    /* A successor in our stage has our parameters: it takes only the moment shards. */
+    uint64_t skip = held_params(&g->layout, succ, pos) ? 0 : g->own.pfloats;
     struct mig_op ops[2] = {
-        {.peer = worker_layout_peer_next(&g->layout, pos), .send = true, .buf = g->own.data,
-         .bytes = (size_t)g->own.nfloats * sizeof(float)},
+        {.peer = succ, .send = true, .buf = g->own.data + skip,
+         .bytes = (size_t)(g->own.nfloats - skip) * sizeof(float)},
         {.peer = worker_layout_peer_prev(&g->layout, pos), .send = false, .buf = g->held.data,
          .bytes = (size_t)g->held.nfloats * sizeof(float)},
     };
@@ -261,14 +270,14 @@ int worker__peer_fill(const struct worker_peer_gen *g, struct worker_engine *eng
         TRY(r);
         if (b.n != x->n)
             return -EINVAL;
-        const float *d = g->own.data + x->off;
+        const float *d = g->own.data + x->off, *m = g->own.data + x->moff;
         memcpy(b.param, d, (size_t)x->n * sizeof(float));
         uint64_t lo = ST_MAX(x->lo, (uint64_t)b.shard_lo), hi = ST_MIN(x->hi, (uint64_t)b.shard_hi);
         if (lo < hi && b.adam_m && b.adam_v) {
             size_t sh = (size_t)(x->hi - x->lo);
-            memcpy(b.adam_m + (lo - b.shard_lo), d + x->n + (lo - x->lo),
+            memcpy(b.adam_m + (lo - b.shard_lo), m + (lo - x->lo),
                    (size_t)(hi - lo) * sizeof(float));
-            memcpy(b.adam_v + (lo - b.shard_lo), d + x->n + sh + (lo - x->lo),
+            memcpy(b.adam_v + (lo - b.shard_lo), m + sh + (lo - x->lo),
                    (size_t)(hi - lo) * sizeof(float));
         }
     }
@@ -290,17 +299,18 @@ static int part_buf(const struct worker_peer_part *p, const struct mig_xfer *x, 
         const struct worker_peer_layer *L = &p->l[k];
         if (L->layer != x->layer)
             continue;
-        float *d = p->data + L->off;
         if (x->kind == MIG_PARAM) {
+            if (!p->has_params)
+                return -ENODATA;
             if (x->offset + x->count > L->n)
                 return -ERANGE;
-            *ret = d + x->offset;
+            *ret = p->data + L->off + x->offset;
             return 0;
         }
         if (x->offset < L->lo || x->offset + x->count > L->hi)
             return -ERANGE;
-        d += L->n + (x->kind == MIG_ADAM_V ? L->hi - L->lo : 0);
-        *ret = d + (x->offset - L->lo);
+        float *m = p->data + L->moff + (x->kind == MIG_ADAM_V ? L->hi - L->lo : 0);
+        *ret = m + (x->offset - L->lo);
         return 0;
     }
     return -ERANGE;
@@ -311,6 +321,8 @@ int worker__peer_held_buf(const struct worker_peer_gen *g, const struct mig_xfer
                           float **ret) {
     if (!g || !x || !ret || !g->valid)
         return -EINVAL;
+    if (x->kind == MIG_PARAM && !g->held.has_params)
+        return part_buf(&g->own, x, ret); /* a replica of our stage: its parameters are ours */
     return part_buf(&g->held, x, ret);
 }
 

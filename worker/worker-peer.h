@@ -22,21 +22,27 @@
 
 #define WORKER_PEER_GENS 2
 
-/* One layer of a part: whole parameters and one moment shard, carved from the part's data as
- * param (n) | m (hi - lo) | v (hi - lo). A tied extra (layer 0 on a last stage without it)
- * has lo == hi. */
+/* One layer of a part: whole parameters (n floats at off, when the part has parameters) and
+ * one moment shard (m then v, hi - lo floats each, at moff). A tied extra (layer 0 on a last
+ * stage without it) has lo == hi. */
 struct worker_peer_layer {
     uint64_t layer, n, lo, hi;
-    uint64_t off;              /* floats from the start of the part's data */
+    uint64_t off;              /* floats from the start of the part's data: parameters */
+    uint64_t moff;             /* the same: moment shards */
 };
 
-/* The state of one position at one step. */
+/* The state of one position at one step: the parameters of every layer, then every layer's
+ * moment shards. A held part of a replica of our own stage has no parameters (has_params
+ * false): ours of the same generation are the same bits, so the exchange sends and the copy
+ * keeps only its moments (worker__peer_held_buf() serves the parameters from the own part). */
 struct worker_peer_part {
     int pos;                   /* stage * dp + replica in the generation's layout */
     int nl;
     struct worker_peer_layer *l; /* nl entries */
     float *data;               /* one allocation */
     uint64_t nfloats;
+    uint64_t pfloats;          /* floats of the parameters, first in data (0 = none held) */
+    bool has_params;
 };
 
 struct worker_peer_gen {
@@ -115,8 +121,9 @@ int worker__peer_fill(const struct worker_peer_gen *g, struct worker_engine *eng
 int worker__peer_rollback(const struct worker_peer_gen *g, struct worker_engine *eng);
 
 /* The held part's range for transfer x (x->kind: MIG_PARAM, MIG_ADAM_M, MIG_ADAM_V; offsets
- * of the whole layer as the migration planner writes them) in generation g. Returns 0, or
- * -ERANGE when the held copy does not cover it. */
+ * of the whole layer as the migration planner writes them) in generation g; parameters of a
+ * held part without them come from the own part. Returns 0, or -ERANGE when the held copy
+ * does not cover it. */
 int worker__peer_held_buf(const struct worker_peer_gen *g, const struct mig_xfer *x,
                           float **ret);
 /* The same for the own part: what a survivor sends of its own state in a peer restore. */

@@ -229,7 +229,9 @@ static int test_exchange_rollback(void) {
         ASSERT_EQ(ra[i].n, ra[0].n);
         ASSERT_EQ(memcmp(ra[i].after4, ra[i].replay4, ra[i].n * sizeof(float)), 0);
     }
-    /* Each holds the other's own part of the same step, byte-exact. */
+    /* Each holds the other's own part of the same step, byte-exact: its moment shards (the
+     * other is a replica of our stage), and the parameters, which our own part has, bit for
+     * bit. */
     for (int s = 2; s <= 4; s += 2)
         for (int i = 0; i < 2; i++) {
             const struct worker_peer_gen *mine = worker__peer_find(&ra[i].store, NULL, (uint64_t)s);
@@ -237,9 +239,14 @@ static int test_exchange_rollback(void) {
                 worker__peer_find(&ra[1 - i].store, NULL, (uint64_t)s);
             ASSERT_TRUE(mine != NULL && other != NULL);
             ASSERT_EQ(mine->held.pos, 1 - i);
-            ASSERT_EQ(mine->held.nfloats, other->own.nfloats);
-            ASSERT_EQ(memcmp(mine->held.data, other->own.data,
+            ASSERT_TRUE(!mine->held.has_params && mine->held.pfloats == 0);
+            ASSERT_TRUE(other->own.has_params && other->own.pfloats > 0);
+            ASSERT_EQ(mine->held.nfloats, other->own.nfloats - other->own.pfloats);
+            ASSERT_EQ(memcmp(mine->held.data, other->own.data + other->own.pfloats,
                              mine->held.nfloats * sizeof(float)), 0);
+            ASSERT_EQ(mine->own.pfloats, other->own.pfloats);
+            ASSERT_EQ(memcmp(mine->own.data, other->own.data,
+                             mine->own.pfloats * sizeof(float)), 0);
         }
     /* The failed exchange: an error, and the two generations (steps 2 and 4) still there. */
     ASSERT_TRUE(ra[0].dead_rc < 0);
@@ -257,7 +264,8 @@ static int test_ranges(void) {
     struct mig_xfer x = {.src = 0, .dst = 1, .layer = (uint32_t)L->layer, .kind = MIG_PARAM,
                          .offset = 3, .count = 5};
     ASSERT_OK(worker__peer_held_buf(g, &x, &p));
-    ASSERT_TRUE(p == g->held.data + L->off + 3);
+    ASSERT_TRUE(p == g->own.data + g->own.l[1].off + 3); /* a replica's: from our own part */
+    ASSERT_EQ(g->own.l[1].layer, L->layer);
     x.offset = L->n - 1;
     x.count = 2; /* past the layer */
     ASSERT_ERR(worker__peer_held_buf(g, &x, &p), -ERANGE);
@@ -265,7 +273,7 @@ static int test_ranges(void) {
     x.offset = L->lo;
     x.count = L->hi - L->lo;
     ASSERT_OK(worker__peer_held_buf(g, &x, &p));
-    ASSERT_TRUE(p == g->held.data + L->off + L->n + (L->hi - L->lo));
+    ASSERT_TRUE(p == g->held.data + L->moff + (L->hi - L->lo));
     x.kind = MIG_ADAM_M;
     x.offset = 0; /* rank 1's shard starts at the middle: rank 0's half is not held */
     x.count = 1;
@@ -329,8 +337,8 @@ static int test_fill(void) {
         ASSERT_EQ(x->lo, 0);
         ASSERT_TRUE(x->hi > 0 && x->hi < x->n);
         wrong += memcmp(b.param, d, b.n * sizeof(float)) != 0;
-        wrong += memcmp(b.adam_m, d + x->n, sh * sizeof(float)) != 0;
-        wrong += memcmp(b.adam_v, d + x->n + sh, sh * sizeof(float)) != 0;
+        wrong += memcmp(b.adam_m, g->own.data + x->moff, sh * sizeof(float)) != 0;
+        wrong += memcmp(b.adam_v, g->own.data + x->moff + sh, sh * sizeof(float)) != 0;
         for (size_t i = sh; i < b.n; i++)
             wrong += b.adam_m[i] != -7.0f || b.adam_v[i] != -7.0f;
         /* The own part's ranges, as worker__peer_held_buf serves the held one's. */
@@ -338,7 +346,7 @@ static int test_fill(void) {
         struct mig_xfer t = {.src = 0, .dst = 1, .layer = (uint32_t)x->layer,
                              .kind = MIG_ADAM_V, .offset = 1, .count = sh - 1};
         ASSERT_OK(worker__peer_own_buf(g, &t, &p));
-        ASSERT_TRUE(p == g->own.data + x->off + x->n + sh + 1);
+        ASSERT_TRUE(p == g->own.data + x->moff + sh + 1);
         t.count = sh; /* one past the shard */
         ASSERT_ERR(worker__peer_own_buf(g, &t, &p), -ERANGE);
         t.kind = MIG_PARAM;
