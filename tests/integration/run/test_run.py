@@ -1210,6 +1210,9 @@ class LoopbackProxy:
                 continue
             for so in (c, u):
                 so.settimeout(None)
+                # As the workers' own sockets: without it, Nagle holds each forwarded piece
+                # of a message until the last one's ACK (up to 40 ms a message).
+                so.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self.lock:
                 self.socks += [c, u]
             self.connected(c, u)
