@@ -266,11 +266,13 @@ int cli_worker_job_main(int argc, char **argv) {
         cfg->poll_notice = poll_notices;
         cfg->notice_userdata = &ns;
     }
-    /* Faults for scripts/chaos: this worker's Nth checkpoint layer write fails with ENOSPC;
-     * its Nth sending migration transfer is cut mid-message. */
-    long enospc, cut;
+    /* Faults for scripts/chaos and the tests: this worker's Nth checkpoint layer write fails
+     * with ENOSPC; its Nth sending migration transfer, or its Nth peer-copy exchange, is cut
+     * mid-message. */
+    long enospc, cut, pcut;
     if (fault_count("SPOTTRAIN_TEST_CKPT_ENOSPC", &enospc) < 0 ||
-        fault_count("SPOTTRAIN_TEST_DATA_CUT", &cut) < 0) {
+        fault_count("SPOTTRAIN_TEST_DATA_CUT", &cut) < 0 ||
+        fault_count("SPOTTRAIN_TEST_PEER_CUT", &pcut) < 0) {
         ret = CLI_EXIT_INPUT;
         goto out;
     }
@@ -278,6 +280,8 @@ int cli_worker_job_main(int argc, char **argv) {
         mig_ckpt_write_fail_at(enospc);
     if (cut >= 0)
         mig_execute_cut_at(cut);
+    if (pcut >= 0)
+        mig_side_cut_at(pcut);
     if (!cloud && getenv("AWS_EC2_METADATA_SERVICE_ENDPOINT"))
         cloud = "aws";
     if (cloud) {

@@ -58,6 +58,11 @@ int mig_execute(struct mig_comm *c, const struct mig_xfer *x, size_t n, mig_xfer
  * SPOTTRAIN_TEST_DATA_CUT=N so that scripts/chaos can cut a migration mid-transfer. */
 void mig_execute_cut_at(long n);
 
+/* The same for the epochs' side channels (MIG_EPOCH_SIDE): the nth batch from now in which
+ * this rank sends on a side channel has its first send cut mid-message. A worker arms it from
+ * SPOTTRAIN_TEST_PEER_CUT=N, so that a test can fail a peer-copy exchange. 0 disarms. */
+void mig_side_cut_at(long n);
+
 /* Bytes rank `rank` sends (ret_send) and receives (ret_recv) under x[0..n). Either pointer may
  * be NULL. Lets a caller compare a plan's bytes with what mig_execute reports. */
 void mig_xfer_bytes(const struct mig_xfer *x, size_t n, int rank, uint64_t *ret_send,

@@ -1441,8 +1441,25 @@ static int cut_mid_message(struct mig_comm *c, struct conn *cn, const struct mig
     return -ECONNRESET;
 }
 
+/* mig_side_cut_at(): sending side-channel batches counted since it was armed, and the one cut. */
+static long side_cut_at, side_cut_count;
+
+/* See migrate-execute.h. */
+void mig_side_cut_at(long n) {
+    __atomic_store_n(&side_cut_count, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&side_cut_at, n, __ATOMIC_SEQ_CST);
+}
+
 static int tcp_batch(struct mig_comm *c, struct mig_op *ops, size_t n) {
     struct tcp_comm *tc = c->priv;
+    if (c->side && __atomic_load_n(&side_cut_at, __ATOMIC_SEQ_CST) > 0) {
+        bool sends = false;
+        for (size_t i = 0; i < n && !sends; i++)
+            sends = ops[i].send;
+        if (sends && __atomic_add_fetch(&side_cut_count, 1, __ATOMIC_SEQ_CST) ==
+                         __atomic_load_n(&side_cut_at, __ATOMIC_SEQ_CST))
+            c->cut_send = true; /* the first send below is cut */
+    }
     int nr = c->nranks, r = 0;
     size_t left = 0;
 

@@ -67,7 +67,8 @@ import tempfile  # noqa: E402
 SPEC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "examples",
                     "quickstart.yaml")
 with tempfile.TemporaryDirectory(prefix="st-cli-") as d:
-    for var in ("SPOTTRAIN_TEST_CKPT_ENOSPC", "SPOTTRAIN_TEST_DATA_CUT"):
+    for var in ("SPOTTRAIN_TEST_CKPT_ENOSPC", "SPOTTRAIN_TEST_DATA_CUT",
+                "SPOTTRAIN_TEST_PEER_CUT"):
         for bad in ("x", "-1", "3k"):
             p = subprocess.run([BIN, "worker", "--coordinator", "127.0.0.1:1", "--job", SPEC,
                                 "--state-dir", d], capture_output=True, text=True, timeout=30,

@@ -32,6 +32,9 @@ engine, can appear and then grow; `train --local --dp 2` shows it against `--dp 
               successor are lost together, so that position has no copy left and the job
               restores from disk (one checkpoint restore); no fresh start; same bits
               (exchanged in the background: training waits for the snapshot, not the exchange)
+  peer-cut    every worker's first peer-copy exchange cut mid-message on the side channel:
+              peer-copy-failed from each position, the epoch trains on, and a worker killed
+              later restores from disk (no copy kept anywhere); same bits
   zone        a whole zone lost at once: its positions' copies are held in other zones (the
               ring follows the zones), one peer restore, no disk restore; copies exchanged at
               the step boundary (peer_copy_background: false), and training waited for each
@@ -611,6 +614,91 @@ def test_peer():
             len(t), median([x for x, _ in t]), median([b for _, b in t])))
         check(median([b for _, b in t]) < median([x for x, _ in t]),
               "training waited for the background exchanges: %r" % t[:8])
+        same(ref, save)
+    finally:
+        if proc and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_peer_cut():
+    # Every worker's first peer-copy exchange is cut mid-message on the side channel
+    # (SPOTTRAIN_TEST_PEER_CUT=1): the exchange fails at both ends, each worker says so
+    # (peer-copy-failed) and stops copying in that epoch, and training goes on: the epoch does
+    # not fail. A worker killed later then has no copy anywhere, so the job restores from its
+    # disk checkpoint (not from copies, not from scratch) and ends bitwise equal.
+    import glob
+    import signal
+    d = tempfile.mkdtemp(prefix="st-run-")
+    proc = None
+    try:
+        steps, every = 2000, 25
+        job = write_job(d, "peercut", steps, "seconds,N\n0,5\n", unannounced=1,
+                        planner="pp: 2, learn: false", ckpt="20s",
+                        extra="  fault_tolerance: {peer_copy_every: %d}\n" % every)
+        ref = reference(d, job, steps)
+        save, summ = os.path.join(d, "save"), os.path.join(d, "summary.json")
+        err = open(os.path.join(d, "run.err"), "w")
+        proc = subprocess.Popen([BIN, "run", job, "--steps", str(steps), "--save", save,
+                                 "--json-summary", summ, "--state-dir",
+                                 os.path.join(d, "state")],
+                                stdout=subprocess.PIPE, stderr=err, text=True,
+                                env=dict(os.environ, SPOTTRAIN_TEST_PEER_CUT="1"))
+
+        def rest():
+            with open(os.path.join(d, "run.err")) as f:
+                for l in f:
+                    if "rest=http://" in l:
+                        return l.split("rest=")[1].split()[0]
+            return None
+        base = wait_for("the REST address", rest, 60)
+
+        def events():
+            out, since = [], 0
+            while True:
+                page = json.loads(http_get(base, "/v1/events?since=%d&limit=500" % since))
+                out += [e["message"] for e in page["events"]]
+                if not page["events"] or page["next"] == since:
+                    return out
+                since = page["next"]
+
+        def failed_copies():
+            try:
+                ev = events()
+            except (OSError, ValueError):
+                return None
+            f = [m for m in ev if m.startswith("peer-copy-failed")]
+            return f if len(f) >= 4 else None
+        # All four positions' first exchanges fail (each worker's own send is cut, and the
+        # cut ends its neighbour's receive).
+        failed = wait_for("the four positions' cut exchanges", failed_copies, 90)
+        check(all("epoch=1 step=%d" % every in m for m in failed),
+              "the first exchange of epoch 1 failed: %r" % failed)
+        wait_for("a committed checkpoint", lambda: glob.glob(os.path.join(
+            d, "state", "ckpt", "step-*", "manifest.json")), 90)
+        ev = events()
+        check(not [m for m in ev if m.startswith("peer-copy ")],
+              "no generation was kept in epoch 1: %r" % [m for m in ev
+                                                         if m.startswith("peer-copy ")][:4])
+        check(not [m for m in ev if m.startswith("step-failed")],
+              "the cut exchanges failed an epoch: %r" % [m for m in ev
+                                                          if m.startswith("step-failed")])
+        pids = wait_for("the worker processes", lambda: (
+            lambda p: p if "i-00000000000000002" in p else None)(sim_worker_pids(d)), 30)
+        os.kill(pids["i-00000000000000002"], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=150)
+        err.close()
+        sys.stdout.write(out[-3000:])
+        check(proc.returncode == 0, "spottrain run exited %d" % proc.returncode)
+        with open(summ) as f:
+            s = json.load(f)
+        m = s["migrations"]
+        check(s["finished"] and s["steps"] == steps, "job did not finish: %s" % s)
+        check(m["peer-restore"]["count"] == 0, "peer restores: %r" % m["peer-restore"])
+        check(m["checkpoint-restore"]["count"] == 1,
+              "checkpoint restores: %r" % m["checkpoint-restore"])
+        check(m["fresh-start"]["count"] == 0, "fresh starts: %r" % m["fresh-start"])
         same(ref, save)
     finally:
         if proc and proc.poll() is None:
@@ -1676,7 +1764,8 @@ def test_tls():
 
 TESTS = {"tls": test_tls, "auth": test_auth, "restart": test_restart, "standalone": test_standalone, "central": test_central, "slow": test_slow, "intra": test_intra, "inter": test_inter,
          "pipeline": test_pipeline, "reshard": test_reshard, "input": test_input,
-         "peer": test_peer, "zone": test_zone, "refused": test_refused, "mitm": test_mitm}
+         "peer": test_peer, "peer-cut": test_peer_cut, "zone": test_zone, "refused": test_refused,
+         "mitm": test_mitm}
 
 if __name__ == "__main__":
     name = sys.argv[1] if len(sys.argv) > 1 else ""
