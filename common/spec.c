@@ -221,6 +221,7 @@ static const struct field planner_fields[] = {
     {"pp", F_SHAPE, OFF(planner.pp), 0, 1, 1024, NULL, &pp_range_table, 0, NULL},
     {"wait_limit", F_DURATION, OFF(planner.wait_limit), 0, 0, 1e7, NULL, NULL, MIN_EXCL, NULL},
     {"learn", F_BOOL, OFF(planner.learn), 0, 0, 0, NULL, NULL, 0, NULL},
+    {"migration_costs", F_PATH, STR(planner.migration_costs), 0, 0, NULL, NULL, EMPTY_OK, NULL},
 };
 static const struct table planner_table = TABLE(planner_fields);
 
@@ -1768,6 +1769,7 @@ char *st_spec_to_json(const struct st_spec *spec) {
                                    &ok), &ok);
     jset(planner, "wait_limit", json_real(spec->planner.wait_limit), &ok);
     jset(planner, "learn", json_boolean(spec->planner.learn), &ok);
+    jset(planner, "migration_costs", json_string(spec->planner.migration_costs), &ok);
     jset(sp, "planner", planner, &ok);
 
     jset(ckpt, "dir", json_string(spec->checkpoint.dir), &ok);

@@ -153,6 +153,8 @@ struct st_spec_planner {
                            * 1800) */
     bool learn;           /* decide on the cost model fitted to the job's measured steps and
                            * migrations (default true); false: on the spec's fleet figures */
+    char migration_costs[ST_SPEC_PATH_MAX]; /* a cost file (scripts/bench migration) the
+                           * fitted model starts from; "" = the spec's figures */
 };
 
 struct st_spec_checkpoint {

@@ -77,6 +77,8 @@ struct coord_loop_config {
     char save_dir[ST_SPEC_PATH_MAX]; /* final checkpoint at the end; "" = none */
     struct cloud_provider *provider; /* borrowed; NULL = workers come and go by themselves */
     const struct plan_cost *cost;   /* borrowed; NULL = simple policy (fill the fleet) */
+    const struct plan_measured_costs *migration_costs; /* borrowed; NULL = the cost model's own
+                                       * migration figures (planner.migration_costs) */
     coord_ckpt_latest_fn *ckpt_latest; /* required for restores */
     coord_ckpt_prune_fn *ckpt_prune;   /* NULL = keep every checkpoint */
     coord_ckpt_commit_fn *ckpt_commit; /* required for periodic checkpoints */

@@ -158,6 +158,7 @@ struct job {
     struct cloud_provider *prov;
     struct plan_trace *trace;
     struct plan_cost *cost;
+    struct plan_measured_costs mcosts; /* planner.migration_costs, when set */
     struct cloud_event *ev;
     size_t nev;
     struct sim_spawn *spawn;
@@ -252,6 +253,7 @@ static int loop_config(struct job *J, const char *state_dir) {
     else
         lc->time_scale = 1.0; /* real fleets: planning intervals are real seconds */
     lc->cost = J->cost;
+    lc->migration_costs = J->spec.planner.migration_costs[0] ? &J->mcosts : NULL;
     lc->ckpt_latest = cfg->ckpt_latest;
     lc->ckpt_prune = cfg->ckpt_prune;
     lc->ckpt_commit = cfg->ckpt_commit;
@@ -416,6 +418,28 @@ int coord_job_run(const struct coord_job_config *cfg, struct coord_loop_summary 
         st_log(ST_LOG_WARN, "job", "No cost model for this spec (%s); the loop fills the fleet, "
                                    "ignoring", st_strerror(r));
         J->cost = NULL;
+    }
+    if (J->spec.planner.migration_costs[0]) {
+        /* A cost file the fitted model starts from (scripts/bench migration writes one). */
+        const char *path = J->spec.planner.migration_costs;
+        char *text = NULL;
+        size_t len = 0;
+        struct st_error err;
+        memset(&err, 0, sizeof(err));
+        r = st_read_file(path, 1u << 20, &text, &len);
+        if (r < 0) {
+            st_log(ST_LOG_ERR, "job", "Cannot read planner.migration_costs '%s': %s", path,
+                   st_strerror(r));
+            r = -EINVAL; /* the spec names it: bad input, whatever the reason */
+            goto out;
+        }
+        r = plan_measured_costs_parse(path, text, len, &J->mcosts, &err);
+        st_free(text);
+        if (r < 0) {
+            st_log(ST_LOG_ERR, "job", "planner.migration_costs '%s' is not a cost file: %s",
+                   path, err.message[0] ? err.message : st_strerror(r));
+            goto out;
+        }
     }
     TRY_GOTO(loop_config(J, state_dir), r, out);
     if ((r = coord_loop_new(J->lc, &J->L)) < 0) {

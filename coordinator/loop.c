@@ -2128,7 +2128,10 @@ int coord_loop_new(const struct coord_loop_config *cfg, struct coord_loop **ret)
         return -EINVAL;
     }
     int fr = L->cfg.cost ? plan_fit_new(L->cfg.cost, &L->fit) : 0;
+    if (fr >= 0 && L->fit && L->cfg.migration_costs)
+        fr = plan_fit_start_costs(L->fit, L->cfg.migration_costs);
     if (fr < 0) {
+        plan_fit_free(L->fit);
         st_free(L);
         return fr;
     }

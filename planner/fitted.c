@@ -10,7 +10,10 @@
  * e.g. workers that share CPU cores gain nothing from more replicas. Migrations: once one was
  * measured, the cost model charges live migrations (plan_cost_use_measured) with each kind's
  * fixed part fitted as the average of stall minus its bytes over the prior's link, and a kind
- * not yet seen at the largest fixed part seen so far. Pure: the loop feeds it numbers. */
+ * not yet seen at the largest fixed part seen so far. A cost file (planner.migration_costs,
+ * plan_fit_start_costs) replaces the prior's migration figures from the start: every kind then
+ * has its file's fixed part and throughput until the job measures it. Pure: the loop feeds it
+ * numbers. */
 #include <errno.h>
 #include <math.h>
 #include <string.h>
@@ -33,6 +36,8 @@ struct plan_fit {
     double fixed_sum[PLAN_MEAS_NKINDS];
     int nfixed[PLAN_MEAS_NKINDS];
     double link_bytes_per_s;     /* the prior's point-to-point rate at large messages */
+    bool have_file;              /* plan_fit_start_costs: the kinds' figures below */
+    struct plan_measured_costs file;
     bool dirty;
 };
 
@@ -138,11 +143,31 @@ int plan_fit_observe_step(struct plan_fit *f, int dp, int pp, double seconds) {
 static double fixed_s(const struct plan_fit *f, enum plan_meas_kind k) {
     if (f->nfixed[k] > 0)
         return f->fixed_sum[k] / f->nfixed[k];
+    if (f->have_file)
+        return f->file.fixed_s[k];
     double worst = -1;
     for (int j = 0; j < PLAN_MEAS_NKINDS; j++)
         if (f->nfixed[j] > 0)
             worst = ST_MAX(worst, f->fixed_sum[j] / f->nfixed[j]);
     return worst;
+}
+
+/* Bytes per second a migration of kind k moves: the cost file's, or the prior's link. */
+static double rate(const struct plan_fit *f, enum plan_meas_kind k) {
+    return f->have_file ? f->file.bytes_per_s[k] : f->link_bytes_per_s;
+}
+
+int plan_fit_start_costs(struct plan_fit *f, const struct plan_measured_costs *m) {
+    if (!f || !m)
+        return -EINVAL;
+    for (int k = 0; k < PLAN_MEAS_NKINDS; k++)
+        if (!(m->bytes_per_s[k] > 0) || !(m->fixed_s[k] >= 0) || !isfinite(m->fixed_s[k]) ||
+            !isfinite(m->bytes_per_s[k]))
+            return -EINVAL;
+    f->file = *m;
+    f->have_file = true;
+    f->dirty = true;
+    return 0;
 }
 
 double plan_fit_stall_seconds(const struct plan_fit *f, enum plan_meas_kind k, double bytes) {
@@ -151,7 +176,7 @@ double plan_fit_stall_seconds(const struct plan_fit *f, enum plan_meas_kind k, d
     double fx = fixed_s(f, k);
     if (fx < 0) /* nothing measured yet: the prior's own estimate of a live move */
         fx = plan__intra_ms(f->cost, 1, 1) / 1000;
-    return fx + bytes / f->link_bytes_per_s;
+    return fx + bytes / rate(f, k);
 }
 
 int plan_fit_observe_migration(struct plan_fit *f, enum plan_meas_kind k, double bytes,
@@ -159,7 +184,7 @@ int plan_fit_observe_migration(struct plan_fit *f, enum plan_meas_kind k, double
     if (!f || (unsigned)k >= PLAN_MEAS_NKINDS || !(bytes >= 0) || !(stall_s >= 0) ||
         !isfinite(stall_s) || !isfinite(bytes))
         return -EINVAL;
-    f->fixed_sum[k] += ST_MAX(0.0, stall_s - bytes / f->link_bytes_per_s);
+    f->fixed_sum[k] += ST_MAX(0.0, stall_s - bytes / rate(f, k));
     f->nfixed[k]++;
     f->dirty = true;
     return 0;
@@ -178,10 +203,10 @@ const struct plan_cost *plan_fit_cost(struct plan_fit *f) {
     if (fixed_s(f, PLAN_MEAS_INTRA) >= 0) { /* some kind was measured */
         struct plan_measured_costs m;
         memset(&m, 0, sizeof(m));
-        m.link_gbps = f->link_bytes_per_s * 8 / 1e9;
+        m.link_gbps = f->have_file ? f->file.link_gbps : f->link_bytes_per_s * 8 / 1e9;
         for (int k = 0; k < PLAN_MEAS_NKINDS; k++) {
             m.fixed_s[k] = fixed_s(f, (enum plan_meas_kind)k);
-            m.bytes_per_s[k] = f->link_bytes_per_s;
+            m.bytes_per_s[k] = rate(f, (enum plan_meas_kind)k);
         }
         (void)plan_cost_use_measured(c, &m, 0); /* figures checked above: cannot fail */
     }

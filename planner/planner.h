@@ -263,6 +263,11 @@ double plan_fit_stall_seconds(const struct plan_fit *f, enum plan_meas_kind k, d
 /* One migration measured. Returns 0 or -EINVAL. */
 int plan_fit_observe_migration(struct plan_fit *f, enum plan_meas_kind k, double bytes,
                                double stall_s);
+/* Starts the migration costs from a cost file (scripts/bench migration) instead of the
+ * prior's: a kind not measured in this job yet is charged the file's fixed part, and bytes
+ * cross at the file's throughput of that kind, in predictions and in the fit alike. Call
+ * before the first observation. Returns 0 or -EINVAL. */
+int plan_fit_start_costs(struct plan_fit *f, const struct plan_measured_costs *m);
 /* The fitted model for plan_decide: throughput from the predicted step times and, once a
  * migration was measured, migrations charged with the fitted costs (plan_cost_use_measured).
  * Borrowed; valid until the next call or plan_fit_free. */

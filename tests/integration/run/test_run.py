@@ -13,7 +13,8 @@ engine, can appear and then grow; `train --local --dp 2` shows it against `--dp 
               copy's holder killed (one disk restore), a notice with a spare (inter-stage),
               an unannounced kill (one peer restore), a notice without a spare (intra-stage);
               exactly those, no fresh start; parameters equal to the uninterrupted run
-  intra       forced 2x2 -> 1x2: survivors of each stage take over (intra-stage)
+  intra       forced 2x2 -> 1x2: survivors of each stage take over (intra-stage); the planner
+              starts from a cost file (planner.migration_costs): its figures are the predictions
   inter       forced 2x2 -> 2x2 with a noticed worker replaced by a spare (inter-stage)
   pipeline    forced 2x1 -> 1x2 -> 1x3 (pipeline repartition)
   reshard     forced 1x2 -> 2x2 -> 4x1 (ZeRO-1 optimizer shards resharded when dp changes)
@@ -196,10 +197,16 @@ def check_parts(s):
               (r["epoch"], p, r["stall_seconds"]))
 
 
-def forced(name, shapes, trace, want, steps=30, fleet_extra="", model=TINY, shares=False):
+def forced(name, shapes, trace, want, steps=30, fleet_extra="", model=TINY, shares=False,
+           costs=None):
     d = tempfile.mkdtemp(prefix="st-run-")
     try:
-        job = write_job(d, name, steps, trace, model=model)
+        planner = "dp: {min: 1, max: 8}"
+        if costs:  # planner.migration_costs: a cost file, relative to the spec
+            with open(os.path.join(d, "costs.json"), "w") as f:
+                json.dump(costs, f)
+            planner += ", migration_costs: costs.json"
+        job = write_job(d, name, steps, trace, model=model, planner=planner)
         if fleet_extra:
             with open(job) as f:
                 text = f.read().replace("    trace: trace.csv\n",
@@ -218,6 +225,15 @@ def forced(name, shapes, trace, want, steps=30, fleet_extra="", model=TINY, shar
                   "no %s migration in %s" % (k, got))
             check(s["migrations"][k]["count"] >= 1, "summary counts no %s" % k)
         check(sum(r["planned_bytes"] for r in kinds(s)) > 0, "nothing moved")
+        if costs:
+            # Each kind's first prediction comes from the file (its fixed part; its bytes at
+            # 1 TB/s add nothing visible), not from the spec's figures (about 1 s here).
+            for k, v in costs["kinds"].items():
+                cm = s["cost_model"]["kinds"][k]
+                if cm["count"] == 1:
+                    check(abs(cm["stall_seconds_predicted"] - v["fixed_s"]) < 0.01,
+                          "%s predicted %r, the cost file says %r" % (
+                              k, cm["stall_seconds_predicted"], v["fixed_s"]))
         # Every forced shape trained its steps, so each shows in the time per shape: at least
         # a tenth of its share of the steps' wall time (its steps may be slower or faster than
         # the others', not ten times; the bug this catches left ~0 s). Only where steps outweigh the run's fixed costs
@@ -238,7 +254,11 @@ def forced(name, shapes, trace, want, steps=30, fleet_extra="", model=TINY, shar
 
 
 def test_intra():
-    forced("intra", "0:2x2,12:1x2", "seconds,N\n0,4\n600,4\n", ["intra-stage"])
+    # With a cost file of made-up figures (planner.migration_costs): the predictions use them.
+    fixed = {"intra-stage": 5.0, "inter-stage": 6.0, "pipeline": 8.0, "dp-resharding": 7.0}
+    costs = {"machine": "test", "link_gbps": 8000,
+             "kinds": {k: {"fixed_s": v, "bytes_per_s": 1e12} for k, v in fixed.items()}}
+    forced("intra", "0:2x2,12:1x2", "seconds,N\n0,4\n600,4\n", ["intra-stage"], costs=costs)
 
 
 def test_pipeline():
@@ -1074,6 +1094,20 @@ def test_input():
             f.write("this is not a trace\n")
         rc, out, err = sh([BIN, "run", job], 30)
         check(rc == 2 and "trace" in err, "bad trace: rc %d: %s" % (rc, err))
+        with open(os.path.join(d, "trace.csv"), "w") as f:
+            f.write("seconds,N\n0,2\n600,2\n")
+        # planner.migration_costs: a file that is not there, one that is not a cost file
+        with open(os.path.join(d, "costs.json"), "w") as f:
+            f.write('{"machine": "m", "kinds": {}}')
+        for costs, needle in (("nope.json", "Cannot read planner.migration_costs"),
+                              ("costs.json", "is not a cost file")):
+            cjob = write_job(d, "input", 10, "seconds,N\n0,2\n600,2\n",
+                             planner="dp: {min: 1, max: 8}, migration_costs: " + costs)
+            rc, out, err = sh([BIN, "run", cjob, "--state-dir", os.path.join(d, "st-" + costs)],
+                              30)
+            check(rc == 2 and needle in err and costs in err,
+                  "migration_costs %s: rc %d: %s" % (costs, rc, err[-600:]))
+        job = write_job(d, "input", 10, "seconds,N\n0,2\n600,2\n")  # the cases below
         rc, out, err = sh([BIN, "run", "--help"], 30)
         check(rc == 0 and "--json-summary" in out, "--help")
         # The training worker and the training coordinator reject bad input the same way.

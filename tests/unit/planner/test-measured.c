@@ -291,5 +291,44 @@ static int test_fit(void) {
     return 0;
 }
 
+/* A fit started from a cost file (planner.migration_costs): every kind is charged the file's
+ * fixed part and throughput before the job measured any, plan_decide's model charges them at
+ * once, and a measured kind replaces its file figure (its bytes taken at the file's rate). */
+static int test_fit_start_costs(void) {
+    struct plan_cost *c = small_cost();
+    struct plan_fit *f = NULL;
+    ASSERT_TRUE(c != NULL);
+    ASSERT_OK(plan_fit_new(c, &f));
+    struct plan_measured_costs m;
+    memset(&m, 0, sizeof(m));
+    m.link_gbps = 10;
+    for (int k = 0; k < PLAN_MEAS_NKINDS; k++) {
+        m.fixed_s[k] = 0.01 * (k + 1);
+        m.bytes_per_s[k] = 1e9 * (k + 1);
+    }
+    struct plan_measured_costs bad = m;
+    bad.bytes_per_s[PLAN_MEAS_PIPELINE] = 0;
+    ASSERT_ERR(plan_fit_start_costs(f, &bad), -EINVAL);
+    bad = m;
+    bad.fixed_s[PLAN_MEAS_INTER] = NAN;
+    ASSERT_ERR(plan_fit_start_costs(f, &bad), -EINVAL);
+    ASSERT_ERR(plan_fit_start_costs(NULL, &m), -EINVAL);
+    /* before: the prior's guess; after: the file's figures */
+    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_MEAS_INTRA, 0), 1.065, 1e-12, 0);
+    ASSERT_OK(plan_fit_start_costs(f, &m));
+    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_MEAS_INTRA, 0), 0.01, 1e-12, 0);
+    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_MEAS_PIPELINE, 3e9), 0.03 + 1.0, 1e-12, 0);
+    ASSERT_TRUE(plan_fit_cost(f)->measured); /* charged from the start */
+    /* a pipeline move measured: 0.5 s for 3e9 bytes at the file's 3e9 B/s: fixed -0.5 -> 0 */
+    ASSERT_OK(plan_fit_observe_migration(f, PLAN_MEAS_PIPELINE, 3e9, 0.5));
+    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_MEAS_PIPELINE, 0), 0, 1e-12, 0);
+    ASSERT_OK(plan_fit_observe_migration(f, PLAN_MEAS_PIPELINE, 0, 0.2));
+    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_MEAS_PIPELINE, 0), 0.1, 1e-12, 0);
+    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_MEAS_INTER, 2e9), 0.02 + 1.0, 1e-12, 0);
+    plan_fit_free(f);
+    plan_cost_free(c);
+    return 0;
+}
+
 TEST_MAIN(TEST(test_parse), TEST(test_parse_errors), TEST(test_charging),
-          TEST(test_trace_fraction), TEST(test_fit))
+          TEST(test_trace_fraction), TEST(test_fit), TEST(test_fit_start_costs))
