@@ -64,7 +64,9 @@ int mig_endpoint_port(const struct mig_endpoint *ep);
 /* The coordinator has moved on to `epoch`: a mig_comm_new() of a lower epoch that is still
  * waiting for its peers (one of them dead, say) gives up within 50 ms with -ECANCELED instead
  * of at its timeout. Comms already built are not touched (a live migration still moves state
- * on the old epoch's). Safe from any thread; epochs only go up. NULL-safe. */
+ * on the old epoch's), nor are side channels (MIG_EPOCH_SIDE): the old epoch trains on until
+ * a live migration's boundary, and its copies with it. Safe from any thread; epochs only go
+ * up. NULL-safe. */
 void mig_endpoint_abandon(struct mig_endpoint *ep, uint64_t epoch);
 
 /* Closes the listener and every buffered early connection. NULL-safe; returns NULL.

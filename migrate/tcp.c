@@ -1036,7 +1036,8 @@ static int tcp_init(struct mig_comm *c, const char *const *peer_addrs) {
             r = -ECANCELED;
             goto out;
         }
-        if (c->epoch < atomic_load(&ep->abandon_below)) {
+        /* Not a side channel: its epoch still runs when a live migration is ordered ahead. */
+        if (!c->side && c->epoch < atomic_load(&ep->abandon_below)) {
             st_log(ST_LOG_WARN, "migrate", "rank %d: epoch %llu: abandoned while connecting (the "
                    "coordinator moved on to epoch %llu)", c->rank, (unsigned long long)c->epoch,
                    (unsigned long long)atomic_load(&ep->abandon_below));

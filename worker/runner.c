@@ -101,7 +101,6 @@ struct runner {
     double next_notice_poll;
     struct worker_peer_store peers; /* in-memory copies: ours and our predecessor's */
     struct peerbg pc;         /* the epoch's side channel and the exchange in flight */
-    _Atomic uint64_t cmd_epoch; /* newest epoch a command named (set by the watch thread) */
     uint64_t peer_refused;    /* epoch whose copies did not fit the memory budget */
     double last_step_end;     /* st_now() at the end of the last step (any epoch); 0 = none */
     uint64_t first_epoch;     /* epoch whose first step is still to be reported; 0 = none */
@@ -218,9 +217,6 @@ static int on_command(struct worker_agent *a, const Spottrain__V1__Command *cmd,
      * connected) will never come up, so the runner thread stops waiting for it now rather
      * than at the data plane's timeout. */
     mig_endpoint_abandon(R->ep, cmd->epoch);
-    uint64_t cur = atomic_load(&R->cmd_epoch);
-    while (cur < cmd->epoch && !atomic_compare_exchange_weak(&R->cmd_epoch, &cur, cmd->epoch))
-        ;
     size_t len = spottrain__v1__command__get_packed_size(cmd);
     uint8_t *buf = st_malloc(len ? len : 1);
     if (!buf)
@@ -1008,6 +1004,10 @@ static bool try_reconfigure(struct runner *R) {
         R->pending_since = 0;
         return true;
     }
+    /* A live migration starts once the copy of its boundary is complete on our side: if the
+     * migration fails, the restore starts from that copy. */
+    if (copy_epoch == 0 && have_state && !R->failed)
+        peer_settle(R, false);
     int r = apply_migrate(R, R->pcfg, R->pmig, split, nsplit, g);
     if (r < 0)
         notice(R, "reconfig-failed", "epoch=%llu mode=migrate: %s",
@@ -1178,17 +1178,6 @@ static void run_checkpoints(struct runner *R) {
     R->nckpt = keep;
 }
 
-/* Waits for the exchange in flight to end by itself: the next one may start only then (every
- * worker starts them at the same steps, so each pair of neighbours exchanges the same
- * generation). A newer epoch's order cancels the wait: a peer may be gone. */
-static void peer_wait(struct runner *R) {
-    struct peerbg *b = &R->pc;
-    while (b->running && !atomic_load(&b->finished) && atomic_load(&R->cmd_epoch) <= R->epoch) {
-        struct timespec ts = {0, 1000 * 1000};
-        nanosleep(&ts, NULL);
-    }
-    peer_settle(R, true);
-}
 
 /* Every peer_copy_every steps: a new generation of peer copies (worker-peer.h), unless the
  * epoch's copies do not fit the memory budget (then no copies at all in this epoch, said once:
@@ -1221,7 +1210,10 @@ static void peer_copy(struct runner *R) {
     if (b->epoch != R->epoch || b->broken)
         return; /* no side channel in this epoch (no secret), or it failed */
     double t0 = st_now();
-    peer_wait(R);
+    /* The exchange in flight ends by itself first (bounded by the data plane's no-progress
+     * timeout): every worker starts them at the same steps, so each pair of neighbours always
+     * exchanges the same generation. A lost peer fails our steps first, and that cancels it. */
+    peer_settle(R, false);
     if (b->broken)
         return;
     int r = 0;
