@@ -344,13 +344,7 @@ def test_central():
                                 stdout=subprocess.PIPE, stderr=err, text=True,
                                 env=dict(os.environ, SPOTTRAIN_NOTICE_SECONDS="30"))
 
-        def rest():
-            with open(os.path.join(d, "run.err")) as f:
-                for l in f:
-                    if "rest=http://" in l:
-                        return l.split("rest=")[1].split()[0]
-            return None
-        base = wait_for("the REST address", rest, 60)
+        base = run_rest(d)
 
         def job():
             try:
@@ -360,14 +354,8 @@ def test_central():
 
         def events():
             """Every event the job recorded but peer-copy notices, a line each."""
-            out, since = [], 0
-            while True:
-                page = json.loads(http_get(base, "/v1/events?since=%d&limit=500" % since))
-                out += ["%s %s %s" % (e["kind"], (e.get("worker_id") or "")[:8], e["message"])
-                        for e in page["events"] if "peer-copy at" not in e["message"]]
-                if not page["events"] or page["next"] == since:
-                    return out
-                since = page["next"]
+            return ["%s %s %s" % (e["kind"], (e.get("worker_id") or "")[:8], e["message"])
+                    for e in all_events(base) if "peer-copy at" not in e["message"]]
 
         def counted(kind, n, step):
             """The job once REST counts n reconfigurations of kind and it trained past step;
@@ -477,6 +465,37 @@ def test_central():
         shutil.rmtree(d, ignore_errors=True)
 
 
+def run_rest(d):
+    """The REST base address of the `spottrain run` whose stderr is d/run.err, once it says."""
+    def rest():
+        with open(os.path.join(d, "run.err")) as f:
+            for l in f:
+                if "rest=http://" in l:
+                    return l.split("rest=")[1].split()[0]
+        return None
+    return wait_for("the REST address", rest, 60)
+
+
+def job_at_least(base, step, epoch):
+    """GET /v1/job once the job reached epoch and step, else None (also while REST is down)."""
+    try:
+        j = json.loads(http_get(base, "/v1/job"))
+    except (OSError, ValueError):
+        return None
+    return j if j["epoch"] >= epoch and j["step"] >= step else None
+
+
+def all_events(base):
+    """Every event the job recorded, oldest first, page by page (the cursor is "next")."""
+    out, since = [], 0
+    while True:
+        page = json.loads(http_get(base, "/v1/events?since=%d&limit=500" % since))
+        out += page["events"]
+        if not page["events"] or page["next"] == since:
+            return out
+        since = page["next"]
+
+
 def sim_worker_pids(d):
     """{instance id: pid} of the sim's worker processes of the job in directory d."""
     pids = {}
@@ -540,20 +559,10 @@ def test_peer():
                                  os.path.join(d, "state")],
                                 stdout=subprocess.PIPE, stderr=err, text=True)
 
-        def rest():
-            with open(os.path.join(d, "run.err")) as f:
-                for l in f:
-                    if "rest=http://" in l:
-                        return l.split("rest=")[1].split()[0]
-            return None
-        base = wait_for("the REST address", rest, 60)
+        base = run_rest(d)
 
         def job_at(step, epoch):
-            try:
-                j = json.loads(http_get(base, "/v1/job"))
-            except (OSError, ValueError):
-                return None
-            return j if j["epoch"] >= epoch and j["step"] >= step else None
+            return job_at_least(base, step, epoch)
 
         def kill(*names):
             pids = wait_for("the worker processes", lambda: (
@@ -666,22 +675,10 @@ def test_peer_cut():
                                 stdout=subprocess.PIPE, stderr=err, text=True,
                                 env=dict(os.environ, SPOTTRAIN_TEST_PEER_CUT="1"))
 
-        def rest():
-            with open(os.path.join(d, "run.err")) as f:
-                for l in f:
-                    if "rest=http://" in l:
-                        return l.split("rest=")[1].split()[0]
-            return None
-        base = wait_for("the REST address", rest, 60)
+        base = run_rest(d)
 
         def events():
-            out, since = [], 0
-            while True:
-                page = json.loads(http_get(base, "/v1/events?since=%d&limit=500" % since))
-                out += [e["message"] for e in page["events"]]
-                if not page["events"] or page["next"] == since:
-                    return out
-                since = page["next"]
+            return [e["message"] for e in all_events(base)]
 
         def failed_copies():
             try:
@@ -758,20 +755,10 @@ def test_zone():
                                  os.path.join(d, "state")],
                                 stdout=subprocess.PIPE, stderr=err, text=True)
 
-        def rest():
-            with open(os.path.join(d, "run.err")) as f:
-                for l in f:
-                    if "rest=http://" in l:
-                        return l.split("rest=")[1].split()[0]
-            return None
-        base = wait_for("the REST address", rest, 60)
+        base = run_rest(d)
 
         def job_at(step, epoch):
-            try:
-                j = json.loads(http_get(base, "/v1/job"))
-            except (OSError, ValueError):
-                return None
-            return j if j["epoch"] >= epoch and j["step"] >= step else None
+            return job_at_least(base, step, epoch)
         j = wait_for("step 3 copies in", lambda: job_at(3 * every + 5, 1), 90)
         check(j["shape"] == {"dp": 2, "pp": 2} or (j["shape"]["dp"], j["shape"]["pp"]) == (2, 2),
               "started as 2x2: %r" % j["shape"])
