@@ -124,24 +124,93 @@ static void drop_spare(struct worker_engine *e) {
     e->spare_lo = e->spare_n = 0;
 }
 
-/* The current view's work buffers, from the spare's where they fit (the spare goes). */
-static int work_make(struct worker_engine *e, bool touch) {
-    int r = worker__work_new(e, &e->cur, touch, e->spare, e->spare_lo, e->spare_n, &e->work);
+/* Freeing a large model's old buffers took 30-45 ms at the boundary (the munmaps of ~0.5 GB,
+ * scripts/bench migration at the GPT-2 size); a thread of its own does it after the stall. */
+struct engine_reap {
+    pthread_t th;
+    struct engine_view view;
+    struct engine_work *work;
+    int work_n;
+};
+
+static void *reap_main(void *arg) {
+    struct engine_reap *k = arg;
+    worker__view_done(&k->view);
+    worker__work_free(k->work, k->work_n);
+    return NULL;
+}
+
+static void reap_join(struct worker_engine *e) {
+    if (!e->reap)
+        return;
+    pthread_join(e->reap->th, NULL);
+    st_free(e->reap);
+    e->reap = NULL;
+}
+
+/* Releases e->dead and the spare (both then empty): on a thread, or here when none starts. */
+static void reap_dead(struct worker_engine *e) {
+    reap_join(e);
+    struct engine_reap *k = st_calloc(1, sizeof(*k));
+    if (k) {
+        k->view = e->dead;
+        k->work = e->spare;
+        k->work_n = e->spare_n;
+        if (pthread_create(&k->th, NULL, reap_main, k) == 0) {
+            e->reap = k;
+            memset(&e->dead, 0, sizeof(e->dead));
+            e->spare = NULL;
+            e->spare_lo = e->spare_n = 0;
+            return;
+        }
+        st_free(k);
+    }
+    worker__view_done(&e->dead);
     drop_spare(e);
+}
+
+static void drop_pwork(struct worker_engine *e) {
+    e->pwork = worker__work_free(e->pwork, e->pwork_n);
+    e->pwork_lo = e->pwork_n = 0;
+}
+
+/* The current view's work buffers: those the preparation made (e->pwork), the rest from the
+ * spare's where they fit (what is left of the spare goes). */
+static int work_make(struct worker_engine *e, bool touch) {
+    struct work_donor d = {e->spare, e->spare_lo, e->spare_n};
+    int r;
+    if (e->pwork) {
+        size_t had = e->pwork->made;
+        r = worker__work_complete(e, &e->cur, touch, e->pwork, &d, 1);
+        if (r == 0) {
+            e->work_fresh = e->pwork->made - had;
+            e->work = e->pwork;
+            e->pwork = NULL;
+            e->pwork_lo = e->pwork_n = 0;
+        }
+    } else {
+        r = worker__work_new(e, &e->cur, touch, &d, 1, &e->work);
+        if (r == 0)
+            e->work_fresh = e->work->made;
+    }
+    reap_dead(e);
+    drop_pwork(e);
     return r;
 }
 
 /* A reshape made ready ahead of its boundary (worker_engine_reshape_prepare): the new
  * position's view, sharing what it keeps with the current one, its own buffers allocated and
- * written page by page on a thread of their own while steps run on. (The step's work buffers
- * are not: tried on two cores busy with two training workers, faulting those in too took the
- * thread far longer than doing it at the boundary, and the boundary waited for it.) */
+ * written page by page on a thread of their own while steps run on; then the large work
+ * buffers of a step that the current position's cannot give it (worker__work_prep). At the
+ * GPT-2 124M size on a 2-core VM, a 1x2 -> 2x1 move faults in about 1 GB of those; done at
+ * the boundary it was 0.9-2.5 s of the stall (scripts/bench migration). */
 struct engine_prep {
     pthread_t th;
     const struct worker_engine *e; /* read: cfg, and cur's buffer pointers (not contents) */
     struct worker_layout layout;
     int stage, replica;
     struct engine_view view;
+    struct engine_work *work; /* NULL: none made (only an optimization) */
     int rc;
 };
 
@@ -150,13 +219,17 @@ static void *prep_main(void *arg) {
     const struct worker_engine *e = p->e;
     p->rc = worker__view_init(&p->view, &e->cfg, &p->layout, p->stage, p->replica, NULL,
                               &e->cur);
-    if (p->rc == 0 && p->stage >= 0)
+    if (p->rc == 0 && p->stage >= 0) {
         worker__view_touch(&p->view, &e->cur, &e->cfg.model);
+        if (worker__work_prep(e, &p->view, &e->cur, &p->work) < 0)
+            p->work = NULL;
+    }
     return NULL;
 }
 
-/* Waits for the preparation and takes it: 0 with *ret_view when it is of this position, else
- * frees it and returns -ENOENT. e->prep is NULL after. */
+/* Waits for the preparation and takes it: 0 with *ret_view (and the work buffers it made in
+ * e->pwork) when it is of this position, else frees it and returns -ENOENT. e->prep is NULL
+ * after. */
 static int prep_take(struct worker_engine *e, const struct worker_layout *layout, int stage,
                      int replica, struct engine_view *ret_view) {
     struct engine_prep *p = e->prep;
@@ -170,7 +243,12 @@ static int prep_take(struct worker_engine *e, const struct worker_layout *layout
         same = p->layout.stage_lo[s] == layout->stage_lo[s];
     if (same) {
         *ret_view = p->view;
+        drop_pwork(e);
+        e->pwork = p->work;
+        e->pwork_lo = p->view.lo;
+        e->pwork_n = nowned(&p->view);
     } else {
+        worker__work_free(p->work, nowned(&p->view));
         worker__view_unshare(&p->view, &e->cur);
         worker__view_done(&p->view);
     }
@@ -243,8 +321,11 @@ struct worker_engine *worker_engine_free(struct worker_engine *e) {
     if (!e)
         return NULL;
     (void)prep_take(e, NULL, 0, 0, NULL);
+    reap_join(e);
     drop_work(e);
     drop_spare(e);
+    drop_pwork(e);
+    worker__view_done(&e->dead);
     worker__view_unshare(&e->old, &e->cur);
     worker__view_done(&e->cur);
     worker__view_done(&e->old);
@@ -519,6 +600,7 @@ int worker_engine_reshape_begin(struct worker_engine *e, const struct worker_lay
      * position does not change copies nothing and touches no new memory. Only what changes
      * is allocated and filled from the old view here or by the transfers. */
     struct engine_view nv;
+    drop_pwork(e); /* an earlier reshape's, never made into work buffers: another view's */
     if (prep_take(e, layout, stage, replica, &nv) == 0)
         nv.comm = comm;
     else
@@ -537,7 +619,7 @@ int worker_engine_reshape_begin(struct worker_engine *e, const struct worker_lay
             memcpy(N->param, e->cur.tied0, n0 * sizeof(float));
         }
     }
-    drop_spare(e);
+    reap_dead(e); /* a previous reshape's, when no step or ready came between */
     e->spare = e->work; /* its layers' buffers go to the new view's work (work_make) */
     e->spare_lo = e->cur.lo;
     e->spare_n = nowned(&e->cur);
@@ -545,6 +627,10 @@ int worker_engine_reshape_begin(struct worker_engine *e, const struct worker_lay
     e->old = e->cur;
     e->cur = nv;
     return 0;
+}
+
+size_t worker_engine_work_fresh(const struct worker_engine *e) {
+    return engine_check(e) == 0 ? e->work_fresh : 0;
 }
 
 int worker_engine_ready(struct worker_engine *e) {
@@ -582,7 +668,11 @@ int worker_engine_reshape_commit(struct worker_engine *e) {
     if (!e->old.valid)
         return -EINVAL;
     worker__view_unshare(&e->old, &e->cur);
-    worker__view_done(&e->old);
+    worker__view_done(&e->dead);
+    e->dead = e->old; /* released by the next work_make, after the stall */
+    memset(&e->old, 0, sizeof(e->old));
+    if (e->cur.stage < 0)
+        reap_dead(e); /* a spare makes no work buffers */
     return 0;
 }
 
@@ -591,6 +681,7 @@ int worker_engine_reshape_abort(struct worker_engine *e) {
     if (!e->old.valid)
         return -EINVAL;
     drop_work(e);
+    drop_pwork(e);
     worker__view_unshare(&e->cur, &e->old);
     worker__view_done(&e->cur);
     e->cur = e->old;

@@ -15,7 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "check.h" /* TRY, TRY_GOTO */
 #include "common.h"
@@ -762,15 +761,17 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
     progress(R, 0.0, stall); /* before the notice: the same Report carries both */
     /* Where the time went, for the stall breakdown (docs/live-migration.md): waiting at the
      * boundary for the order, the communicator's handshake (it ends when the slowest peer
-     * reached the boundary too), the engine's reshape, the transfers, the commit. */
+     * reached the boundary too), the engine's reshape, the transfers, the commit; and the
+     * bytes of work buffers the commit had to allocate (fresh: none prepared them). */
     notice(R, "reconfigured", "epoch=%llu mode=migrate step=%llu stage=%d replica=%d sent=%llu "
            "recv=%llu replayed=%llu seconds=%.6f stall=%.6f wait=%.6f connect=%.6f "
-           "reshape=%.6f transfer=%.6f commit=%.6f", (unsigned long long)mig->epoch,
+           "reshape=%.6f transfer=%.6f commit=%.6f fresh=%zu", (unsigned long long)mig->epoch,
            (unsigned long long)m->at_step, cfg ? (int)cfg->configure->stage : -1,
            cfg ? (int)cfg->configure->replica : -1, (unsigned long long)(wsent - wsent0),
            (unsigned long long)(wrecv - wrecv0), (unsigned long long)R->rolled_back, st.seconds,
            stall, R->blocked_since > 0 ? t0 - R->blocked_since : 0.0, t_comm - t0,
-           t_reshape - t_comm, t_xfer - t_reshape, t_end - t_xfer);
+           t_reshape - t_comm, t_xfer - t_reshape, t_end - t_xfer,
+           cfg ? worker_engine_work_fresh(R->eng) : (size_t)0);
 out:
     if (r < 0) {
         if (reshaped)

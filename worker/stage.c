@@ -208,90 +208,181 @@ static void *wcalloc(size_t n, size_t size, bool t) {
 }
 
 /* See worker-internal.h. Only e->cfg is read from e. */
-int worker__work_new(const struct worker_engine *e, const struct engine_view *v, bool t,
-                     struct engine_work *d, int d_lo, int d_n, struct engine_work **ret) {
+/* Moves *from to *to when from holds one, so that it is not freed twice. */
+static bool give(void **to, void **from) {
+    if (!*from)
+        return false;
+    *to = *from;
+    *from = NULL;
+    return true;
+}
+
+/* Layer `layer`'s gradient buffers from the first donor that holds both. */
+static bool give_layer(const struct work_donor *d, int nd, int layer, float **grad,
+                       double **acc) {
+    for (int i = 0; i < nd; i++) {
+        struct engine_work *w = d[i].w;
+        int k = layer - d[i].lo;
+        if (w && k >= 0 && k < d[i].n && w->grad && w->acc && w->grad[k] && w->acc[k]) {
+            give((void **)grad, (void **)&w->grad[k]);
+            give((void **)acc, (void **)&w->acc[k]);
+            return true;
+        }
+    }
+    return false;
+}
+
+static bool give_head(const struct work_donor *d, int nd, float **grad, double **acc) {
+    for (int i = 0; i < nd; i++) {
+        struct engine_work *w = d[i].w;
+        if (w && w->grad_head && w->acc_head) {
+            give((void **)grad, (void **)&w->grad_head);
+            give((void **)acc, (void **)&w->acc_head);
+            return true;
+        }
+    }
+    return false;
+}
+
+static bool give_recv_head(const struct work_donor *d, int nd, double **recv) {
+    for (int i = 0; i < nd; i++)
+        if (d[i].w && give((void **)recv, (void **)&d[i].w->recv_head))
+            return true;
+    return false;
+}
+
+/* The largest shard's rounded-gradient buffer, from the first donor whose buffer is at least
+ * that large (its contents are written before they are read). */
+static bool give_gshard(const struct work_donor *d, int nd, size_t maxshard, float **gshard) {
+    for (int i = 0; i < nd; i++)
+        if (d[i].w && d[i].w->gshard && d[i].w->gshard_n >= maxshard)
+            return give((void **)gshard, (void **)&d[i].w->gshard);
+    return false;
+}
+
+static size_t max_shard(const struct engine_view *v) {
+    size_t m = 1;
+    for (int i = 0; v->stage >= 0 && i < v->hi - v->lo; i++)
+        m = ST_MAX(m, v->layers[i].hi - v->layers[i].lo);
+    return m;
+}
+
+/* A buffer of w's that is missing: wmalloc'd (zeroed when zero) into *p unless it is there,
+ * counted in w->made. */
+#define WANT(p, bytes, zero)                                                               \
+    do {                                                                                   \
+        if (!(p)) {                                                                        \
+            if (!((p) = (zero) ? wcalloc(1, (bytes), t) : wmalloc((bytes), t)))            \
+                TRY_GOTO(-ENOMEM, r, out);                                                 \
+            w->made += (bytes);                                                            \
+        }                                                                                  \
+    } while (0)
+
+/* Makes whatever w lacks of view v's work buffers: the large ones from the donors where they
+ * hold them, the rest allocated (every page written when t). With skip, the large buffers
+ * that skip's work will give at the boundary (the layers it owns, its head, its received
+ * head, a shard buffer as large) are left missing: a preparation's partial work. */
+static int work_fill(const struct worker_engine *e, const struct engine_view *v, bool t,
+                     struct engine_work *w, const struct work_donor *d, int nd,
+                     const struct engine_view *skip) {
     const struct kern_config *mc = &e->cfg.model;
     int B = e->cfg.micro_batch, T = mc->seq_len, C = mc->channels, V = mc->vocab;
     int nowned = v->hi - v->lo;
     int pp = v->layout.pp, dp = v->layout.dp;
     int first = v->stage == 0, last = v->stage == pp - 1;
     size_t BT = (size_t)B * T, BTC = BT * C, VC = (size_t)V * C;
+    bool sk = skip && skip->valid && skip->stage >= 0;
+    bool skip_last = sk && skip->stage == skip->layout.pp - 1;
+    bool skip_recv = sk && skip->stage == 0 && !skip_last;
     int r = 0;
+    if (!w->slots) {
+        w->micro = e->cfg.global_batch / (dp * B);
+        w->nslots = ST_MIN(pp - v->stage, w->micro);
+        WANT(w->slots, (size_t)w->nslots * sizeof(*w->slots), true);
+    }
+    WANT(w->grad, (size_t)ST_MAX(nowned, 1) * sizeof(float *), true);
+    WANT(w->acc, (size_t)ST_MAX(nowned, 1) * sizeof(double *), true);
+    for (int s = 0; s < w->nslots; s++) {
+        struct engine_slot *sl = &w->slots[s];
+        WANT(sl->tokens, BT * sizeof(int), false);
+        WANT(sl->targets, BT * sizeof(int), false);
+        WANT(sl->acts, (size_t)ST_MAX(nowned, 1) * sizeof(float *), true);
+        WANT(sl->out, (size_t)ST_MAX(nowned, 1) * sizeof(float *), true);
+        if (!first)
+            WANT(sl->in, BTC * sizeof(float), false);
+        for (int i = 0; i < nowned; i++) {
+            size_t na = kern_layer_act_count(mc, v->lo + i, B);
+            WANT(sl->acts[i], ST_MAX(na, 1) * sizeof(float), false);
+            WANT(sl->out[i], BTC * sizeof(float), false);
+        }
+    }
+    for (int i = 0; i < nowned; i++) {
+        const struct engine_layer *L = &v->layers[i];
+        if (w->grad[i] && w->acc[i])
+            continue;
+        if (sk && L->layer >= skip->lo && L->layer < skip->hi)
+            continue;
+        if (!give_layer(d, nd, L->layer, &w->grad[i], &w->acc[i])) {
+            WANT(w->grad[i], L->n * sizeof(float), true);
+            WANT(w->acc[i], L->n * sizeof(double), true);
+        }
+    }
+    if (last) {
+        if (!w->grad_head && !skip_last && !give_head(d, nd, &w->grad_head, &w->acc_head)) {
+            WANT(w->grad_head, VC * sizeof(float), true);
+            WANT(w->acc_head, VC * sizeof(double), true);
+        }
+        WANT(w->logits, BT * V * sizeof(float), false);
+        WANT(w->losses, BT * sizeof(float), false);
+    }
+    if (first && !last && !w->recv_head && !skip_recv && !give_recv_head(d, nd, &w->recv_head))
+        WANT(w->recv_head, VC * sizeof(double), false);
+    WANT(w->dbuf[0], BTC * sizeof(float), false);
+    WANT(w->dbuf[1], BTC * sizeof(float), false);
+    WANT(w->scratch, kern_scratch_count(mc, B) * sizeof(float), false);
+    size_t ms = max_shard(v);
+    if (!w->gshard && !(sk && max_shard(skip) >= ms) && !give_gshard(d, nd, ms, &w->gshard))
+        WANT(w->gshard, ms * sizeof(float), false);
+    if (w->gshard)
+        w->gshard_n = ms;
+    WANT(w->norm_parts, WORKER_NORM_SLOTS * sizeof(double), true);
+    WANT(w->sample, ((size_t)T + 1) * sizeof(uint16_t), false);
+out:
+    return r;
+}
+
+#undef WANT
+
+int worker__work_new(const struct worker_engine *e, const struct engine_view *v, bool touch,
+                     const struct work_donor *donors, int ndonors, struct engine_work **ret) {
     struct engine_work *w = st_calloc(1, sizeof(*w));
     if (!w)
         return -ENOMEM;
-    w->micro = e->cfg.global_batch / (dp * B);
-    w->nslots = ST_MIN(pp - v->stage, w->micro);
-    w->slots = st_calloc((size_t)w->nslots, sizeof(*w->slots));
-    w->grad = st_calloc((size_t)nowned, sizeof(float *));
-    w->acc = st_calloc((size_t)nowned, sizeof(double *));
-    if (!w->slots || !w->grad || !w->acc)
-        TRY_GOTO(-ENOMEM, r, out);
-    for (int s = 0; s < w->nslots; s++) {
-        struct engine_slot *sl = &w->slots[s];
-        sl->tokens = wmalloc(BT * sizeof(int), t);
-        sl->targets = wmalloc(BT * sizeof(int), t);
-        sl->acts = st_calloc((size_t)nowned, sizeof(float *));
-        sl->out = st_calloc((size_t)nowned, sizeof(float *));
-        if (!sl->tokens || !sl->targets || !sl->acts || !sl->out)
-            TRY_GOTO(-ENOMEM, r, out);
-        if (!first && !(sl->in = wmalloc(BTC * sizeof(float), t)))
-            TRY_GOTO(-ENOMEM, r, out);
-        for (int i = 0; i < nowned; i++) {
-            size_t na = kern_layer_act_count(mc, v->lo + i, B);
-            sl->acts[i] = wmalloc(ST_MAX(na, 1) * sizeof(float), t);
-            sl->out[i] = wmalloc(BTC * sizeof(float), t);
-            if (!sl->acts[i] || !sl->out[i])
-                TRY_GOTO(-ENOMEM, r, out);
-        }
+    int r = work_fill(e, v, touch, w, donors, ndonors, NULL);
+    if (r < 0) {
+        worker__work_free(w, v->hi - v->lo);
+        return r;
     }
-    size_t maxshard = 1;
-    for (int i = 0; i < nowned; i++) {
-        const struct engine_layer *L = &v->layers[i];
-        int k = L->layer - d_lo; /* the donor's buffers of this layer: between steps a
-                                  * gradient buffer is zero, an accumulator is reset */
-        if (d && k >= 0 && k < d_n && d->grad && d->acc && d->grad[k] && d->acc[k]) {
-            w->grad[i] = d->grad[k];
-            w->acc[i] = d->acc[k];
-            d->grad[k] = NULL;
-            d->acc[k] = NULL;
-        } else {
-            w->grad[i] = wcalloc(L->n, sizeof(float), t);
-            w->acc[i] = wcalloc(L->n, sizeof(double), t);
-        }
-        if (!w->grad[i] || !w->acc[i])
-            TRY_GOTO(-ENOMEM, r, out);
-        maxshard = ST_MAX(maxshard, L->hi - L->lo);
-    }
-    if (last) {
-        if (d && d->grad_head && d->acc_head) {
-            w->grad_head = d->grad_head;
-            w->acc_head = d->acc_head;
-            d->grad_head = NULL;
-            d->acc_head = NULL;
-        } else {
-            w->grad_head = wcalloc(VC, sizeof(float), t);
-            w->acc_head = wcalloc(VC, sizeof(double), t);
-        }
-        w->logits = wmalloc(BT * V * sizeof(float), t);
-        w->losses = st_malloc(BT * sizeof(float));
-        if (!w->grad_head || !w->acc_head || !w->logits || !w->losses)
-            TRY_GOTO(-ENOMEM, r, out);
-    }
-    if (first && !last && !(w->recv_head = wmalloc(VC * sizeof(double), t)))
-        TRY_GOTO(-ENOMEM, r, out);
-    w->dbuf[0] = wmalloc(BTC * sizeof(float), t);
-    w->dbuf[1] = wmalloc(BTC * sizeof(float), t);
-    w->scratch = wmalloc(kern_scratch_count(mc, B) * sizeof(float), t);
-    w->gshard = wmalloc(maxshard * sizeof(float), t);
-    w->norm_parts = st_calloc(WORKER_NORM_SLOTS, sizeof(double));
-    w->sample = st_malloc(((size_t)T + 1) * sizeof(uint16_t));
-    if (!w->dbuf[0] || !w->dbuf[1] || !w->scratch || !w->gshard || !w->norm_parts ||
-        !w->sample)
-        TRY_GOTO(-ENOMEM, r, out);
     *ret = w;
-    w = NULL;
-out:
-    worker__work_free(w, nowned);
-    return r;
+    return 0;
+}
+
+int worker__work_complete(const struct worker_engine *e, const struct engine_view *v,
+                          bool touch, struct engine_work *w, const struct work_donor *donors,
+                          int ndonors) {
+    return work_fill(e, v, touch, w, donors, ndonors, NULL);
+}
+
+int worker__work_prep(const struct worker_engine *e, const struct engine_view *v,
+                      const struct engine_view *have, struct engine_work **ret) {
+    struct engine_work *w = st_calloc(1, sizeof(*w));
+    if (!w)
+        return -ENOMEM;
+    int r = v->stage < 0 ? 0 : work_fill(e, v, true, w, NULL, 0, have);
+    if (r < 0) {
+        worker__work_free(w, v->stage < 0 ? 0 : v->hi - v->lo);
+        return r;
+    }
+    *ret = w;
+    return 0;
 }

@@ -55,6 +55,8 @@ struct engine_work {
     float *logits;            /* last stage: B*T*V */
     float *losses;            /* last stage: B*T */
     float *gshard;            /* largest shard, rounded gradient */
+    size_t gshard_n;          /* its elements */
+    size_t made;              /* bytes allocated for it (not given by a donor) */
     double *norm_parts;       /* WORKER_NORM_SLOTS: exact grad-norm limbs */
     uint16_t *sample;         /* T + 1 */
     double loss_sum;          /* this replica's loss sum for the step */
@@ -74,6 +76,15 @@ struct worker_engine {
      * alone), the rest is freed when those are made; an abort takes them back. */
     struct engine_work *spare;
     int spare_lo, spare_n;
+    /* The new view's work buffers made by the preparation (worker__work_prep), taken by the
+     * next work_make after the spare's; NULL when none. */
+    struct engine_work *pwork;
+    int pwork_lo, pwork_n;
+    /* A committed reshape's old view (its own buffers only), released with the spare's rest
+     * on a thread of their own once the new work buffers are made (engine.c, reap). */
+    struct engine_view dead;
+    struct engine_reap *reap;
+    size_t work_fresh;        /* bytes the last work_make allocated itself */
 };
 
 /* stage.c */
@@ -97,15 +108,34 @@ void worker__view_unshare(struct engine_view *v, const struct engine_view *keep)
 void worker__view_done(struct engine_view *v);
 /* The owned layer `layer` of v, or NULL when v does not own it. */
 struct engine_layer *worker__view_layer(struct engine_view *v, int layer);
+/* Work buffers another work can give to a new one: w's owned layers start at lo, n of them
+ * (a NULL entry gives nothing for that layer). */
+struct work_donor {
+    struct engine_work *w;
+    int lo, n;
+};
+
 /* Sizes the work buffers of a step for view v of e, every page written when touch (the
- * faults then happen now, not in the first step). The gradient buffers of layers the donor
- * (the old view's work, its owned layers starting at donor_lo, donor_n of them; may be NULL)
- * holds, and its head's, are moved over, not allocated: their sizes depend on the layer
- * alone. Caller frees with worker__work_free(w, owned layer count), and the donor's rest.
- * Returns 0 or -ENOMEM. */
+ * faults then happen now, not in the first step). The gradient buffers of a layer that a
+ * donor holds, and its head's (and a first stage's received head), are moved over from the
+ * first donor that has them, not allocated: their sizes depend on the layer alone, and a
+ * donor's gradient buffers are zero between steps. Caller frees with worker__work_free(w,
+ * owned layer count), and the donors' rest. Returns 0 or -ENOMEM. */
 int worker__work_new(const struct worker_engine *e, const struct engine_view *v, bool touch,
-                     struct engine_work *donor, int donor_lo, int donor_n,
-                     struct engine_work **ret);
+                     const struct work_donor *donors, int ndonors, struct engine_work **ret);
+/* The work buffers of view v, every page written, but for the large ones that the work of
+ * view have will give at the boundary (the gradient buffers of the layers have owns, its
+ * head's, its received head, a shard buffer as large): what a reshape prepared ahead of its
+ * boundary makes while steps run. Only e->cfg is read from e. Caller completes it with
+ * worker__work_complete (have's work the donor) or frees it with worker__work_free(w, v's
+ * owned layer count). Returns 0 or -ENOMEM. */
+int worker__work_prep(const struct worker_engine *e, const struct engine_view *v,
+                      const struct engine_view *have, struct engine_work **ret);
+/* Makes what w (v's, from worker__work_prep) still lacks, as worker__work_new does. On
+ * -ENOMEM w holds what it had and what was made. */
+int worker__work_complete(const struct worker_engine *e, const struct engine_view *v,
+                          bool touch, struct engine_work *w, const struct work_donor *donors,
+                          int ndonors);
 /* NULL-safe; returns NULL. */
 /* Adds the squares of x[0..n) exactly into limb[WORKER_NORM_SLOTS] (fixed point, 32-bit
  * limbs; the last two slots count NaN and infinite squares). Limbs of several accumulators

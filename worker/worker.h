@@ -134,7 +134,9 @@ int worker_engine_layer(struct worker_engine *e, enum worker_view view, int laye
  *           already holds (PARAM of kept layers, the overlap of old and new moment shards);
  *           the rest is zero until the migration fills it through worker_engine_layer(NEW).
  *           The old buffers stay readable as WORKER_VIEW_OLD. comm is the new epoch's.
- *   commit: frees the old buffers. abort: drops the new ones and keeps the old layout.
+ *   commit: frees the old buffers (on a thread of their own, after the next step or
+ *           worker_engine_ready made the work buffers). abort: drops the new ones and
+ *           keeps the old layout.
  * stage = -1 means this worker holds no position in the new layout (a spare). */
 int worker_engine_reshape_begin(struct worker_engine *e, const struct worker_layout *layout,
                                 int stage, int replica, struct mig_comm *comm);
@@ -154,6 +156,10 @@ int worker_engine_reshape_prepare(struct worker_engine *e, const struct worker_l
  * stall, which subtracts the first steps' median, counts the allocation. 0 or -ENOMEM;
  * nothing to do for a spare, mid-reshape, or when they exist. */
 int worker_engine_ready(struct worker_engine *e);
+/* Bytes of work buffers that the last making of them (worker_engine_ready, or the first step
+ * after a (re)configuration) allocated there and then: what neither the old position's
+ * buffers nor a preparation (worker_engine_reshape_prepare) had ready. 0 before any. */
+size_t worker_engine_work_fresh(const struct worker_engine *e);
 
 /* Checkpoint save: gathers the moment shards to replica 0 of each stage, which writes its
  * layers' files (PARAM, ADAM_M, ADAM_V of every tensor, full) into dir; then position

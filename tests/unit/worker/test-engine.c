@@ -455,6 +455,128 @@ static int test_reshape_dp_shrink(void) {
     return 0;
 }
 
+/* pp 2 -> 1: stage 1 hands its layers (parameters and moments) to stage 0, which then trains
+ * alone; bitwise equal to a 1x1 run (pipeline depth changes no bit). With prep, stage 0's new
+ * position is prepared before the two first steps: the gradient buffers of the layers it
+ * gains and the head's are then made ahead, and its first work buffers allocate nothing
+ * (worker_engine_work_fresh); without, they are made at the boundary. */
+struct pipe_arg {
+    struct mig_endpoint *ep[2];
+    const char *addrs[2];
+    int rc[2];
+    bool prep;
+    size_t fresh;
+    struct state *out;
+};
+
+static void *pipe_thread(void *p) {
+    struct { struct pipe_arg *a; int rank; } *x = p;
+    struct pipe_arg *a = x->a;
+    int rank = x->rank, r;
+    struct worker_train_config cfg = make_cfg();
+    struct worker_layout l2, l1;
+    int nl = kern_num_layers(&model), split2[3] = {0, 2, nl}, split1[2] = {0, nl};
+    struct mig_comm *comm = NULL;
+    struct worker_engine *e = NULL;
+    kern_set_threads(1);
+    worker_layout_init(&l2, 1, 2, split2, nl);
+    worker_layout_init(&l1, 1, 1, split1, nl);
+    if ((r = mig_comm_new("tcp", a->ep[rank], 1, rank, 2, a->addrs, 30.0, &comm)) < 0)
+        goto out;
+    if ((r = worker_engine_new(&cfg, &l2, rank, 0, comm, tokens, &e)) < 0)
+        goto out;
+    if (a->prep && (r = worker_engine_reshape_prepare(e, &l1, rank == 0 ? 0 : -1, 0)) < 0)
+        goto out;
+    for (int s = 0; s < 2 && r >= 0; s++)
+        r = worker_engine_step(e, (uint64_t)s, NULL);
+    if (r < 0 || (r = worker_engine_reshape_begin(e, &l1, rank == 0 ? 0 : -1, 0, NULL)) < 0)
+        goto out;
+    for (int l = split2[1]; l < nl && r >= 0; l++) {
+        struct worker_layer_bufs b;
+        if ((r = worker_engine_layer(e, rank == 1 ? WORKER_VIEW_OLD : WORKER_VIEW_CURRENT, l,
+                                     &b)) < 0)
+            break;
+        float *bufs[3] = {b.param, b.adam_m, b.adam_v};
+        for (int k = 0; k < 3 && r >= 0; k++)
+            r = rank == 1 ? mig_send(comm, 0, bufs[k], b.n * sizeof(float))
+                          : mig_recv(comm, 1, bufs[k], b.n * sizeof(float));
+    }
+    if (r < 0 || (r = worker_engine_reshape_commit(e)) < 0)
+        goto out;
+    if (rank == 0) {
+        mig_comm_free(comm);
+        comm = NULL;
+        if ((r = worker_engine_ready(e)) < 0)
+            goto out;
+        a->fresh = worker_engine_work_fresh(e);
+        for (int s = 2; s < 4 && r >= 0; s++)
+            r = worker_engine_step(e, (uint64_t)s, NULL);
+        for (int l = 0; r >= 0 && l < nl; l++) {
+            struct worker_layer_bufs b;
+            worker_engine_layer(e, WORKER_VIEW_CURRENT, l, &b);
+            memcpy(a->out->param[l], b.param, b.n * sizeof(float));
+            memcpy(a->out->m[l], b.adam_m, b.n * sizeof(float));
+            memcpy(a->out->v[l], b.adam_v, b.n * sizeof(float));
+        }
+        a->out->t = worker_engine_opt_step(e);
+    }
+out:
+    worker_engine_free(e);
+    mig_comm_free(comm);
+    a->rc[rank] = r;
+    return NULL;
+}
+
+static int run_pipe_shrink(bool prep, struct state *got, size_t *ret_fresh) {
+    struct pipe_arg a;
+    memset(&a, 0, sizeof(a));
+    a.out = got;
+    a.prep = prep;
+    for (int i = 0; i < 2; i++) {
+        ASSERT_OK(mig_endpoint_new("127.0.0.1", 0, &a.ep[i]));
+        a.addrs[i] = mig_endpoint_addr(a.ep[i]);
+    }
+    pthread_t th[2];
+    struct { struct pipe_arg *a; int rank; } args[2] = {{&a, 0}, {&a, 1}};
+    for (int i = 0; i < 2; i++)
+        pthread_create(&th[i], NULL, pipe_thread, &args[i]);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < 2; i++)
+        mig_endpoint_free(a.ep[i]);
+    ASSERT_OK(a.rc[0]);
+    ASSERT_OK(a.rc[1]);
+    *ret_fresh = a.fresh;
+    return 0;
+}
+
+static int test_reshape_pipeline_prepared(void) {
+    ASSERT_OK(setup_data());
+    struct state full, cold, warm;
+    state_alloc(&full), state_alloc(&cold), state_alloc(&warm);
+    ASSERT_OK(run_job(1, 1, NULL, 4, 0, NULL, NULL, &full));
+    size_t fresh_cold = 0, fresh_warm = 1, nd_cold, nd_warm;
+    int rc_cold = run_pipe_shrink(false, &cold, &fresh_cold);
+    int rc_warm = run_pipe_shrink(true, &warm, &fresh_warm);
+    state_diff(&cold, &full, &nd_cold);
+    state_diff(&warm, &full, &nd_warm);
+    int t = warm.t;
+    state_free(&full), state_free(&cold), state_free(&warm);
+    ASSERT_OK(rc_cold);
+    ASSERT_OK(rc_warm);
+    ASSERT_EQ(nd_cold, 0);
+    ASSERT_EQ(nd_warm, 0);
+    ASSERT_EQ(t, 4);
+    /* Without preparation the boundary made at least the gained layers' gradient buffers
+     * (a float and a double per parameter) and the head's; with it, nothing. */
+    size_t gained = (size_t)model.vocab * model.channels;
+    for (int l = 2; l < kern_num_layers(&model); l++)
+        gained += kern_layer_param_count(&model, l);
+    ASSERT_TRUE(fresh_cold >= gained * (sizeof(float) + sizeof(double)));
+    ASSERT_EQ(fresh_warm, 0);
+    return 0;
+}
+
 static int test_bad_arguments(void) {
     ASSERT_OK(setup_data());
     struct worker_train_config cfg = make_cfg();
@@ -535,6 +657,19 @@ static int test_bad_arguments(void) {
     worker_engine_free(e);
     e = NULL;
     ASSERT_OK(worker_engine_new(&cfg, &l, 0, 0, NULL, tokens, &e));
+    /* Two reshapes with no step between: the second (unprepared) does not take the first's
+     * prepared work buffers, and the first's old buffers are released by the second begin. */
+    ASSERT_OK(worker_engine_step(e, 0, NULL));
+    ASSERT_OK(worker_engine_reshape_prepare(e, &l, 0, 0));
+    ASSERT_OK(worker_engine_reshape_begin(e, &l, 0, 0, NULL));
+    ASSERT_OK(worker_engine_reshape_commit(e));
+    ASSERT_OK(worker_engine_reshape_begin(e, &l, 0, 0, NULL));
+    ASSERT_OK(worker_engine_reshape_commit(e));
+    ASSERT_OK(worker_engine_ready(e));
+    ASSERT_OK(worker_engine_step(e, 1, NULL));
+    worker_engine_free(e);
+    e = NULL;
+    ASSERT_OK(worker_engine_new(&cfg, &l, 0, 0, NULL, tokens, &e));
     /* Loading a checkpoint of another model fails and names it. */
     char dir[300];
     snprintf(dir, sizeof(dir), "%s/no-such-ckpt", tmpdir);
@@ -580,5 +715,6 @@ static int test_cleanup(void) {
 }
 
 TEST_MAIN(TEST(test_pipeline_bitwise), TEST(test_data_parallel_close),
+          TEST(test_reshape_pipeline_prepared),
           TEST(test_checkpoint_continue), TEST(test_reshape_dp_shrink),
           TEST(test_bad_arguments), TEST(test_load_other_model), TEST(test_cleanup))
