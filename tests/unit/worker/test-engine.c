@@ -336,6 +336,8 @@ struct reshape_arg {
     const char *addrs[2];
     int rc[2];
     struct state *out;
+    bool prep;    /* test_reshape_pipeline_prepared: prepare the new position */
+    size_t fresh; /* and what its first work buffers still allocated */
 };
 
 static void *reshape_thread(void *p) {
@@ -424,6 +426,23 @@ out:
     return NULL;
 }
 
+/* Runs fn as ranks 0 and 1 of a two-worker job on loopback, each with its own endpoint. */
+static int run_pair(void *(*fn)(void *), struct reshape_arg *a) {
+    for (int i = 0; i < 2; i++) {
+        ASSERT_OK(mig_endpoint_new("127.0.0.1", 0, &a->ep[i]));
+        a->addrs[i] = mig_endpoint_addr(a->ep[i]);
+    }
+    pthread_t th[2];
+    struct { struct reshape_arg *a; int rank; } args[2] = {{a, 0}, {a, 1}};
+    for (int i = 0; i < 2; i++)
+        pthread_create(&th[i], NULL, fn, &args[i]);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < 2; i++)
+        mig_endpoint_free(a->ep[i]);
+    return 0;
+}
+
 static int test_reshape_dp_shrink(void) {
     ASSERT_OK(setup_data());
     struct state full, got;
@@ -432,18 +451,7 @@ static int test_reshape_dp_shrink(void) {
     struct reshape_arg a;
     memset(&a, 0, sizeof(a));
     a.out = &got;
-    for (int i = 0; i < 2; i++) {
-        ASSERT_OK(mig_endpoint_new("127.0.0.1", 0, &a.ep[i]));
-        a.addrs[i] = mig_endpoint_addr(a.ep[i]);
-    }
-    pthread_t th[2];
-    struct { struct reshape_arg *a; int rank; } args[2] = {{&a, 0}, {&a, 1}};
-    for (int i = 0; i < 2; i++)
-        pthread_create(&th[i], NULL, reshape_thread, &args[i]);
-    for (int i = 0; i < 2; i++)
-        pthread_join(th[i], NULL);
-    for (int i = 0; i < 2; i++)
-        mig_endpoint_free(a.ep[i]);
+    ASSERT_OK(run_pair(reshape_thread, &a));
     size_t nd;
     double w = state_diff(&got, &full, &nd);
     int t = got.t;
@@ -460,18 +468,10 @@ static int test_reshape_dp_shrink(void) {
  * position is prepared before the two first steps: the gradient buffers of the layers it
  * gains and the head's are then made ahead, and its first work buffers allocate nothing
  * (worker_engine_work_fresh); without, they are made at the boundary. */
-struct pipe_arg {
-    struct mig_endpoint *ep[2];
-    const char *addrs[2];
-    int rc[2];
-    bool prep;
-    size_t fresh;
-    struct state *out;
-};
 
 static void *pipe_thread(void *p) {
-    struct { struct pipe_arg *a; int rank; } *x = p;
-    struct pipe_arg *a = x->a;
+    struct { struct reshape_arg *a; int rank; } *x = p;
+    struct reshape_arg *a = x->a;
     int rank = x->rank, r;
     struct worker_train_config cfg = make_cfg();
     struct worker_layout l2, l1;
@@ -528,22 +528,11 @@ out:
 }
 
 static int run_pipe_shrink(bool prep, struct state *got, size_t *ret_fresh) {
-    struct pipe_arg a;
+    struct reshape_arg a;
     memset(&a, 0, sizeof(a));
     a.out = got;
     a.prep = prep;
-    for (int i = 0; i < 2; i++) {
-        ASSERT_OK(mig_endpoint_new("127.0.0.1", 0, &a.ep[i]));
-        a.addrs[i] = mig_endpoint_addr(a.ep[i]);
-    }
-    pthread_t th[2];
-    struct { struct pipe_arg *a; int rank; } args[2] = {{&a, 0}, {&a, 1}};
-    for (int i = 0; i < 2; i++)
-        pthread_create(&th[i], NULL, pipe_thread, &args[i]);
-    for (int i = 0; i < 2; i++)
-        pthread_join(th[i], NULL);
-    for (int i = 0; i < 2; i++)
-        mig_endpoint_free(a.ep[i]);
+    ASSERT_OK(run_pair(pipe_thread, &a));
     ASSERT_OK(a.rc[0]);
     ASSERT_OK(a.rc[1]);
     *ret_fresh = a.fresh;
