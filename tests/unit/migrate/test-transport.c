@@ -12,6 +12,7 @@
 
 #include "common.h"
 #include "test.h"
+#include "migrate-execute.h" /* mig_side_cut_at */
 #include "unit/migrate/rank-util.h"
 
 #define TMO 20.0 /* seconds: generous, only reached when something is broken */
@@ -689,6 +690,50 @@ static int side_rank(int rank, int n, struct mig_endpoint *ep, const char *const
     return 0;
 }
 
+/* A side ring of 3 whose rank 0 has its send cut mid-message (mig_side_cut_at): every rank's
+ * exchange fails at once, none waits for its no-progress timeout. Rank 2 sends 64 MiB to
+ * rank 0, more than the socket buffers hold: it learns of rank 0's failure only because rank
+ * 0's failed batch shuts the stream it will no longer read (-ETIMEDOUT after TMO without
+ * that), while the comm itself stays open. */
+static int cut_rank(int rank, int n, struct mig_endpoint *ep, const char *const *addrs,
+                    void *arg) {
+    (void)arg;
+    struct mig_comm *c, *side;
+    struct mig_auth auth;
+    memset(&auth, 0, sizeof(auth));
+    memset(auth.key, 0x5b, sizeof(auth.key));
+    snprintf(auth.job_id, sizeof(auth.job_id), "cut-test");
+    RCHECK_R(mig_comm_new_auth("tcp", ep, 2, rank, n, addrs, &auth, TMO, &c), 0);
+    RCHECK_R(mig_comm_new_auth("tcp", ep, 2 | MIG_EPOCH_SIDE, rank, n, addrs, &auth, TMO,
+                               &side), 0);
+    if (rank == 0)
+        mig_side_cut_at(1);
+    size_t bytes = 64u << 20;
+    unsigned char *out = calloc(1, bytes), *in = calloc(1, bytes);
+    RCHECK(out && in);
+    struct mig_op ops[2] = {
+        {.peer = (rank + 1) % n, .send = true, .buf = out, .bytes = bytes},
+        {.peer = (rank + n - 1) % n, .send = false, .buf = in, .bytes = bytes},
+    };
+    int r = mig_batch(side, ops, 2);
+    free(out);
+    free(in);
+    if (rank == 0)
+        RCHECK_R(r, -ECONNRESET);
+    RCHECK(r < 0 && r != -ETIMEDOUT);
+    /* The side channel stays open until every rank is done, as a worker keeps it for the
+     * rest of the epoch: closing it is not what tells the peers. */
+    RCHECK_R(mig_barrier(c, (int[]){0, 1, 2}, n), 0);
+    mig_comm_free(side);
+    mig_comm_free(c);
+    return 0;
+}
+
+static int test_side_cut(void) {
+    ASSERT_EQ(run_ok(3, cut_rank, NULL), 0);
+    return 0;
+}
+
 static int test_side_channel(void) {
     ASSERT_EQ(run_ok(3, side_rank, NULL), 0);
     /* not on another transport */
@@ -701,4 +746,4 @@ static int test_side_channel(void) {
 TEST_MAIN(TEST(test_p2p), TEST(test_batch_all_to_all), TEST(test_collectives),
           TEST(test_dead_peer), TEST(test_no_show), TEST(test_epochs), TEST(test_size_mismatch),
           TEST(test_bad_args), TEST(test_alloc_failures), TEST(test_abandon),
-          TEST(test_side_channel))
+          TEST(test_side_channel), TEST(test_side_cut))
