@@ -203,7 +203,7 @@ static int work_make(struct worker_engine *e, bool touch) {
  * written page by page on a thread of their own while steps run on; then the large work
  * buffers of a step that the current position's cannot give it (worker__work_prep). At the
  * GPT-2 124M size on a 2-core VM, a 1x2 -> 2x1 move faults in about 1 GB of those; done at
- * the boundary it was 0.9-2.5 s of the stall (scripts/bench migration). */
+ * the boundary they were most of the 2.4-2.6 s commit part (scripts/bench migration). */
 struct engine_prep {
     pthread_t th;
     const struct worker_engine *e; /* read: cfg, and cur's buffer pointers (not contents) */
