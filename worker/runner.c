@@ -1179,7 +1179,6 @@ static void run_checkpoints(struct runner *R) {
     R->nckpt = keep;
 }
 
-
 /* Every peer_copy_every steps: a new generation of peer copies (worker-peer.h), unless the
  * epoch's copies do not fit the memory budget (then no copies at all in this epoch, said once:
  * every worker takes the same decision from the layout, so nobody waits on a refusing peer).

@@ -325,7 +325,7 @@ def test_central():
     # No fresh start; the same bits as the uninterrupted run.
     import signal
     d = tempfile.mkdtemp(prefix="st-run-")
-    proc = None
+    r = None
     try:
         steps, every = 4000, 25
         # Decisions on the spec's figures (learn: false), and only on changes of membership (a
@@ -336,15 +336,8 @@ def test_central():
                         interval="1d",
                         extra="  fault_tolerance: {peer_copy_every: %d}\n" % every)
         ref = reference(d, job, steps)
-        save, summ = os.path.join(d, "save"), os.path.join(d, "summary.json")
-        state = os.path.join(d, "state")
-        err = open(os.path.join(d, "run.err"), "w")
-        proc = subprocess.Popen([BIN, "run", job, "--steps", str(steps), "--save", save,
-                                 "--json-summary", summ, "--state-dir", state],
-                                stdout=subprocess.PIPE, stderr=err, text=True,
-                                env=dict(os.environ, SPOTTRAIN_NOTICE_SECONDS="30"))
-
-        base = run_rest(d)
+        r = Live(d, job, steps, env={"SPOTTRAIN_NOTICE_SECONDS": "30"})
+        base, state = r.base, r.state
 
         def job():
             try:
@@ -381,12 +374,6 @@ def test_central():
                     pos[w["stage"] * j["shape"]["dp"] + w["replica"]] = w["instance_id"]
             return [pos[k] for k in sorted(pos)]
 
-        def signal_(sig, *names):
-            pids = wait_for("the worker processes", lambda: (
-                lambda p: p if all(n in p for n in names) else None)(sim_worker_pids(d)), 30)
-            for n in names:
-                os.kill(pids[n], sig)
-
         def committed():
             root = os.path.join(state, "ckpt")
             return os.path.isdir(root) and any(
@@ -397,20 +384,20 @@ def test_central():
                      lambda: counted("intra_stage", 0, 3 * every + 5) if committed() else None, 90)
         p = positions()
         check(j["shape"] == {"dp": 2, "pp": 2} and len(p) == 4, "started as 2x2: %r" % p)
-        signal_(signal.SIGKILL, p[1], p[2])
+        r.signal(signal.SIGKILL, p[1], p[2])
         j = wait_for("the disk restore trained on",
                      lambda: counted("checkpoint_restore", 1, 3 * every + 5), 90)
         # 2. A notice with a spare left: inter-stage; then the noticed worker goes.
         noticed = positions()[0]
-        signal_(signal.SIGTERM, noticed)
+        r.signal(signal.SIGTERM, noticed)
         j = wait_for("the inter-stage migration trained on",
                      lambda: counted("inter_stage", 1, j["step"] + 3 * every), 90)
         check(noticed not in positions(), "the noticed worker still holds a position")
-        signal_(signal.SIGKILL, noticed)
+        r.signal(signal.SIGKILL, noticed)
         # 3. An unannounced loss with copies: a peer restore onto the last spare.
         j = wait_for("copies of the new epoch", lambda: counted("inter_stage", 1,
                                                                   j["step"] + 3 * every), 90)
-        signal_(signal.SIGKILL, positions()[3])
+        r.signal(signal.SIGKILL, positions()[3])
         j = wait_for("the peer restore trained on",
                      lambda: counted("peer_restore", 1, j["step"] + 3 * every), 90)
         # 4. A notice without a spare: the 2x2 shrinks to 1x2. The loss of step 3 changed the
@@ -420,49 +407,88 @@ def test_central():
         j = job()
         if j["shape"] == {"dp": 2, "pp": 2}:
             noticed = positions()[1]
-            signal_(signal.SIGTERM, noticed)
+            r.signal(signal.SIGTERM, noticed)
             j = wait_for("the intra-stage migration trained on",
                          lambda: counted("intra_stage", 1, j["step"] + every), 90)
             check(noticed not in positions(), "the noticed worker still holds a position")
-            signal_(signal.SIGKILL, noticed)
+            r.signal(signal.SIGKILL, noticed)
         else:
             check(j["shape"] == {"dp": 1, "pp": 2}, "after the peer restore: %r" % j["shape"])
             j = wait_for("the planner's intra-stage migration trained on",
                          lambda: counted("intra_stage", 1, j["step"] + every), 90)
             print("the planner shrank to 1x2 itself after the peer restore")
 
-        out, _ = proc.communicate(timeout=150)
-        err.close()
-        sys.stdout.write(out[-4000:])
-        with open(os.path.join(d, "run.err")) as f:
-            sys.stdout.write("".join(l for l in f if " loop: " in l)[-6000:])
-        check(proc.returncode == 0, "spottrain run exited %d" % proc.returncode)
-        with open(summ) as f:
-            s = json.load(f)
+        _, s = r.finish(loop_log=True)
         m = s["migrations"]
-        recs = [(r["kind"], r["at_step"], r["ok"]) for r in s["reconfigurations"]]
-        print("reconfigurations: %s" % recs)
-        check(s["finished"] and s["steps"] == steps, "job did not finish: %s" % s)
+        print("reconfigurations: %s" % [(c["kind"], c["at_step"], c["ok"])
+                                        for c in s["reconfigurations"]])
         check_bytes(s)
-        check([r["kind"] for r in kinds(s)] == ["inter-stage", "intra-stage"],
-              "live migrations: %s" % [r["kind"] for r in kinds(s)])
+        check([c["kind"] for c in kinds(s)] == ["inter-stage", "intra-stage"],
+              "live migrations: %s" % [c["kind"] for c in kinds(s)])
         check(m["checkpoint-restore"]["count"] == 1, "disk restores: %r" % m["checkpoint-restore"])
         check(m["peer-restore"]["count"] == 1, "peer restores: %r" % m["peer-restore"])
         check(m["fresh-start"]["count"] == 0, "fresh starts: %r" % m["fresh-start"])
         check(m["peer-restore"]["bytes"] > 0, "a peer restore moves state")
         check_parts(s)
         # A disk restore builds a fresh engine: no migration parts, its stall is all rest.
-        for r in s["reconfigurations"]:
-            if r["kind"] == "checkpoint-restore" and r["ok"]:
-                check(all(r["stall_parts"][k] == 0 for k in PARTS[:5]) and
-                      abs(r["stall_parts"]["rest"] - r["stall_seconds"]) <= 1e-5,
-                      "restore at step %d: parts %r" % (r["at_step"], r["stall_parts"]))
-        same(ref, save)
+        for c in s["reconfigurations"]:
+            if c["kind"] == "checkpoint-restore" and c["ok"]:
+                check(all(c["stall_parts"][k] == 0 for k in PARTS[:5]) and
+                      abs(c["stall_parts"]["rest"] - c["stall_seconds"]) <= 1e-5,
+                      "restore at step %d: parts %r" % (c["at_step"], c["stall_parts"]))
+        same(ref, r.save)
     finally:
-        if proc and proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        if r:
+            r.stop()
         shutil.rmtree(d, ignore_errors=True)
+
+
+class Live:
+    """A `spottrain run` of job in the background, the way the fault tests drive one: its
+    stderr in d/run.err, its --save and --json-summary in d, its state in d/state and its
+    REST base address once it says (`base`)."""
+
+    def __init__(self, d, job, steps, env=None):
+        self.d, self.steps = d, steps
+        self.save, self.summ = os.path.join(d, "save"), os.path.join(d, "summary.json")
+        self.state = os.path.join(d, "state")
+        self.err = open(os.path.join(d, "run.err"), "w")
+        self.proc = subprocess.Popen([BIN, "run", job, "--steps", str(steps), "--save",
+                                      self.save, "--json-summary", self.summ, "--state-dir",
+                                      self.state], stdout=subprocess.PIPE, stderr=self.err,
+                                     text=True, env=dict(os.environ, **(env or {})))
+        self.base = run_rest(d)
+
+    def finish(self, tail=4000, loop_log=False):
+        """Wait for the run to end; print its output's tail (and the loop's log lines), check
+        it exited 0 and finished every step; return (stdout, summary)."""
+        out, _ = self.proc.communicate(timeout=150)
+        self.err.close()
+        sys.stdout.write(out[-tail:])
+        if loop_log:
+            with open(os.path.join(self.d, "run.err")) as f:
+                sys.stdout.write("".join(l for l in f if " loop: " in l)[-6000:])
+        check(self.proc.returncode == 0, "spottrain run exited %d" % self.proc.returncode)
+        with open(self.summ) as f:
+            s = json.load(f)
+        check(s["finished"] and s["steps"] == self.steps, "job did not finish: %s" % s)
+        return out, s
+
+    def signal(self, sig, *instances):
+        """Send sig to the sim's workers of those instance ids (waits for their processes)."""
+        pids = wait_for("the worker processes", lambda: (
+            lambda p: p if all(n in p for n in instances) else None)(sim_worker_pids(self.d)),
+            30)
+        for n in instances:
+            os.kill(pids[n], sig)
+
+    def stop(self):
+        """Kill the run if it is still going (a failed test's cleanup)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        if not self.err.closed:
+            self.err.close()
 
 
 def run_rest(d):
@@ -538,7 +564,7 @@ def median(xs):
 def test_peer():
     import signal
     d = tempfile.mkdtemp(prefix="st-run-")
-    proc = None
+    r = None
     try:
         steps, every = 4000, 25
         # pp is pinned to 2 and dp must divide 4: five instances run a 2x2. Positions go to
@@ -552,26 +578,15 @@ def test_peer():
                         planner="pp: 2, learn: false",
                         ckpt="20s", extra="  fault_tolerance: {peer_copy_every: %d}\n" % every)
         ref = reference(d, job, steps)
-        save, summ = os.path.join(d, "save"), os.path.join(d, "summary.json")
-        err = open(os.path.join(d, "run.err"), "w")
-        proc = subprocess.Popen([BIN, "run", job, "--steps", str(steps), "--save", save,
-                                 "--json-summary", summ, "--state-dir",
-                                 os.path.join(d, "state")],
-                                stdout=subprocess.PIPE, stderr=err, text=True)
-
-        base = run_rest(d)
+        r = Live(d, job, steps)
+        base = r.base
 
         def job_at(step, epoch):
             return job_at_least(base, step, epoch)
 
-        def kill(*names):
-            pids = wait_for("the worker processes", lambda: (
-                lambda p: p if all(n in p for n in names) else None)(sim_worker_pids(d)), 30)
-            for n in names:
-                os.kill(pids[n], signal.SIGKILL)
         j = wait_for("step 3 copies in", lambda: job_at(3 * every + 5, 1), 90)
         check(j["shape"]["dp"] == 2 and j["shape"]["pp"] == 2, "started as 2x2: %r" % j["shape"])
-        kill("i-00000000000000002")
+        r.signal(signal.SIGKILL, "i-00000000000000002")
         j = wait_for("the peer restore trained on", lambda: job_at(j["step"] + 3 * every, 2), 90)
 
         # REST and /metrics count a recovery once its epoch made a step: wait for that event.
@@ -585,7 +600,7 @@ def test_peer():
         import glob
         wait_for("a committed checkpoint", lambda: glob.glob(os.path.join(
             d, "state", "ckpt", "step-*", "manifest.json")), 90)
-        kill("i-00000000000000003", "i-00000000000000004")
+        r.signal(signal.SIGKILL, "i-00000000000000003", "i-00000000000000004")
         rp = jm["peer_restore"]
         # Replayed: the survivors' steps since the copy, 0 when the kill landed between a
         # copy and the next step's end (at ~2 ms a step, about one run in 25 here).
@@ -601,24 +616,18 @@ def test_peer():
                           ("spottrain_steps_replayed_total", "%d" % rp["steps_replayed"])):
             line = '%s{kind="peer_restore"} %s' % (name, val)
             check(("\n" + line + "\n") in metrics, "/metrics lacks %r" % line)
-        out, _ = proc.communicate(timeout=150)
-        err.close()
-        sys.stdout.write(out[-4000:])
-        check(proc.returncode == 0, "spottrain run exited %d" % proc.returncode)
-        with open(summ) as f:
-            s = json.load(f)
+        _, s = r.finish()
         m = s["migrations"]
-        recs = [r for r in s["reconfigurations"] if r["ok"]]
-        print("recoveries: %s" % [(r["kind"], r["at_step"], r["steps_replayed"],
-                                   r["moved_bytes"]) for r in recs if r["kind"] in RECOVERIES])
-        check(s["finished"] and s["steps"] == steps, "job did not finish: %s" % s)
+        recs = [c for c in s["reconfigurations"] if c["ok"]]
+        print("recoveries: %s" % [(c["kind"], c["at_step"], c["steps_replayed"],
+                                   c["moved_bytes"]) for c in recs if c["kind"] in RECOVERIES])
         check(m["peer-restore"]["count"] == 1, "peer restores: %r" % m["peer-restore"])
         check(m["checkpoint-restore"]["count"] == 1,
               "checkpoint restores: %r" % m["checkpoint-restore"])
         check(m["fresh-start"]["count"] == 0, "fresh starts: %r" % m["fresh-start"])
         check(s["checkpoint_restores"] == 1, "checkpoint_restores: %d" % s["checkpoint_restores"])
         check(m["peer-restore"]["bytes"] > 0, "a peer restore moves state: %r" % m["peer-restore"])
-        pr = [r for r in recs if r["kind"] == "peer-restore"][0]
+        pr = [c for c in recs if c["kind"] == "peer-restore"][0]
         check(pr["at_step"] % every == 0 and pr["at_step"] >= 3 * every,
               "restored from a copy step (a multiple of %d): %d" % (every, pr["at_step"]))
         # The copy is at most two generations old (a loss during an exchange keeps the older).
@@ -643,11 +652,10 @@ def test_peer():
             len(t), median([x for x, _ in t]), median([b for _, b in t])))
         check(median([b for _, b in t]) < median([x for x, _ in t]),
               "training waited for the background exchanges: %r" % t[:8])
-        same(ref, save)
+        same(ref, r.save)
     finally:
-        if proc and proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        if r:
+            r.stop()
         shutil.rmtree(d, ignore_errors=True)
 
 
@@ -660,22 +668,15 @@ def test_peer_cut():
     import glob
     import signal
     d = tempfile.mkdtemp(prefix="st-run-")
-    proc = None
+    r = None
     try:
         steps, every = 2000, 25
         job = write_job(d, "peercut", steps, "seconds,N\n0,5\n", unannounced=1,
                         planner="pp: 2, learn: false", ckpt="20s",
                         extra="  fault_tolerance: {peer_copy_every: %d}\n" % every)
         ref = reference(d, job, steps)
-        save, summ = os.path.join(d, "save"), os.path.join(d, "summary.json")
-        err = open(os.path.join(d, "run.err"), "w")
-        proc = subprocess.Popen([BIN, "run", job, "--steps", str(steps), "--save", save,
-                                 "--json-summary", summ, "--state-dir",
-                                 os.path.join(d, "state")],
-                                stdout=subprocess.PIPE, stderr=err, text=True,
-                                env=dict(os.environ, SPOTTRAIN_TEST_PEER_CUT="1"))
-
-        base = run_rest(d)
+        r = Live(d, job, steps, env={"SPOTTRAIN_TEST_PEER_CUT": "1"})
+        base = r.base
 
         def events():
             return [e["message"] for e in all_events(base)]
@@ -701,26 +702,17 @@ def test_peer_cut():
         check(not [m for m in ev if m.startswith("step-failed")],
               "the cut exchanges failed an epoch: %r" % [m for m in ev
                                                           if m.startswith("step-failed")])
-        pids = wait_for("the worker processes", lambda: (
-            lambda p: p if "i-00000000000000002" in p else None)(sim_worker_pids(d)), 30)
-        os.kill(pids["i-00000000000000002"], signal.SIGKILL)
-        out, _ = proc.communicate(timeout=150)
-        err.close()
-        sys.stdout.write(out[-3000:])
-        check(proc.returncode == 0, "spottrain run exited %d" % proc.returncode)
-        with open(summ) as f:
-            s = json.load(f)
+        r.signal(signal.SIGKILL, "i-00000000000000002")
+        _, s = r.finish(tail=3000)
         m = s["migrations"]
-        check(s["finished"] and s["steps"] == steps, "job did not finish: %s" % s)
         check(m["peer-restore"]["count"] == 0, "peer restores: %r" % m["peer-restore"])
         check(m["checkpoint-restore"]["count"] == 1,
               "checkpoint restores: %r" % m["checkpoint-restore"])
         check(m["fresh-start"]["count"] == 0, "fresh starts: %r" % m["fresh-start"])
-        same(ref, save)
+        same(ref, r.save)
     finally:
-        if proc and proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        if r:
+            r.stop()
         shutil.rmtree(d, ignore_errors=True)
 
 
@@ -733,7 +725,7 @@ def test_zone():
     # bitwise equal to the uninterrupted run.
     import signal
     d = tempfile.mkdtemp(prefix="st-run-")
-    proc = None
+    r = None
     try:
         steps, every = 4000, 25
         # Copies exchanged at the step boundary here (peer_copy_background: false): that path
@@ -748,14 +740,8 @@ def test_zone():
             f.write(spec.replace("    provider: sim\n",
                                  "    provider: sim\n    zones: [zone-a, zone-b, zone-c]\n"))
         ref = reference(d, job, steps)
-        save, summ = os.path.join(d, "save"), os.path.join(d, "summary.json")
-        err = open(os.path.join(d, "run.err"), "w")
-        proc = subprocess.Popen([BIN, "run", job, "--steps", str(steps), "--save", save,
-                                 "--json-summary", summ, "--state-dir",
-                                 os.path.join(d, "state")],
-                                stdout=subprocess.PIPE, stderr=err, text=True)
-
-        base = run_rest(d)
+        r = Live(d, job, steps)
+        base = r.base
 
         def job_at(step, epoch):
             return job_at_least(base, step, epoch)
@@ -771,19 +757,9 @@ def test_zone():
         lost = sorted(p for p in pos if zone[p] == "zone-a")
         check(len(lost) == 2 and any((p + 1) % 4 in lost for p in lost),
               "zone-a holds two positions, neighbours in position order: %r" % zone)
-        pids = wait_for("the worker processes", lambda: (
-            lambda p: p if all(pos[q]["instance_id"] in p for q in lost) else None)(
-                sim_worker_pids(d)), 30)
-        for q in lost:
-            os.kill(pids[pos[q]["instance_id"]], signal.SIGKILL)
-        out, _ = proc.communicate(timeout=150)
-        err.close()
-        sys.stdout.write(out[-4000:])
-        check(proc.returncode == 0, "spottrain run exited %d" % proc.returncode)
-        with open(summ) as f:
-            s = json.load(f)
+        r.signal(signal.SIGKILL, *[pos[q]["instance_id"] for q in lost])
+        out, s = r.finish()
         m = s["migrations"]
-        check(s["finished"] and s["steps"] == steps, "job did not finish: %s" % s)
         check(m["peer-restore"]["count"] == 1, "peer restores: %r" % m["peer-restore"])
         check(m["checkpoint-restore"]["count"] == 0,
               "checkpoint restores: %r" % m["checkpoint-restore"])
@@ -798,15 +774,14 @@ def test_zone():
               "events name %s as lost; the lost are %s" % (sorted(named),
                                                            sorted(node[q] for q in lost)))
         # At the boundary, training waits for every exchange in full.
-        t = peer_copy_times(os.path.join(d, "state"))
+        t = peer_copy_times(r.state)
         check(len(t) >= 3 * 4 and all(b >= x for x, b in t),
               "boundary copies: training waited less than the exchange: %r" %
               [(x, b) for x, b in t if b < x][:8])
-        same(ref, save)
+        same(ref, r.save)
     finally:
-        if proc and proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        if r:
+            r.stop()
         shutil.rmtree(d, ignore_errors=True)
 
 
@@ -1696,7 +1671,6 @@ def proxied_run(d, job, steps, tls, rogue=False):
             coord_log)
         failures = None
         if rogue:
-            import struct
             # Straight to a worker's own data port (not through its proxy), with the current
             # epoch and the ranks the genuine dialler uses: refused at once, or challenged and
             # dropped for want of a proof; closed and counted either way.

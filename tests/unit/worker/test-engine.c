@@ -340,6 +340,29 @@ struct reshape_arg {
     size_t fresh; /* and what its first work buffers still allocated */
 };
 
+/* Rank's side of a pair: its comm and an engine at (stage, replica) of layout from. */
+static int pair_engine(struct reshape_arg *a, int rank, const struct worker_train_config *cfg,
+                       const struct worker_layout *from, int stage, int replica,
+                       struct mig_comm **comm, struct worker_engine **e) {
+    int r;
+    kern_set_threads(1);
+    if ((r = mig_comm_new("tcp", a->ep[rank], 1, rank, 2, a->addrs, 30.0, comm)) < 0)
+        return r;
+    return worker_engine_new(cfg, from, stage, replica, *comm, tokens, e);
+}
+
+/* The state a 1x1 engine ends with, into out (to compare with run_job's). */
+static void state_take(struct worker_engine *e, struct state *out) {
+    for (int l = 0; l < kern_num_layers(&model); l++) {
+        struct worker_layer_bufs b;
+        worker_engine_layer(e, WORKER_VIEW_CURRENT, l, &b);
+        memcpy(out->param[l], b.param, b.n * sizeof(float));
+        memcpy(out->m[l], b.adam_m, b.n * sizeof(float));
+        memcpy(out->v[l], b.adam_v, b.n * sizeof(float));
+    }
+    out->t = worker_engine_opt_step(e);
+}
+
 static void *reshape_thread(void *p) {
     struct { struct reshape_arg *a; int rank; } *x = p;
     struct reshape_arg *a = x->a;
@@ -349,12 +372,9 @@ static void *reshape_thread(void *p) {
     int nl = kern_num_layers(&model), split[2] = {0, nl};
     struct mig_comm *comm = NULL;
     struct worker_engine *e = NULL;
-    kern_set_threads(1);
     worker_layout_init(&l2, 2, 1, split, nl);
     worker_layout_init(&l1, 1, 1, split, nl);
-    if ((r = mig_comm_new("tcp", a->ep[rank], 1, rank, 2, a->addrs, 30.0, &comm)) < 0)
-        goto out;
-    if ((r = worker_engine_new(&cfg, &l2, 0, rank, comm, tokens, &e)) < 0)
+    if ((r = pair_engine(a, rank, &cfg, &l2, 0, rank, &comm, &e)) < 0)
         goto out;
     /* The new position's memory is made ready while the steps run (a thread of its own); the
      * begin below takes it, and the contents still come out equal. */
@@ -406,16 +426,8 @@ static void *reshape_thread(void *p) {
         comm = NULL;
         for (int s = 2; s < 4 && r >= 0; s++)
             r = worker_engine_step(e, (uint64_t)s, NULL);
-        if (r >= 0) {
-            struct worker_layer_bufs b;
-            for (int l = 0; l < nl; l++) {
-                worker_engine_layer(e, WORKER_VIEW_CURRENT, l, &b);
-                memcpy(a->out->param[l], b.param, b.n * sizeof(float));
-                memcpy(a->out->m[l], b.adam_m, b.n * sizeof(float));
-                memcpy(a->out->v[l], b.adam_v, b.n * sizeof(float));
-            }
-            a->out->t = worker_engine_opt_step(e);
-        }
+        if (r >= 0)
+            state_take(e, a->out);
     } else if (worker_engine_step(e, 2, NULL) != -EINVAL) { /* a spare cannot step */
         r = -EPROTO;
     }
@@ -478,12 +490,9 @@ static void *pipe_thread(void *p) {
     int nl = kern_num_layers(&model), split2[3] = {0, 2, nl}, split1[2] = {0, nl};
     struct mig_comm *comm = NULL;
     struct worker_engine *e = NULL;
-    kern_set_threads(1);
     worker_layout_init(&l2, 1, 2, split2, nl);
     worker_layout_init(&l1, 1, 1, split1, nl);
-    if ((r = mig_comm_new("tcp", a->ep[rank], 1, rank, 2, a->addrs, 30.0, &comm)) < 0)
-        goto out;
-    if ((r = worker_engine_new(&cfg, &l2, rank, 0, comm, tokens, &e)) < 0)
+    if ((r = pair_engine(a, rank, &cfg, &l2, rank, 0, &comm, &e)) < 0)
         goto out;
     if (a->prep && (r = worker_engine_reshape_prepare(e, &l1, rank == 0 ? 0 : -1, 0)) < 0)
         goto out;
@@ -511,14 +520,8 @@ static void *pipe_thread(void *p) {
         a->fresh = worker_engine_work_fresh(e);
         for (int s = 2; s < 4 && r >= 0; s++)
             r = worker_engine_step(e, (uint64_t)s, NULL);
-        for (int l = 0; r >= 0 && l < nl; l++) {
-            struct worker_layer_bufs b;
-            worker_engine_layer(e, WORKER_VIEW_CURRENT, l, &b);
-            memcpy(a->out->param[l], b.param, b.n * sizeof(float));
-            memcpy(a->out->m[l], b.adam_m, b.n * sizeof(float));
-            memcpy(a->out->v[l], b.adam_v, b.n * sizeof(float));
-        }
-        a->out->t = worker_engine_opt_step(e);
+        if (r >= 0)
+            state_take(e, a->out);
     }
 out:
     worker_engine_free(e);
