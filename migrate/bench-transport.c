@@ -10,7 +10,12 @@
  * 1.3 (fleet.data_plane.tls: AES-128-GCM records).
  *
  * The one idea: every side is its own process, started together through a pipe, so the
- * baseline and ours pay the same scheduling and copies. */
+ * baseline and ours pay the same scheduling and copies.
+ *
+ * Each case also prints the CPU it used: every process's user + system seconds from the start
+ * to its end, summed, over the wall time: how many cores the move keeps busy. A migration
+ * overlapped with compute can only hide what the compute leaves of the machine's cores
+ * (docs/live-migration.md). */
 #include <arpa/inet.h>
 #include <getopt.h>
 #include <netinet/in.h>
@@ -20,6 +25,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common.h"
@@ -33,6 +39,22 @@ static size_t opt_msg = (size_t)64 << 20;  /* mig message size */
 static int opt_reps = 3;
 static bool cur_keyed; /* the mig cases run with an epoch secret (GMAC per message) */
 static bool cur_tls;   /* ... and encrypted (TLS 1.3 with the handshake's PSK) */
+
+/* What each process writes back: its wall time (receivers: -1) and its CPU seconds. */
+struct result {
+    double wall, cpu;
+};
+
+static double cpu_seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+static int put_result(int res, double wall, double cpu0) {
+    struct result x = {wall, cpu_seconds() - cpu0};
+    return write(res, &x, sizeof(x)) == sizeof(x) ? 0 : -EIO;
+}
 
 /* Waits for the start signal: the parent closes the pipe's write end. */
 static void wait_go(int fd) {
@@ -74,12 +96,13 @@ static int full_read(int fd, void *b, size_t n) {
 }
 
 /* One raw stream: the receiver listens, the sender connects and writes opt_bytes. */
-static int raw_receiver(int lfd, int go) {
+static int raw_receiver(int lfd, int go, int res) {
     char *buf = malloc(WRITE_BYTES);
     int fd = accept(lfd, NULL, NULL);
     if (!buf || fd < 0)
         return 1;
     wait_go(go);
+    double c0 = cpu_seconds();
     int r = 0;
     for (size_t left = opt_bytes; left && r == 0;) {
         ssize_t g = recv(fd, buf, ST_MIN(left, (size_t)WRITE_BYTES), 0);
@@ -90,6 +113,8 @@ static int raw_receiver(int lfd, int go) {
     }
     if (r == 0)
         r = full_write(fd, "k", 1);
+    if (r == 0)
+        r = put_result(res, -1, c0);
     close(fd);
     free(buf);
     return r == 0 ? 0 : 1;
@@ -104,7 +129,7 @@ static int raw_sender(int port, int go, int res) {
         return 1;
     memset(buf, 0x5a, WRITE_BYTES);
     wait_go(go);
-    double t0 = st_now();
+    double t0 = st_now(), c0 = cpu_seconds();
     int r = 0;
     for (size_t left = opt_bytes; left && r == 0;) {
         size_t n = ST_MIN(left, (size_t)WRITE_BYTES);
@@ -114,9 +139,8 @@ static int raw_sender(int port, int go, int res) {
     char k;
     if (r == 0)
         r = full_read(fd, &k, 1);
-    double dt = st_now() - t0;
-    if (write(res, &dt, sizeof(dt)) != sizeof(dt))
-        r = -EIO;
+    if (r == 0)
+        r = put_result(res, st_now() - t0, c0);
     close(fd);
     free(buf);
     return r == 0 ? 0 : 1;
@@ -154,7 +178,7 @@ static int mig_rank(int rank, int nranks, struct mig_endpoint *ep, const char *c
     bool sender = rank < pairs;
     int peer = sender ? rank + pairs : rank - pairs;
     wait_go(go);
-    double t0 = st_now();
+    double t0 = st_now(), c0 = cpu_seconds();
     if (batch) {
         /* One batch moving the whole share as nmsg messages, all posted at once. */
         for (size_t i = 0; i < nmsg; i++) {
@@ -171,8 +195,7 @@ static int mig_rank(int rank, int nranks, struct mig_endpoint *ep, const char *c
     char k = 'k';
     if (r >= 0)
         r = sender ? mig_recv(c, peer, &k, 1) : mig_send(c, peer, &k, 1);
-    double dt = st_now() - t0;
-    if (sender && write(res, &dt, sizeof(dt)) != sizeof(dt))
+    if (r >= 0 && put_result(res, sender ? st_now() - t0 : -1, c0) < 0)
         r = -EIO;
     if (r < 0)
         fprintf(stderr, "rank %d: %s\n", rank, st_strerror(r));
@@ -182,8 +205,9 @@ static int mig_rank(int rank, int nranks, struct mig_endpoint *ep, const char *c
     return r < 0 ? 1 : 0;
 }
 
-/* Runs one configuration; returns aggregate bytes per second, or -1. */
-static double run_case(bool mig, bool batch, int pairs) {
+/* Runs one configuration; returns aggregate bytes per second, or -1, and the cores its
+ * processes kept busy (CPU seconds over the wall time) in *ret_cores. */
+static double run_case(bool mig, bool batch, int pairs, double *ret_cores) {
     int go[2], res[2], nproc = 2 * pairs;
     pid_t pids[2 * MAX_PAIRS];
     struct mig_endpoint *eps[2 * MAX_PAIRS] = {0};
@@ -226,7 +250,7 @@ static double run_case(bool mig, bool batch, int pairs) {
                 mig_endpoint_free(eps[i]);
             } else {
                 rc = i < pairs ? raw_sender(port[i], go[0], res[1])
-                               : raw_receiver(lfd[i - pairs], go[0]);
+                               : raw_receiver(lfd[i - pairs], go[0], res[1]);
             }
             exit(rc);
         }
@@ -240,30 +264,37 @@ static double run_case(bool mig, bool batch, int pairs) {
     /* Let every process connect and block on the pipe, then start them together. */
     usleep(mig ? 300000 : 100000);
     close(go[1]);
-    double worst = 0, dt;
+    double worst = 0, cpu = 0;
+    struct result x;
     int got = 0;
-    while (read(res[0], &dt, sizeof(dt)) == sizeof(dt)) {
-        worst = dt > worst ? dt : worst;
+    while (read(res[0], &x, sizeof(x)) == sizeof(x)) {
+        worst = x.wall > worst ? x.wall : worst;
+        cpu += x.cpu;
         got++;
     }
     close(res[0]);
-    bool ok = got == pairs;
+    bool ok = got == nproc;
     for (int i = 0; i < nproc; i++) {
         int st;
         waitpid(pids[i], &st, 0);
         ok &= WIFEXITED(st) && WEXITSTATUS(st) == 0;
     }
+    *ret_cores = worst > 0 ? cpu / worst : 0;
     return ok && worst > 0 ? (double)opt_bytes * pairs / worst : -1;
 }
 
-/* Best of opt_reps runs, to take the noise of a shared machine out of both sides alike. */
-static double best_of(bool mig, bool batch, int pairs) {
+/* Best of opt_reps runs, to take the noise of a shared machine out of both sides alike;
+ * *ret_cores is the best run's. */
+static double best_of(bool mig, bool batch, int pairs, double *ret_cores) {
     double best = -1;
     for (int i = 0; i < opt_reps; i++) {
-        double v = run_case(mig, batch, pairs);
+        double cores, v = run_case(mig, batch, pairs, &cores);
         if (v < 0)
             return -1;
-        best = v > best ? v : best;
+        if (v > best) {
+            best = v;
+            *ret_cores = cores;
+        }
     }
     return best;
 }
@@ -310,12 +341,13 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    double raw1 = best_of(false, false, 1), mig1 = best_of(true, false, 1);
-    double rawp = best_of(false, false, pairs), migp = best_of(true, true, pairs);
+    double cr1, cm1, crp, cmp, ck1, ckp, ct1, ctp; /* cores busy */
+    double raw1 = best_of(false, false, 1, &cr1), mig1 = best_of(true, false, 1, &cm1);
+    double rawp = best_of(false, false, pairs, &crp), migp = best_of(true, true, pairs, &cmp);
     cur_keyed = true;
-    double key1 = best_of(true, false, 1), keyp = best_of(true, true, pairs);
+    double key1 = best_of(true, false, 1, &ck1), keyp = best_of(true, true, pairs, &ckp);
     cur_tls = true;
-    double tls1 = best_of(true, false, 1), tlsp = best_of(true, true, pairs);
+    double tls1 = best_of(true, false, 1, &ct1), tlsp = best_of(true, true, pairs, &ctp);
     if (raw1 < 0 || mig1 < 0 || rawp < 0 || migp < 0 || key1 < 0 || keyp < 0 || tls1 < 0 ||
         tlsp < 0) {
         fprintf(stderr, "bench-transport: a run failed\n");
@@ -324,26 +356,30 @@ int main(int argc, char **argv) {
     const double G = 1e9;
     printf("transport: %.2f GiB per stream, mig messages of %zu MiB, best of %d\n",
            (double)opt_bytes / (1u << 30), opt_msg >> 20, opt_reps);
-    printf("  raw tcp 1 stream (4 MiB writes)        %8.2f GB/s\n", raw1 / G);
-    printf("  mig_send/mig_recv 1 pair               %8.2f GB/s   ratio %.2f\n", mig1 / G,
-           mig1 / raw1);
-    printf("  raw tcp %d streams                      %8.2f GB/s\n", pairs, rawp / G);
-    printf("  mig_batch %d concurrent pairs           %8.2f GB/s   ratio %.2f\n", pairs,
-           migp / G, migp / rawp);
+    printf("  raw tcp 1 stream (4 MiB writes)        %8.2f GB/s               cpu %.2f cores\n",
+           raw1 / G, cr1);
+    printf("  mig_send/mig_recv 1 pair               %8.2f GB/s   ratio %.2f  cpu %.2f cores\n",
+           mig1 / G, mig1 / raw1, cm1);
+    printf("  raw tcp %d streams                      %8.2f GB/s               cpu %.2f cores\n",
+           pairs, rawp / G, crp);
+    printf("  mig_batch %d concurrent pairs           %8.2f GB/s   ratio %.2f  cpu %.2f cores\n",
+           pairs, migp / G, migp / rawp, cmp);
     printf("  with the epoch secret (a GMAC per message, as spottrain run):\n");
-    printf("  mig_send/mig_recv 1 pair, keyed        %8.2f GB/s   ratio %.2f\n", key1 / G,
-           key1 / raw1);
-    printf("  mig_batch %d concurrent pairs, keyed    %8.2f GB/s   ratio %.2f\n", pairs,
-           keyp / G, keyp / rawp);
+    printf("  mig_send/mig_recv 1 pair, keyed        %8.2f GB/s   ratio %.2f  cpu %.2f cores\n",
+           key1 / G, key1 / raw1, ck1);
+    printf("  mig_batch %d concurrent pairs, keyed    %8.2f GB/s   ratio %.2f  cpu %.2f cores\n",
+           pairs, keyp / G, keyp / rawp, ckp);
     printf("  with the epoch secret and TLS 1.3 (fleet.data_plane.tls: true):\n");
-    printf("  mig_send/mig_recv 1 pair, tls          %8.2f GB/s   ratio %.2f\n", tls1 / G,
-           tls1 / raw1);
-    printf("  mig_batch %d concurrent pairs, tls      %8.2f GB/s   ratio %.2f\n", pairs,
-           tlsp / G, tlsp / rawp);
+    printf("  mig_send/mig_recv 1 pair, tls          %8.2f GB/s   ratio %.2f  cpu %.2f cores\n",
+           tls1 / G, tls1 / raw1, ct1);
+    printf("  mig_batch %d concurrent pairs, tls      %8.2f GB/s   ratio %.2f  cpu %.2f cores\n",
+           pairs, tlsp / G, tlsp / rawp, ctp);
     printf("data_plane_ratio %.3f %.3f %.3f %.3f %.3f %.3f\n", mig1 / raw1, migp / rawp,
            key1 / raw1, keyp / rawp, tls1 / raw1, tlsp / rawp);
     /* For scripts/bench.d/migration's cost file: raw and ours (keyed, as runs are), one pair
      * and all pairs. */
     printf("data_plane_bytes_per_s %.0f %.0f %.0f %.0f\n", raw1, key1, rawp, keyp);
+    /* Cores busy while moving, in the same order as data_plane_bytes_per_s. */
+    printf("data_plane_cores %.2f %.2f %.2f %.2f\n", cr1, ck1, crp, ckp);
     return 0;
 }
