@@ -36,6 +36,10 @@
 
 static size_t opt_bytes = (size_t)1 << 30; /* per stream */
 static size_t opt_msg = (size_t)64 << 20;  /* mig message size */
+/* The raw streams' buffer: writes and reads of WRITE_BYTES walk across it. WRITE_BYTES (the
+ * default) keeps it in a cache; the size of a mig message gives the raw stream the memory
+ * footprint of ours (--raw-buf). */
+static size_t opt_raw_buf = WRITE_BYTES;
 static int opt_reps = 3;
 static bool cur_keyed; /* the mig cases run with an epoch secret (GMAC per message) */
 static bool cur_tls;   /* ... and encrypted (TLS 1.3 with the handshake's PSK) */
@@ -97,19 +101,24 @@ static int full_read(int fd, void *b, size_t n) {
 
 /* One raw stream: the receiver listens, the sender connects and writes opt_bytes. */
 static int raw_receiver(int lfd, int go, int res) {
-    char *buf = malloc(WRITE_BYTES);
+    char *buf = malloc(opt_raw_buf);
     int fd = accept(lfd, NULL, NULL);
     if (!buf || fd < 0)
         return 1;
     wait_go(go);
     double c0 = cpu_seconds();
     int r = 0;
-    for (size_t left = opt_bytes; left && r == 0;) {
-        ssize_t g = recv(fd, buf, ST_MIN(left, (size_t)WRITE_BYTES), 0);
-        if (g <= 0)
+    for (size_t left = opt_bytes, at = 0; left && r == 0;) {
+        if (at == opt_raw_buf)
+            at = 0;
+        size_t want = ST_MIN(ST_MIN(left, (size_t)WRITE_BYTES), opt_raw_buf - at);
+        ssize_t g = recv(fd, buf + at, want, 0);
+        if (g <= 0) {
             r = -EIO;
-        else
+        } else {
             left -= (size_t)g;
+            at += (size_t)g;
+        }
     }
     if (r == 0)
         r = full_write(fd, "k", 1);
@@ -123,18 +132,21 @@ static int raw_receiver(int lfd, int go, int res) {
 static int raw_sender(int port, int go, int res) {
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-    char *buf = malloc(WRITE_BYTES);
+    char *buf = malloc(opt_raw_buf);
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     if (!buf || fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof(a)) < 0)
         return 1;
-    memset(buf, 0x5a, WRITE_BYTES);
+    memset(buf, 0x5a, opt_raw_buf);
     wait_go(go);
     double t0 = st_now(), c0 = cpu_seconds();
     int r = 0;
-    for (size_t left = opt_bytes; left && r == 0;) {
-        size_t n = ST_MIN(left, (size_t)WRITE_BYTES);
-        r = full_write(fd, buf, n);
+    for (size_t left = opt_bytes, at = 0; left && r == 0;) {
+        if (at == opt_raw_buf)
+            at = 0;
+        size_t n = ST_MIN(ST_MIN(left, (size_t)WRITE_BYTES), opt_raw_buf - at);
+        r = full_write(fd, buf + at, n);
         left -= n;
+        at += n;
     }
     char k;
     if (r == 0)
@@ -303,7 +315,8 @@ int main(int argc, char **argv) {
     static const struct option opts[] = {
         {"bytes", required_argument, NULL, 'b'}, {"msg", required_argument, NULL, 'm'},
         {"reps", required_argument, NULL, 'r'},  {"pairs", required_argument, NULL, 'p'},
-        {"help", no_argument, NULL, 'h'},        {0},
+        {"raw-buf", required_argument, NULL, 'w'}, {"help", no_argument, NULL, 'h'},
+        {0},
     };
     int c, pairs = 4;
     uint64_t v;
@@ -312,11 +325,12 @@ int main(int argc, char **argv) {
         switch (c) {
         case 'b':
         case 'm':
+        case 'w':
             if (st_parse_size(optarg, &v) < 0 || v == 0 || v > ((uint64_t)16 << 30)) {
                 fprintf(stderr, "bench-transport: bad size '%s'\n", optarg);
                 return 2;
             }
-            *(c == 'b' ? &opt_bytes : &opt_msg) = (size_t)v;
+            *(c == 'b' ? &opt_bytes : c == 'm' ? &opt_msg : &opt_raw_buf) = (size_t)v;
             break;
         case 'r':
             opt_reps = atoi(optarg);
@@ -334,7 +348,9 @@ int main(int argc, char **argv) {
             break;
         case 'h':
             printf("Usage: bench-transport [--bytes SIZE] [--msg SIZE] [--reps N] [--pairs P]\n"
-                   "Loopback throughput of raw TCP vs the mig tcp transport (best of N).\n");
+                   "                       [--raw-buf SIZE]\n"
+                   "Loopback throughput of raw TCP vs the mig tcp transport (best of N).\n"
+                   "--raw-buf: the raw streams' buffer (default 4 MiB, their write size).\n");
             return 0;
         default:
             fprintf(stderr, "bench-transport: unknown option; try --help\n");
@@ -348,14 +364,25 @@ int main(int argc, char **argv) {
     double key1 = best_of(true, false, 1, &ck1), keyp = best_of(true, true, pairs, &ckp);
     cur_tls = true;
     double tls1 = best_of(true, false, 1, &ct1), tlsp = best_of(true, true, pairs, &ctp);
+    /* The raw streams again with buffers as large as a mig message: ours move to and from
+     * buffers of that size (a layer's parameters), which no cache holds. */
+    size_t raw_buf = opt_raw_buf;
+    double cf1 = 0, cfp = 0, rawf1 = 0, rawfp = 0;
+    opt_raw_buf = ST_MIN(opt_msg, opt_bytes);
+    if (opt_raw_buf != raw_buf) {
+        rawf1 = best_of(false, false, 1, &cf1);
+        rawfp = best_of(false, false, pairs, &cfp);
+    }
+    opt_raw_buf = raw_buf;
     if (raw1 < 0 || mig1 < 0 || rawp < 0 || migp < 0 || key1 < 0 || keyp < 0 || tls1 < 0 ||
-        tlsp < 0) {
+        tlsp < 0 || rawf1 < 0 || rawfp < 0) {
         fprintf(stderr, "bench-transport: a run failed\n");
         return 1;
     }
     const double G = 1e9;
-    printf("transport: %.2f GiB per stream, mig messages of %zu MiB, best of %d\n",
-           (double)opt_bytes / (1u << 30), opt_msg >> 20, opt_reps);
+    printf("transport: %.2f GiB per stream, mig messages of %zu MiB, raw buffers of %zu KiB, "
+           "best of %d\n", (double)opt_bytes / (1u << 30), opt_msg >> 20, opt_raw_buf >> 10,
+           opt_reps);
     printf("  raw tcp 1 stream (4 MiB writes)        %8.2f GB/s               cpu %.2f cores\n",
            raw1 / G, cr1);
     printf("  mig_send/mig_recv 1 pair               %8.2f GB/s   ratio %.2f  cpu %.2f cores\n",
@@ -364,6 +391,15 @@ int main(int argc, char **argv) {
            pairs, rawp / G, crp);
     printf("  mig_batch %d concurrent pairs           %8.2f GB/s   ratio %.2f  cpu %.2f cores\n",
            pairs, migp / G, migp / rawp, cmp);
+    if (rawf1 > 0) {
+        size_t fb = ST_MIN(opt_msg, opt_bytes) >> 20;
+        printf("  raw tcp again, its buffers as large as a mig message (%zu MiB; ours move to\n"
+               "  and from such buffers, out of any cache):\n", fb);
+        printf("  raw tcp 1 stream, %4zu MiB buffers     %8.2f GB/s               cpu %.2f cores"
+               "   mig 1 pair / it %.2f\n", fb, rawf1 / G, cf1, mig1 / rawf1);
+        printf("  raw tcp %d streams, %4zu MiB buffers    %8.2f GB/s               cpu %.2f cores"
+               "   mig pairs / it %.2f\n", pairs, fb, rawfp / G, cfp, migp / rawfp);
+    }
     printf("  with the epoch secret (a GMAC per message, as spottrain run):\n");
     printf("  mig_send/mig_recv 1 pair, keyed        %8.2f GB/s   ratio %.2f  cpu %.2f cores\n",
            key1 / G, key1 / raw1, ck1);

@@ -11,12 +11,16 @@ engine, can appear and then grow; `train --local --dp 2` shows it against `--dp 
 
   central     faults the test injects at steps it chose (waiting on REST): a worker and its
               copy's holder killed (one disk restore), a notice with a spare (inter-stage),
-              an unannounced kill (one peer restore), a notice without a spare (intra-stage);
-              exactly those, no fresh start; parameters equal to the uninterrupted run
+              an unannounced kill (one peer restore), a notice without a spare (intra-stage,
+              with dp-resharding); exactly those, no fresh start; parameters equal to the
+              uninterrupted run
   intra       forced 2x2 -> 1x2: survivors of each stage take over (intra-stage); the planner
               starts from a cost file (planner.migration_costs): its figures are the predictions
   inter       forced 2x2 -> 2x2 with a noticed worker replaced by a spare (inter-stage)
   pipeline    forced 2x1 -> 1x2 -> 1x3 (pipeline repartition)
+  pipeline-notice
+              the same kind reached through a real notice, no --shapes: a 1x3 on three
+              instances loses one with notice and repartitions live to 1x2
   reshard     forced 1x2 -> 2x2 -> 4x1 (ZeRO-1 optimizer shards resharded when dp changes)
   slow        forced 1x2 -> 2x1 -> 1x2 on a larger model (a 4-layer, 256-channel GPT): steps
               slow enough that each next shape is ordered before the running epoch's first
@@ -280,6 +284,59 @@ def test_reshard():
            ["dp-resharding", "inter-stage"])
 
 
+def test_pipeline_notice():
+    # A pipeline repartition reached the way a user's job reaches one, with no --shapes: three
+    # instances, dp pinned to 1, so the job runs 1x3; a notice on a positioned worker (SIGTERM;
+    # SPOTTRAIN_NOTICE_SECONDS gives 30 s) leaves two, and the planner repartitions the layers
+    # over them live (1x3 -> 1x2, a pipeline migration) before the worker goes; then it is
+    # killed, as the cloud would. Exactly that migration, no restore; same bits.
+    import signal
+    d = tempfile.mkdtemp(prefix="st-run-")
+    r = None
+    try:
+        steps = 1500
+        job = write_job(d, "pipenotice", steps, "seconds,N\n0,3\n",
+                        planner="dp: 1, pp: {min: 1, max: 3}, learn: false", interval="1d",
+                        model="{layers: 4, hidden: 32, heads: 2, vocab: 64, seq_len: 16}")
+        ref = reference(d, job, steps)
+        r = Live(d, job, steps, env={"SPOTTRAIN_NOTICE_SECONDS": "30"})
+
+        def job_at(step, epoch):
+            return job_at_least(r.base, step, epoch)
+        j = wait_for("the 1x3 training", lambda: job_at(50, 1), 90)
+        check(j["shape"] == {"dp": 1, "pp": 3}, "started as 1x3: %r" % j["shape"])
+        ws = json.loads(http_get(r.base, "/v1/workers"))["workers"]
+        pos = sorted((w["stage"], w["instance_id"]) for w in ws
+                     if w["state"] == "active" and w["epoch"] == 1 and w["stage"] >= 0)
+        check(len(pos) == 3, "three positions: %r" % pos)
+        noticed = pos[1][1]  # the middle stage
+        r.signal(signal.SIGTERM, noticed)
+
+        def migrated():
+            j = job_at(0, 2)
+            return j if (j and j["migrations"]["pipeline"]["count"] >= 1 and
+                         j["state"] == "running") else None
+        j = wait_for("the pipeline migration", migrated, 90)
+        check(j["shape"] == {"dp": 1, "pp": 2}, "after the notice: %r" % j["shape"])
+        r.signal(signal.SIGKILL, noticed)
+        _, s = r.finish()
+        check_bytes(s)
+        check_parts(s)
+        check([c["kind"] for c in kinds(s)] == ["pipeline"],
+              "live migrations: %s" % [c["kind"] for c in kinds(s)])
+        m = s["migrations"]
+        for k in RECOVERIES:
+            check(m[k]["count"] == 0, "%s: %r" % (k, m[k]))
+        check(s["checkpoint_restores"] == 0, "a restore was needed")
+        check(m["pipeline"]["count"] == 1 and m["pipeline"]["bytes"] > 0,
+              "pipeline: %r" % m["pipeline"])
+        same(ref, r.save)
+    finally:
+        if r:
+            r.stop()
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def test_inter():
     # 5 instances: a 2x2 job and one spare. A positioned node is removed at minute 1 with
     # notice; the spare takes its position: that stage's weights and moments move to it.
@@ -425,6 +482,8 @@ def test_central():
         check_bytes(s)
         check([c["kind"] for c in kinds(s)] == ["inter-stage", "intra-stage"],
               "live migrations: %s" % [c["kind"] for c in kinds(s)])
+        # The 2x2 -> 1x2 shrink changed dp: its optimizer shards were resharded.
+        check(m["dp-resharding"]["count"] == 1, "dp reshardings: %r" % m["dp-resharding"])
         check(m["checkpoint-restore"]["count"] == 1, "disk restores: %r" % m["checkpoint-restore"])
         check(m["peer-restore"]["count"] == 1, "peer restores: %r" % m["peer-restore"])
         check(m["fresh-start"]["count"] == 0, "fresh starts: %r" % m["fresh-start"])
@@ -1764,7 +1823,8 @@ def test_tls():
 
 
 TESTS = {"tls": test_tls, "auth": test_auth, "restart": test_restart, "standalone": test_standalone, "central": test_central, "slow": test_slow, "intra": test_intra, "inter": test_inter,
-         "pipeline": test_pipeline, "reshard": test_reshard, "input": test_input,
+         "pipeline": test_pipeline, "pipeline-notice": test_pipeline_notice,
+         "reshard": test_reshard, "input": test_input,
          "peer": test_peer, "peer-cut": test_peer_cut, "zone": test_zone, "refused": test_refused,
          "mitm": test_mitm}
 
