@@ -78,6 +78,7 @@ struct coord {
     uint64_t mig_count[COORD_MIG_NKINDS], mig_bytes[COORD_MIG_NKINDS];
     double mig_stall[COORD_MIG_NKINDS];          /* seconds */
     uint64_t mig_replayed[COORD_MIG_NKINDS];     /* steps trained again after a restore */
+    struct coord_cost_model cost_model;          /* coord_metrics_set_cost_model */
     double stall_total, predicted, actual, spend;
     double spot_price_live;      /* $/instance-hour the cloud answers now; 0 = none */
     double od_spend;             /* on-demand dollars, tracked once a live price is in use */

@@ -306,6 +306,28 @@ void coord_planner_record(struct coord *c, const char *predictor,
 void coord_metrics_add_migration(struct coord *c, enum coord_migration_kind kind,
                                  uint64_t bytes, double stall_seconds, uint64_t steps_replayed);
 void coord_metrics_set_instances(struct coord *c, double predicted, double actual);
+/* The planner's cost model against what happened (planner/fitted.c), as sums whose means are
+ * sum / count: the step time predicted when each epoch was decided and the one its steps then
+ * measured (only steps whose prediction had measured steps behind it), and per kind of live
+ * migration (dp-resharding counted apart too, as in the summary) the stall predicted when it
+ * was ordered and the one measured. The loop sets the whole of it whenever it changes; GET
+ * /v1/job "cost_model" and /metrics (spottrain_cost_model_*) show it. */
+enum coord_cost_kind {
+    COORD_COST_INTRA_STAGE = 0,
+    COORD_COST_INTER_STAGE,
+    COORD_COST_PIPELINE,
+    COORD_COST_DP_RESHARDING,
+    COORD_COST_NKINDS
+};
+struct coord_cost_model {
+    uint64_t steps;
+    double step_predicted, step_measured;
+    uint64_t n[COORD_COST_NKINDS];
+    double stall_predicted[COORD_COST_NKINDS], stall_measured[COORD_COST_NKINDS];
+};
+void coord_metrics_set_cost_model(struct coord *c, const struct coord_cost_model *cm);
+/* "intra_stage", "inter_stage", "pipeline", "dp_resharding" (the labels of /metrics). */
+const char *coord_cost_kind_name(enum coord_cost_kind k);
 void coord_metrics_add_spend(struct coord *c, double dollars);
 /* The same for a fleet whose provider answers a live spot price (aws: DescribeSpotPriceHistory):
  * instance-hours at that $/instance-hour; the price shows in GET /v1/job spot_price_per_hour

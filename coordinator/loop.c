@@ -598,6 +598,33 @@ static void cm_account(const struct coord_loop *L, struct coord_loop_summary *S)
     }
 }
 
+/* Shows the cost model against what happened, the running epoch's steps included, in GET
+ * /v1/job and /metrics (the summary's figures as the job stands). */
+static void cm_publish(struct coord_loop *L) {
+    struct coord_loop_summary s;
+    struct coord_cost_model cm;
+    memset(&cm, 0, sizeof(cm));
+    pthread_mutex_lock(&L->lock);
+    s.cost_model = L->sum.cost_model;
+    cm_account(L, &s);
+    pthread_mutex_unlock(&L->lock);
+    cm.steps = s.cost_model.steps;
+    cm.step_predicted = s.cost_model.step_predicted;
+    cm.step_measured = s.cost_model.step_measured;
+    /* The loop's live kinds come first, in the same order. */
+    _Static_assert(COORD_LOOP_INTRA == (int)COORD_COST_INTRA_STAGE &&
+                   COORD_LOOP_INTER == (int)COORD_COST_INTER_STAGE &&
+                   COORD_LOOP_PIPELINE == (int)COORD_COST_PIPELINE &&
+                     COORD_LOOP_DP_RESHARD == (int)COORD_COST_DP_RESHARDING,
+                   "the loop's live kinds are the cost model's");
+    for (int k = 0; k < COORD_COST_NKINDS; k++) {
+        cm.n[k] = s.cost_model.n[k];
+        cm.stall_predicted[k] = s.cost_model.stall_predicted[k];
+        cm.stall_measured[k] = s.cost_model.stall_measured[k];
+    }
+    coord_metrics_set_cost_model(L->c, &cm);
+}
+
 /* The running epoch ends (a reconfiguration is ordered): account and feed its steps. */
 static void cm_epoch_end(struct coord_loop *L) {
     cm_feed(L);
@@ -2051,6 +2078,7 @@ int coord_loop_tick(struct coord_loop *L, double now) {
     for (size_t i = 0; i < L->ninst; i++)
         noticed += L->inst[i].noticed && !L->inst[i].dead;
     coord_metrics_set_noticed(L->c, noticed);
+    cm_publish(L);
 
     ckpt_commit_check(L);
     if (L->peer_refused && !L->peer_refused_said) {

@@ -124,6 +124,29 @@ static json_t *migrations_json(const struct coord *c) {
     return m;
 }
 
+/* The planner's cost model against what happened: means (null before any), counts. */
+static json_t *cost_model_json(const struct coord *c) {
+    const struct coord_cost_model *cm = &c->cost_model;
+    json_t *kinds = json_object();
+    for (int k = 0; kinds && k < COORD_COST_NKINDS; k++) {
+        bool any = cm->n[k] > 0;
+        json_object_set_new(
+            kinds, coord_cost_kind_name((enum coord_cost_kind)k),
+            json_pack("{s:I, s:o, s:o}", "count", (json_int_t)cm->n[k],
+                      "stall_seconds_predicted",
+                      any ? json_real(cm->stall_predicted[k] / (double)cm->n[k]) : json_null(),
+                      "stall_seconds_measured",
+                      any ? json_real(cm->stall_measured[k] / (double)cm->n[k]) : json_null()));
+    }
+    bool steps = cm->steps > 0;
+    return json_pack("{s:I, s:o, s:o, s:o}", "steps", (json_int_t)cm->steps,
+                     "step_seconds_predicted",
+                     steps ? json_real(cm->step_predicted / (double)cm->steps) : json_null(),
+                     "step_seconds_measured",
+                     steps ? json_real(cm->step_measured / (double)cm->steps) : json_null(),
+                     "kinds", kinds ? kinds : json_null());
+}
+
 static json_t *job_json(struct coord *c) {
     size_t counts[COORD_WORKER_NSTATES];
     coord__count_states(c, counts);
@@ -149,6 +172,7 @@ static json_t *job_json(struct coord *c) {
                                                              : c->spec.fleet.spot_price));
         json_object_set_new(j, "spot_price_live", json_boolean(c->spot_price_live > 0));
         json_object_set_new(j, "migrations", migrations_json(c));
+        json_object_set_new(j, "cost_model", cost_model_json(c));
     }
     return j;
 }
@@ -306,6 +330,34 @@ char *coord__metrics_text(struct coord *c) {
         M("spottrain_steps_replayed_total{kind=\"%s\"} %llu\n",
           coord_migration_kind_name((enum coord_migration_kind)k),
           (unsigned long long)c->mig_replayed[k]);
+    const struct coord_cost_model *cm = &c->cost_model;
+    M("# HELP spottrain_cost_model_steps_total Steps whose step time the planner's cost model "
+      "predicted when their epoch was decided, with measured steps behind the prediction.\n"
+      "# TYPE spottrain_cost_model_steps_total counter\nspottrain_cost_model_steps_total "
+      "%llu\n", (unsigned long long)cm->steps);
+    M("# HELP spottrain_cost_model_step_seconds_predicted_total The predicted step time, summed "
+      "over those steps (over spottrain_cost_model_steps_total: the mean).\n"
+      "# TYPE spottrain_cost_model_step_seconds_predicted_total counter\n"
+      "spottrain_cost_model_step_seconds_predicted_total %.6f\n", cm->step_predicted);
+    M("# HELP spottrain_cost_model_step_seconds_measured_total The measured step time, summed "
+      "over the same steps.\n# TYPE spottrain_cost_model_step_seconds_measured_total counter\n"
+      "spottrain_cost_model_step_seconds_measured_total %.6f\n", cm->step_measured);
+    M("# HELP spottrain_cost_model_migrations_total Live migrations whose stall the cost model "
+      "predicted when they were ordered, by kind (dp_resharding also counts under its base "
+      "kind).\n# TYPE spottrain_cost_model_migrations_total counter\n");
+    for (int k = 0; k < COORD_COST_NKINDS; k++)
+        M("spottrain_cost_model_migrations_total{kind=\"%s\"} %llu\n",
+          coord_cost_kind_name((enum coord_cost_kind)k), (unsigned long long)cm->n[k]);
+    M("# HELP spottrain_cost_model_stall_seconds_predicted_total Their predicted stalls, "
+      "summed, by kind.\n# TYPE spottrain_cost_model_stall_seconds_predicted_total counter\n");
+    for (int k = 0; k < COORD_COST_NKINDS; k++)
+        M("spottrain_cost_model_stall_seconds_predicted_total{kind=\"%s\"} %.6f\n",
+          coord_cost_kind_name((enum coord_cost_kind)k), cm->stall_predicted[k]);
+    M("# HELP spottrain_cost_model_stall_seconds_measured_total Their measured stalls, summed, "
+      "by kind.\n# TYPE spottrain_cost_model_stall_seconds_measured_total counter\n");
+    for (int k = 0; k < COORD_COST_NKINDS; k++)
+        M("spottrain_cost_model_stall_seconds_measured_total{kind=\"%s\"} %.6f\n",
+          coord_cost_kind_name((enum coord_cost_kind)k), cm->stall_measured[k]);
     double stall = c->stall_total;
     for (int k = 0; k < COORD_MIG_NKINDS; k++)
         stall += c->mig_stall[k];

@@ -1246,6 +1246,20 @@ void coord_metrics_add_migration(struct coord *c, enum coord_migration_kind kind
     pthread_mutex_unlock(&c->lock);
 }
 
+void coord_metrics_set_cost_model(struct coord *c, const struct coord_cost_model *cm) {
+    if (!c || c->magic != COORD_MAGIC || !cm)
+        return;
+    pthread_mutex_lock(&c->lock);
+    c->cost_model = *cm;
+    pthread_mutex_unlock(&c->lock);
+}
+
+const char *coord_cost_kind_name(enum coord_cost_kind k) {
+    static const char *const names[COORD_COST_NKINDS] = {"intra_stage", "inter_stage",
+                                                         "pipeline", "dp_resharding"};
+    return (unsigned)k < COORD_COST_NKINDS ? names[k] : "unknown";
+}
+
 void coord_metrics_set_instances(struct coord *c, double predicted, double actual) {
     if (!c || c->magic != COORD_MAGIC || !isfinite(predicted) || !isfinite(actual))
         return;

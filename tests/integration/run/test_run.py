@@ -318,8 +318,34 @@ def test_pipeline_notice():
                          j["state"] == "running") else None
         j = wait_for("the pipeline migration", migrated, 90)
         check(j["shape"] == {"dp": 1, "pp": 2}, "after the notice: %r" % j["shape"])
+
+        # The cost model's figures for it (REST and /metrics show them as the job runs).
+        def modelled():
+            j = job_at(0, 2)
+            return j if j and j["cost_model"]["kinds"]["pipeline"]["count"] == 1 else None
+        cm = wait_for("REST's cost model to count the migration", modelled, 30)["cost_model"]
+        metrics = http_get(r.base, "/metrics")
         r.signal(signal.SIGKILL, noticed)
         _, s = r.finish()
+        pk = cm["kinds"]["pipeline"]
+        for k in ("intra_stage", "inter_stage", "dp_resharding"):
+            check(cm["kinds"][k] == {"count": 0, "stall_seconds_predicted": None,
+                                     "stall_seconds_measured": None},
+                  "REST cost model %s: %r" % (k, cm["kinds"][k]))
+        sk = s["cost_model"]["kinds"]["pipeline"]
+        check(abs(pk["stall_seconds_predicted"] - sk["stall_seconds_predicted"]) < 2e-6 and
+              abs(pk["stall_seconds_measured"] - sk["stall_seconds_measured"]) < 2e-6,
+              "REST %r, summary %r" % (pk, sk))
+        for name, val in (("spottrain_cost_model_migrations_total", "1"),
+                          ("spottrain_cost_model_stall_seconds_predicted_total",
+                           "%.6f" % pk["stall_seconds_predicted"]),
+                          ("spottrain_cost_model_stall_seconds_measured_total",
+                           "%.6f" % pk["stall_seconds_measured"])):
+            line = '%s{kind="pipeline"} %s' % (name, val)
+            check(("\n" + line + "\n") in metrics, "/metrics lacks %r" % line)
+        g = re.search(r"\nspottrain_cost_model_steps_total (\d+)\n", metrics)
+        check(g is not None and int(g.group(1)) == cm["steps"],
+              "/metrics steps %r, REST %d" % (g and g.group(1), cm["steps"]))
         check_bytes(s)
         check_parts(s)
         check([c["kind"] for c in kinds(s)] == ["pipeline"],

@@ -282,5 +282,73 @@ static int test_migration_figures(void) {
     return 0;
 }
 
+/* The cost model the loop sets: GET /v1/job "cost_model" shows means (null where nothing was
+ * counted), /metrics the sums; a NULL model changes nothing. */
+static int test_cost_model(void) {
+    struct coord *c = NULL;
+    ASSERT_OK(open_coord(&c));
+    struct coord_rest_reply rep;
+    json_t *j;
+    /* Before the loop set anything: counts 0, means null. */
+    ASSERT_EQ(ask(c, "GET", "/v1/job", NULL, 0, false, 0, &rep, &j), 200);
+    json_t *cm = json_object_get(j, "cost_model");
+    ASSERT_EQ(json_integer_value(json_object_get(cm, "steps")), 0);
+    ASSERT_TRUE(json_is_null(json_object_get(cm, "step_seconds_predicted")));
+    ASSERT_TRUE(json_is_null(json_object_get(cm, "step_seconds_measured")));
+    ASSERT_TRUE(json_is_null(json_object_get(
+        json_object_get(json_object_get(cm, "kinds"), "pipeline"), "stall_seconds_measured")));
+    json_decref(j);
+    coord__rest_reply_done(&rep);
+
+    struct coord_cost_model m;
+    memset(&m, 0, sizeof(m));
+    m.steps = 4;
+    m.step_predicted = 0.5; /* sums: means 0.125 and 0.25 */
+    m.step_measured = 1.0;
+    m.n[COORD_COST_PIPELINE] = 2;
+    m.stall_predicted[COORD_COST_PIPELINE] = 0.75;
+    m.stall_measured[COORD_COST_PIPELINE] = 0.25;
+    m.n[COORD_COST_DP_RESHARDING] = 1;
+    m.stall_predicted[COORD_COST_DP_RESHARDING] = 0.5;
+    m.stall_measured[COORD_COST_DP_RESHARDING] = 0.125;
+    coord_metrics_set_cost_model(c, &m);
+    coord_metrics_set_cost_model(c, NULL);
+    coord_metrics_set_cost_model(NULL, &m);
+
+    ASSERT_EQ(ask(c, "GET", "/v1/job", NULL, 0, false, 0, &rep, &j), 200);
+    cm = json_object_get(j, "cost_model");
+    ASSERT_EQ(json_integer_value(json_object_get(cm, "steps")), 4);
+    ASSERT_TRUE(json_real_value(json_object_get(cm, "step_seconds_predicted")) == 0.125);
+    ASSERT_TRUE(json_real_value(json_object_get(cm, "step_seconds_measured")) == 0.25);
+    json_t *kinds = json_object_get(cm, "kinds");
+    ASSERT_EQ(json_object_size(kinds), COORD_COST_NKINDS);
+    json_t *pk = json_object_get(kinds, "pipeline"), *dk = json_object_get(kinds, "dp_resharding");
+    ASSERT_EQ(json_integer_value(json_object_get(pk, "count")), 2);
+    ASSERT_TRUE(json_real_value(json_object_get(pk, "stall_seconds_predicted")) == 0.375);
+    ASSERT_TRUE(json_real_value(json_object_get(pk, "stall_seconds_measured")) == 0.125);
+    ASSERT_TRUE(json_real_value(json_object_get(dk, "stall_seconds_predicted")) == 0.5);
+    ASSERT_EQ(json_integer_value(json_object_get(json_object_get(kinds, "intra_stage"), "count")),
+              0);
+    ASSERT_TRUE(json_is_null(
+        json_object_get(json_object_get(kinds, "inter_stage"), "stall_seconds_predicted")));
+    json_decref(j);
+    coord__rest_reply_done(&rep);
+
+    ASSERT_EQ(ask(c, "GET", "/metrics", NULL, 0, false, 0, &rep, &j), 200);
+    ASSERT_CONTAINS(rep.body, "\nspottrain_cost_model_steps_total 4\n");
+    ASSERT_CONTAINS(rep.body, "\nspottrain_cost_model_step_seconds_predicted_total 0.500000\n");
+    ASSERT_CONTAINS(rep.body, "\nspottrain_cost_model_step_seconds_measured_total 1.000000\n");
+    ASSERT_CONTAINS(rep.body, "\nspottrain_cost_model_migrations_total{kind=\"pipeline\"} 2\n");
+    ASSERT_CONTAINS(rep.body,
+                    "\nspottrain_cost_model_migrations_total{kind=\"intra_stage\"} 0\n");
+    ASSERT_CONTAINS(rep.body, "\nspottrain_cost_model_stall_seconds_predicted_total"
+                              "{kind=\"pipeline\"} 0.750000\n");
+    ASSERT_CONTAINS(rep.body, "\nspottrain_cost_model_stall_seconds_measured_total"
+                              "{kind=\"dp_resharding\"} 0.125000\n");
+    coord__rest_reply_done(&rep);
+    close_coord(c);
+    return 0;
+}
+
 TEST_MAIN(TEST(test_routes), TEST(test_events_args_and_stop), TEST(test_limits),
-          TEST(test_migration_figures))
+          TEST(test_migration_figures), TEST(test_cost_model))
