@@ -91,8 +91,18 @@ def check_events(lines, summary, what):
         if not r["ok"]:
             continue
         check(len(mine) == 1, f"{what}: 'epoch {e}' is on exactly one line ({mine})")
-        if e > 1 and r["kind"] != "checkpoint-restore":
-            pat = (rf"^epoch {e}: {r['kind']} migration {r['from'][0]}x{r['from'][1]} -> "
+        if e > 1 and r["kind"] in ("checkpoint-restore", "fresh-start"):
+            what_ran = ("checkpoint restore" if r["kind"] == "checkpoint-restore"
+                        else "restart from scratch")
+            pat = (rf"^epoch {e}: {what_ran}, running {r['to'][0]}x{r['to'][1]} from step "
+                   rf"{r['at_step']}, [0-9.]+ (ms|s) stall, .+$")
+            check(bool(mine) and re.match(pat, mine[0]) is not None,
+                  f"{what}: epoch {e}'s line names what ran, the shape, step and stall "
+                  f"({mine[:1]})")
+        elif e > 1:
+            # A live migration says so; a peer restore is a recovery from a loss, not one.
+            mig = "" if r["kind"] == "peer-restore" else " migration"
+            pat = (rf"^epoch {e}: {r['kind']}{mig} {r['from'][0]}x{r['from'][1]} -> "
                    rf"{r['to'][0]}x{r['to'][1]} at step {r['at_step']}, "
                    rf"[0-9.]+ (MB|GB|bytes), [0-9.]+ (ms|s) stall, because .+$")
             check(bool(mine) and re.match(pat, mine[0]) is not None,
