@@ -266,6 +266,20 @@ int cli_worker_job_main(int argc, char **argv) {
         cfg->poll_notice = poll_notices;
         cfg->notice_userdata = &ns;
     }
+    /* Tests: hold this worker at a migration's boundary (a spare then arrives that much
+     * earlier than the others, as it does ahead of slow steps). */
+    const char *hold = getenv("SPOTTRAIN_TEST_BOUNDARY_DELAY");
+    if (hold && *hold) {
+        char *e;
+        double h = strtod(hold, &e);
+        if (*e || !(h >= 0) || h > 3600) {
+            fprintf(stderr, "spottrain worker: invalid SPOTTRAIN_TEST_BOUNDARY_DELAY '%s'\n",
+                    hold);
+            ret = CLI_EXIT_INPUT;
+            goto out;
+        }
+        cfg->boundary_delay = h;
+    }
     /* Faults for scripts/chaos and the tests: this worker's Nth checkpoint layer write fails
      * with ENOSPC; its Nth sending migration transfer, or its Nth peer-copy exchange, is cut
      * mid-message. */

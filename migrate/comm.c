@@ -3,6 +3,7 @@
  *
  * The one idea: every public entry point validates its arguments and the comm's magic (NCCL
  * PtrCheck/startMagic) before a transport sees them, so transports trust their inputs. */
+#include <math.h> /* isfinite */
 #include <string.h>
 
 #include "check.h" /* TRY */
@@ -120,6 +121,14 @@ struct mig_comm *mig_comm_free(struct mig_comm *c) {
 
 static bool comm_ok(const struct mig_comm *c) {
     return c && c->magic == MIG__COMM_MAGIC;
+}
+
+/* See migrate.h. */
+int mig_comm_set_timeout(struct mig_comm *c, double timeout_s) {
+    if (!comm_ok(c) || !(timeout_s > 0) || !isfinite(timeout_s))
+        return -EINVAL;
+    c->timeout_s = timeout_s;
+    return 0;
 }
 
 /* See migrate.h. */

@@ -131,6 +131,11 @@ int mig_comm_new_auth(const char *transport, struct mig_endpoint *ep, uint64_t e
 
 /* Closes every connection of the epoch and wipes its key. NULL-safe; returns NULL. */
 struct mig_comm *mig_comm_free(struct mig_comm *c);
+/* Sets the no-progress limit of every later call on c (mig_comm_new's timeout_s was both the
+ * wait for the peers and this): a worker that waited longer for its peers to reach a boundary
+ * keeps the usual limit for the data it then moves. Call before c is used from another thread.
+ * Returns 0, -EINVAL (bad comm or timeout). */
+int mig_comm_set_timeout(struct mig_comm *c, double timeout_s);
 /* The batch running on c in another thread, and every later call on c, give up within 50 ms
  * with -ECANCELED; the streams with unfinished messages are unusable afterwards. Safe from any
  * thread while c is alive. NULL-safe. */

@@ -109,6 +109,11 @@ int worker_layout_init(struct worker_layout *ret, int dp, int pp, const int *sta
     return 0;
 }
 
+/* A detached engine (worker_engine_new_detached) of a layout with peers has no comm yet. */
+static bool detached(const struct engine_view *v) {
+    return !v->comm && v->layout.dp * v->layout.pp > 1;
+}
+
 static int engine_check(const struct worker_engine *e) {
     return e && e->magic == WORKER_ENGINE_MAGIC ? 0 : -EINVAL;
 }
@@ -288,16 +293,20 @@ static int check_position(const struct worker_train_config *cfg,
     return 0;
 }
 
-int worker_engine_new(const struct worker_train_config *cfg, const struct worker_layout *layout,
-                      int stage, int replica, struct mig_comm *comm,
-                      const struct st_tokens *data, struct worker_engine **ret) {
+/* worker_engine_new, and with detached, worker_engine_new_detached (no comm: checked later). */
+static int engine_make(const struct worker_train_config *cfg, const struct worker_layout *layout,
+                       int stage, int replica, struct mig_comm *comm, bool detached,
+                       const struct st_tokens *data, struct worker_engine **ret) {
     int r = 0;
     if (!cfg || !layout || !data || !ret || kern_config_check(&cfg->model) < 0 ||
         cfg->micro_batch <= 0 || cfg->global_batch <= 0 || cfg->total_steps < 0 || stage < 0)
         return -EINVAL;
     if (data->max_token >= (uint32_t)cfg->model.vocab || data->ntokens <= (uint64_t)cfg->model.seq_len)
         return -EINVAL;
-    TRY(check_position(cfg, layout, stage, replica, comm));
+    if (detached)
+        TRY(check_layout_position(cfg, layout, stage, replica));
+    else
+        TRY(check_position(cfg, layout, stage, replica, comm));
     struct worker_engine *e = st_calloc(1, sizeof(*e));
     if (!e)
         return -ENOMEM;
@@ -315,6 +324,27 @@ int worker_engine_new(const struct worker_train_config *cfg, const struct worker
 out:
     worker_engine_free(e);
     return r;
+}
+
+int worker_engine_new(const struct worker_train_config *cfg, const struct worker_layout *layout,
+                      int stage, int replica, struct mig_comm *comm,
+                      const struct st_tokens *data, struct worker_engine **ret) {
+    return engine_make(cfg, layout, stage, replica, comm, false, data, ret);
+}
+
+int worker_engine_new_detached(const struct worker_train_config *cfg,
+                               const struct worker_layout *layout, int stage, int replica,
+                               const struct st_tokens *data, struct worker_engine **ret) {
+    return engine_make(cfg, layout, stage, replica, NULL, true, data, ret);
+}
+
+int worker_engine_attach(struct worker_engine *e, struct mig_comm *comm) {
+    TRY(engine_check(e));
+    if (!comm || e->cur.comm || e->old.valid)
+        return -EINVAL;
+    TRY(check_position(&e->cfg, &e->cur.layout, e->cur.stage, e->cur.replica, comm));
+    e->cur.comm = comm;
+    return 0;
 }
 
 struct worker_engine *worker_engine_free(struct worker_engine *e) {
@@ -523,7 +553,7 @@ static int optimizer_step(struct worker_engine *e, uint64_t step) {
 int worker_engine_step(struct worker_engine *e, uint64_t step, double *ret_loss) {
     TRY(engine_check(e));
     struct engine_view *v = &e->cur;
-    if (v->stage < 0 || e->old.valid)
+    if (v->stage < 0 || e->old.valid || detached(v))
         return -EINVAL;
     if (!e->work)
         TRY(work_make(e, false));
@@ -744,7 +774,7 @@ static int write_layer(struct worker_engine *e, struct mig_ckpt_writer *wr,
 int worker_engine_save(struct worker_engine *e, const char *dir, uint64_t step) {
     TRY(engine_check(e));
     struct engine_view *v = &e->cur;
-    if (!dir || v->stage < 0 || e->old.valid)
+    if (!dir || v->stage < 0 || e->old.valid || detached(v))
         return -EINVAL;
     int r = 0;
     struct mig_ckpt_writer *wr = NULL;

@@ -8,6 +8,7 @@
  * Every wait
  * is bounded (reconfig_timeout, the data plane's timeout), and a failure is reported as a
  * notice and leaves the worker waiting for the coordinator's next order — never hanging. */
+#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -15,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h> /* nanosleep */
 
 #include "check.h" /* TRY, TRY_GOTO */
 #include "common.h"
@@ -408,13 +410,19 @@ static void relay_auth_failures(struct runner *R) {
                (unsigned long long)f[i].epoch, f[i].why);
 }
 
+static void sleep_s(double s) {
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+}
+
 /* Builds the communicator of `epoch` from peers (rank i = peers[i]); own rank by worker id.
  * secret is the epoch's data-plane secret from its Configure or Migrate: without one (a
  * coordinator that predates it) no comm is built. tls (fleet.data_plane.tls) comes from the
  * same command as the secret. */
 static int comm_build(struct runner *R, uint64_t epoch, Spottrain__V1__Peer **peers, size_t n,
-                      const ProtobufCBinaryData *secret, bool tls, struct mig_comm **ret,
-                      int *ret_rank) {
+                      const ProtobufCBinaryData *secret, bool tls, double wait,
+                      struct mig_comm **ret, int *ret_rank) {
     struct mig_auth auth;
     if (!secret || secret->len != MIG_KEY_BYTES || !secret->data)
         return st_log_errno(-EACCES, "Epoch %llu: the order carries no data-plane secret",
@@ -433,14 +441,19 @@ static int comm_build(struct runner *R, uint64_t epoch, Spottrain__V1__Peer **pe
     worker_agent_job_id(R->agent, auth.job_id);
     auth.tls = tls;
     int r = -EINVAL;
+    struct mig_comm *c = NULL;
     if (me >= 0)
-        r = mig_comm_new_auth("tcp", R->ep, epoch, me, (int)n, addrs, &auth, R->cfg.timeout,
-                              ret);
+        r = mig_comm_new_auth("tcp", R->ep, epoch, me, (int)n, addrs, &auth, wait, &c);
+    /* The data it then moves has the usual no-progress limit, however long it waited. */
+    if (r >= 0 && wait != R->cfg.timeout && (r = mig_comm_set_timeout(c, R->cfg.timeout)) < 0)
+        c = mig_comm_free(c);
     mig_auth_clear(&auth);
     st_free(addrs);
     relay_auth_failures(R); /* strangers met while building, refused or not */
-    if (r >= 0)
+    if (r >= 0) {
+        *ret = c;
         *ret_rank = me;
+    }
     return r;
 }
 
@@ -505,7 +518,7 @@ static int apply_fresh(struct runner *R, const Spottrain__V1__Command *cmd, cons
     TRY(layout_build(R, (int)cf->shape->dp, (int)cf->shape->pp, split, nsplit, cf->peers,
                      cf->n_peers, cf, &lay));
     TRY_GOTO(comm_build(R, cmd->epoch, cf->peers, cf->n_peers, &cf->data_plane_secret,
-                        cf->data_plane_tls, &comm, &rank), r, out);
+                        cf->data_plane_tls, R->cfg.timeout, &comm, &rank), r, out);
     TRY_GOTO(worker_engine_new(&R->tc, &lay, (int)cf->stage, (int)cf->replica, comm, R->tokens,
                                &eng), r, out);
     uint64_t step = 0;
@@ -674,22 +687,20 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
         secret = &cfg->configure->data_plane_secret;
         tls = cfg->configure->data_plane_tls;
     }
-    TRY_GOTO(comm_build(R, mig->epoch, pl.p, pl.n, secret, tls, &comm, &rank), r, out);
-    double t_comm = st_now();
     if (cfg) {
         const Spottrain__V1__Configure *cf = cfg->configure;
         if (!cf->shape)
             TRY_GOTO(-EINVAL, r, out);
         TRY_GOTO(layout_build(R, (int)cf->shape->dp, (int)cf->shape->pp, split, nsplit,
                               pl.p, pl.n, cf, &lay), r, out);
-        if (R->eng && !R->failed && !restore) {
-            TRY_GOTO(worker_engine_reshape_begin(R->eng, &lay, (int)cf->stage, (int)cf->replica,
-                                                 comm), r, out);
-            reshaped = true;
-        } else {
+        if (!R->eng || R->failed || restore) {
+            /* A new engine (a spare taking a position, a restore) is made before the comm:
+             * a spare has its order a lease ahead of the boundary, and makes its memory, work
+             * buffers included, while the others train up to it; the handshake below waits
+             * for them. */
             R->eng = worker_engine_free(R->eng);
-            TRY_GOTO(worker_engine_new(&R->tc, &lay, (int)cf->stage, (int)cf->replica, comm,
-                                       R->tokens, &R->eng), r, out);
+            TRY_GOTO(worker_engine_new_detached(&R->tc, &lay, (int)cf->stage, (int)cf->replica,
+                                                R->tokens, &R->eng), r, out);
             created = true;
             /* A peer restore keeps what our copy and our new position share, as a reshape of
              * the copy's engine would; the rest arrives in the transfers. */
@@ -697,10 +708,32 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
                 TRY_GOTO(worker__peer_fill(pg, R->eng), r, out);
             else
                 TRY_GOTO(worker_engine_set_opt_step(R->eng, (int)m->at_step), r, out);
+            TRY_GOTO(worker_engine_ready(R->eng), r, out);
         }
     } else if (restore ? !pg : !R->eng || R->failed) {
         /* Nothing to send from: only a send-only participant that holds state is asked. */
         TRY_GOTO(-ENODATA, r, out);
+    }
+    double t_made = st_now();
+    /* A worker that did not train up to the boundary (a spare, whose order came a lease
+     * ahead) is early: its peers may be that far from it, a lease of their slowest steps, so
+     * it waits reconfig_timeout longer for them (a failed epoch frees it sooner: the next
+     * order abandons this handshake). One that did is within a step of the others. Tests
+     * hold the others back (boundary_delay) to walk the spare's long wait. */
+    bool early = created && !restore;
+    if (!early && !restore && R->cfg.boundary_delay > 0)
+        sleep_s(R->cfg.boundary_delay);
+    TRY_GOTO(comm_build(R, mig->epoch, pl.p, pl.n, secret, tls,
+                        R->cfg.timeout + (early ? R->cfg.reconfig_timeout : 0), &comm, &rank),
+             r, out);
+    double t_comm = st_now();
+    if (created) {
+        TRY_GOTO(worker_engine_attach(R->eng, comm), r, out);
+    } else if (cfg) {
+        const Spottrain__V1__Configure *cf = cfg->configure;
+        TRY_GOTO(worker_engine_reshape_begin(R->eng, &lay, (int)cf->stage, (int)cf->replica,
+                                             comm), r, out);
+        reshaped = true;
     }
     struct bufctx b = {R->eng, reshaped, x, fc, restore, pg};
     /* A peer restore may hand us a range of the copy we hold ourselves (we take over the lost
@@ -731,9 +764,12 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
         TRY_GOTO(worker_engine_reshape_commit(R->eng), r, out);
     reshaped = false;
     /* The step's buffers now, inside the stall (the commit part), not in the first step,
-     * whose time the stall subtracts. */
-    if (cfg)
+     * whose time the stall subtracts (a new engine made them before the handshake). */
+    size_t fresh = 0;
+    if (cfg) {
         TRY_GOTO(worker_engine_ready(R->eng), r, out);
+        fresh = created ? 0 : worker_engine_work_fresh(R->eng);
+    }
     peer_side_drop(R); /* the old epoch's copies end with its communicator */
     if (cfg)
         TRY_GOTO(peer_side_set(R, mig->epoch, &lay, (int)cfg->configure->stage,
@@ -761,17 +797,17 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
     progress(R, 0.0, stall); /* before the notice: the same Report carries both */
     /* Where the time went, for the stall breakdown (docs/live-migration.md): waiting at the
      * boundary for the order, the communicator's handshake (it ends when the slowest peer
-     * reached the boundary too), the engine's reshape, the transfers, the commit; and the
-     * bytes of work buffers the commit had to allocate (fresh: none prepared them). */
+     * reached the boundary too), the engine's reshape (or the making of a new one, before the
+     * handshake), the transfers, the commit; and the bytes of work buffers the commit had to
+     * allocate (fresh: none prepared them). */
     notice(R, "reconfigured", "epoch=%llu mode=migrate step=%llu stage=%d replica=%d sent=%llu "
            "recv=%llu replayed=%llu seconds=%.6f stall=%.6f wait=%.6f connect=%.6f "
            "reshape=%.6f transfer=%.6f commit=%.6f fresh=%zu", (unsigned long long)mig->epoch,
            (unsigned long long)m->at_step, cfg ? (int)cfg->configure->stage : -1,
            cfg ? (int)cfg->configure->replica : -1, (unsigned long long)(wsent - wsent0),
            (unsigned long long)(wrecv - wrecv0), (unsigned long long)R->rolled_back, st.seconds,
-           stall, R->blocked_since > 0 ? t0 - R->blocked_since : 0.0, t_comm - t0,
-           t_reshape - t_comm, t_xfer - t_reshape, t_end - t_xfer,
-           cfg ? worker_engine_work_fresh(R->eng) : (size_t)0);
+           stall, R->blocked_since > 0 ? t0 - R->blocked_since : 0.0, t_comm - t_made,
+           (t_made - t0) + (t_reshape - t_comm), t_xfer - t_reshape, t_end - t_xfer, fresh);
 out:
     if (r < 0) {
         if (reshaped)

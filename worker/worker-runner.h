@@ -48,7 +48,13 @@ struct worker_runner_config {
     int threads;                      /* kernel threads; 0 = 1 */
     double timeout;                   /* data-plane no-progress limit, seconds; 0 = 8 */
     double reconfig_timeout;          /* longest wait for the parts of one reconfiguration,
-                                         seconds; 0 = 60 */
+                                         seconds; 0 = 60. A worker that reaches a migration's
+                                         handshake without training up to its boundary (a
+                                         spare) waits for its peers this much longer than
+                                         timeout: they may be that far from the boundary */
+    double boundary_delay;            /* tests: a worker that trained up to a migration's
+                                         boundary waits this long, seconds, before its
+                                         handshake (SPOTTRAIN_TEST_BOUNDARY_DELAY) */
     worker_notice_poll_fn *poll_notice; /* NULL = no cloud notices */
     void *notice_userdata;
     worker_state_left_fn *state_left;   /* NULL = nothing to tell */

@@ -80,6 +80,17 @@ struct worker_engine;
  * comm is borrowed (must outlive the engine or be replaced by worker_engine_reshape_*);
  * data is borrowed (token file; its tokens must be < vocab). timeouts come from the comm.
  * Caller frees with worker_engine_free(). Returns 0, -EINVAL, -ENOMEM. */
+/* worker_engine_new without its communicator yet: a worker that takes a position at a boundary
+ * still ahead (a spare given an order) makes its engine, and with worker_engine_ready its work
+ * buffers, while the others train up to that boundary and the epoch's comm cannot be built. It
+ * cannot step or move state until worker_engine_attach gives it the comm. Same returns. */
+int worker_engine_new_detached(const struct worker_train_config *cfg,
+                               const struct worker_layout *layout, int stage, int replica,
+                               const struct st_tokens *data, struct worker_engine **ret);
+/* Gives a detached engine its communicator, checked against its layout as worker_engine_new
+ * checks one (our rank must be the position's). Returns 0, -EINVAL (bad engine or comm, or it
+ * has one already). */
+int worker_engine_attach(struct worker_engine *e, struct mig_comm *comm);
 int worker_engine_new(const struct worker_train_config *cfg, const struct worker_layout *layout,
                       int stage, int replica, struct mig_comm *comm,
                       const struct st_tokens *data, struct worker_engine **ret);

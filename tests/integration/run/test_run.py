@@ -17,6 +17,8 @@ engine, can appear and then grow; `train --local --dp 2` shows it against `--dp 
   intra       forced 2x2 -> 1x2: survivors of each stage take over (intra-stage); the planner
               starts from a cost file (planner.migration_costs): its figures are the predictions
   inter       forced 2x2 -> 2x2 with a noticed worker replaced by a spare (inter-stage)
+  inter-early the same with the positioned workers held 10 s at the boundary (past the data
+              plane's 8 s timeout): the spare, whose handshake started at its order, waits
   pipeline    forced 2x1 -> 1x2 -> 1x3 (pipeline repartition)
   pipeline-notice
               the same kind reached through a real notice, no --shapes: a 1x3 on three
@@ -386,6 +388,47 @@ def test_inter():
         check("inter-stage" in got, "no inter-stage migration in %s" % got)
         check(s["checkpoint_restores"] == 0, "a restore was needed")
         check(s["worker_notices"] >= 1, "no worker read the notice from its IMDS endpoint")
+        same(ref, save)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_inter_early():
+    # A spare gets its order a lease ahead of the boundary and starts its handshake at once;
+    # its peers reach the boundary only after their slow steps. Here they are held there 10 s
+    # (SPOTTRAIN_TEST_BOUNDARY_DELAY), past the data plane's 8 s timeout: the spare must wait
+    # for them (reconfig_timeout longer), not give up and fail the migration into a restore.
+    # A 1x2 on node1, node2 with node3 spare; node2 noticed a trace minute in.
+    d = tempfile.mkdtemp(prefix="st-run-")
+    try:
+        steps = 1500
+        trace = "".join("0,add,node%d\n" % i for i in range(1, 4)) + "60000,remove,node2\n"
+        job = write_job(d, "early", steps, trace, scale=0.01, notice="1200s",
+                        planner="dp: 1, pp: 2, learn: false")
+        ref = reference(d, job, steps)
+        env = dict(os.environ, SPOTTRAIN_TEST_BOUNDARY_DELAY="10")
+        save = os.path.join(d, "save")
+        summ = os.path.join(d, "summary.json")
+        p = subprocess.run([BIN, "run", job, "--steps", str(steps), "--save", save,
+                            "--json-summary", summ, "--state-dir", os.path.join(d, "state")],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           timeout=150, env=env)
+        sys.stdout.write(p.stdout[-3000:])
+        check(p.returncode == 0, "spottrain run exited %d: %s" % (p.returncode, p.stderr[-3000:]))
+        with open(summ) as f:
+            s = json.load(f)
+        check(s["finished"] and s["steps"] == steps, "job did not finish: %s" % s)
+        check([c["kind"] for c in kinds(s)] == ["inter-stage"],
+              "live migrations: %s" % [c["kind"] for c in kinds(s)])
+        check(all(c["ok"] for c in s["reconfigurations"]),
+              "a failed reconfiguration: %s" % [(c["kind"], c["ok"])
+                                                for c in s["reconfigurations"]])
+        for k in RECOVERIES[:2]:
+            check(s["migrations"][k]["count"] == 0, "%s: %r" % (k, s["migrations"][k]))
+        check_bytes(s)
+        # The positioned workers' hold counts in the stall: it is at least the hold.
+        rec = kinds(s)[0]
+        check(rec["stall_seconds"] >= 9.0, "stall %.3f s with a 10 s hold" % rec["stall_seconds"])
         same(ref, save)
     finally:
         shutil.rmtree(d, ignore_errors=True)
@@ -1851,7 +1894,7 @@ def test_tls():
 TESTS = {"tls": test_tls, "auth": test_auth, "restart": test_restart, "standalone": test_standalone, "central": test_central, "slow": test_slow, "intra": test_intra, "inter": test_inter,
          "pipeline": test_pipeline, "pipeline-notice": test_pipeline_notice,
          "reshard": test_reshard, "input": test_input,
-         "peer": test_peer, "peer-cut": test_peer_cut, "zone": test_zone, "refused": test_refused,
+         "inter-early": test_inter_early, "peer": test_peer, "peer-cut": test_peer_cut, "zone": test_zone, "refused": test_refused,
          "mitm": test_mitm}
 
 if __name__ == "__main__":

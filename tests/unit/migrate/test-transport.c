@@ -72,6 +72,31 @@ static int test_p2p(void) {
     return run_ok(2, p2p_rank, NULL);
 }
 
+/* A comm built with a long wait for its peers and then given a short limit
+ * (mig_comm_set_timeout): rank 0's receive, which rank 1 never answers, gives up at the short
+ * limit with -ETIMEDOUT (not the 600 s it was built with), and the stream it leaves out of step
+ * is shut, so rank 1's own receive ends at once with -ECONNRESET. */
+static int timeout_rank(int rank, int n, struct mig_endpoint *ep, const char *const *addrs,
+                        void *arg) {
+    struct mig_comm *c;
+    char b[4];
+    RCHECK_R(mig_comm_new("tcp", ep, 1, rank, n, addrs, 600.0, &c), 0);
+    if (rank == 0) {
+        RCHECK_R(mig_comm_set_timeout(c, 0.3), 0);
+        double t0 = st_now();
+        RCHECK_R(mig_recv(c, 1, b, 4), -ETIMEDOUT);
+        RCHECK(st_now() - t0 < 60.0);
+    } else {
+        RCHECK_R(mig_recv(c, 0, b, 4), -ECONNRESET);
+    }
+    mig_comm_free(c);
+    return 0;
+}
+
+static int test_set_timeout(void) {
+    return run_ok(2, timeout_rank, NULL);
+}
+
 /* Every rank sends 3 MiB to every other at once and receives from all: without concurrent
  * progress this deadlocks once the socket buffers are full. */
 static int batch_rank(int rank, int n, struct mig_endpoint *ep, const char *const *addrs,
@@ -506,6 +531,11 @@ static int test_bad_args(void) {
     ASSERT_ERR(mig_send(c, -1, f, 4), -EINVAL);
     ASSERT_ERR(mig_batch(c, NULL, 1), -EINVAL);
     ASSERT_OK(mig_batch(c, NULL, 0));
+    ASSERT_ERR(mig_comm_set_timeout(c, 0), -EINVAL);
+    ASSERT_ERR(mig_comm_set_timeout(c, NAN), -EINVAL);
+    ASSERT_ERR(mig_comm_set_timeout(c, INFINITY), -EINVAL);
+    ASSERT_ERR(mig_comm_set_timeout(NULL, 1), -EINVAL);
+    ASSERT_OK(mig_comm_set_timeout(c, 2.5));
     ASSERT_EQ(mig_dtype_size(MIG_F64), 8);
     ASSERT_EQ(mig_dtype_size((enum mig_dtype)9), 0);
     mig_comm_free(c);
@@ -743,7 +773,7 @@ static int test_side_channel(void) {
     return 0;
 }
 
-TEST_MAIN(TEST(test_p2p), TEST(test_batch_all_to_all), TEST(test_collectives),
+TEST_MAIN(TEST(test_p2p), TEST(test_set_timeout), TEST(test_batch_all_to_all), TEST(test_collectives),
           TEST(test_dead_peer), TEST(test_no_show), TEST(test_epochs), TEST(test_size_mismatch),
           TEST(test_bad_args), TEST(test_alloc_failures), TEST(test_abandon),
           TEST(test_side_channel), TEST(test_side_cut))

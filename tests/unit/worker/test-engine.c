@@ -104,7 +104,10 @@ struct job {
     struct state *out;
     pthread_mutex_t lock;
     int rc[16];
+    bool detached; /* engines made before their comm (worker_engine_new_detached), attached */
 };
+
+static bool job_detached; /* run_job's jobs: detached engines */
 
 struct thread_arg {
     struct job *job;
@@ -146,10 +149,31 @@ static void *worker_thread(void *p) {
     kern_set_threads(1);
     if ((r = worker_layout_init(&layout, j->dp, j->pp, j->stage_lo, kern_num_layers(&model))) < 0)
         goto out;
+    if (j->detached) {
+        /* What a spare does ahead of its boundary: the engine and its work buffers first;
+         * until the comm is attached, nothing that needs peers runs. */
+        if ((r = worker_engine_new_detached(&j->cfg, &layout, stage, replica, tokens, &e)) < 0 ||
+            (r = worker_engine_ready(e)) < 0)
+            goto out;
+        if (n > 1 && (worker_engine_step(e, j->first_step, NULL) != -EINVAL ||
+                      worker_engine_save(e, tmpdir, 0) != -EINVAL ||
+                      worker_engine_attach(e, NULL) != -EINVAL)) {
+            r = -EPROTO;
+            goto out;
+        }
+    }
     if ((r = mig_comm_new("tcp", j->ep[rank], 1, rank, n, j->addrs, 30.0, &comm)) < 0)
         goto out;
-    if ((r = worker_engine_new(&j->cfg, &layout, stage, replica, comm, tokens, &e)) < 0)
+    if (j->detached) {
+        if ((r = worker_engine_attach(e, comm)) < 0)
+            goto out;
+        if (worker_engine_attach(e, comm) != -EINVAL) { /* it has one now */
+            r = -EPROTO;
+            goto out;
+        }
+    } else if ((r = worker_engine_new(&j->cfg, &layout, stage, replica, comm, tokens, &e)) < 0) {
         goto out;
+    }
     if (j->load_dir && (r = worker_engine_load(e, j->load_dir, NULL)) < 0)
         goto out;
     for (int s = 0; s < j->nsteps; s++) {
@@ -186,6 +210,7 @@ static int run_job(int dp, int pp, const int *split, int nsteps, uint64_t first_
     j.save_dir = save_dir;
     j.cfg = make_cfg();
     j.out = out;
+    j.detached = job_detached;
     pthread_mutex_init(&j.lock, NULL);
     int nl = kern_num_layers(&model), n = dp * pp, r = 0;
     for (int s = 0; s <= pp; s++)
@@ -706,7 +731,54 @@ static int test_cleanup(void) {
     return 0;
 }
 
-TEST_MAIN(TEST(test_pipeline_bitwise), TEST(test_data_parallel_close),
+/* Engines made before their comm (a spare ahead of its boundary), then attached, train the
+ * same bits as engines made with it: 1x2 and 2x1 against the same shapes made the usual way.
+ * Before the attach they refuse to step or save. */
+static int test_detached(void) {
+    ASSERT_OK(setup_data());
+    struct state p, pd, d, dd;
+    state_alloc(&p), state_alloc(&pd), state_alloc(&d), state_alloc(&dd);
+    int rc[4];
+    rc[0] = run_job(1, 2, NULL, 3, 0, NULL, NULL, &p);
+    rc[2] = run_job(2, 1, NULL, 3, 0, NULL, NULL, &d);
+    job_detached = true;
+    rc[1] = run_job(1, 2, NULL, 3, 0, NULL, NULL, &pd);
+    rc[3] = run_job(2, 1, NULL, 3, 0, NULL, NULL, &dd);
+    job_detached = false;
+    size_t np, nd;
+    state_diff(&pd, &p, &np);
+    state_diff(&dd, &d, &nd);
+    int t = pd.t;
+    state_free(&p), state_free(&pd), state_free(&d), state_free(&dd);
+    for (int i = 0; i < 4; i++)
+        ASSERT_OK(rc[i]);
+    ASSERT_EQ(np, 0);
+    ASSERT_EQ(nd, 0);
+    ASSERT_EQ(t, 3);
+    /* A detached engine whose comm does not fit its layout is refused: a one-rank comm for a
+     * two-rank layout. */
+    struct worker_train_config cfg = make_cfg();
+    struct worker_layout l2;
+    int nl = kern_num_layers(&model), split[2] = {0, nl};
+    worker_layout_init(&l2, 2, 1, split, nl);
+    struct worker_engine *e = NULL;
+    struct mig_endpoint *ep = NULL;
+    struct mig_comm *one = NULL;
+    ASSERT_OK(worker_engine_new_detached(&cfg, &l2, 0, 1, tokens, &e));
+    ASSERT_ERR(worker_engine_new_detached(&cfg, &l2, 2, 0, tokens, &e), -EINVAL);
+    ASSERT_OK(mig_endpoint_new("127.0.0.1", 0, &ep));
+    const char *addr[1] = {mig_endpoint_addr(ep)};
+    int r = mig_comm_new("tcp", ep, 1, 0, 1, addr, 5.0, &one);
+    int ra = r < 0 ? r : worker_engine_attach(e, one);
+    worker_engine_free(e);
+    mig_comm_free(one);
+    mig_endpoint_free(ep);
+    ASSERT_OK(r);
+    ASSERT_ERR(ra, -EINVAL);
+    return 0;
+}
+
+TEST_MAIN(TEST(test_pipeline_bitwise), TEST(test_data_parallel_close), TEST(test_detached),
           TEST(test_reshape_pipeline_prepared),
           TEST(test_checkpoint_continue), TEST(test_reshape_dp_shrink),
           TEST(test_bad_arguments), TEST(test_load_other_model), TEST(test_cleanup))
