@@ -72,11 +72,15 @@ static int trace_events(const struct plan_trace *t, uint64_t seed, struct cloud_
     for (int i = 0; i < t->nintervals; i++) {
         const struct plan_interval *iv = &t->iv[i];
         for (int k = 0; k < iv->n_out + iv->n_in; k++) {
-            bool add = k >= iv->n_out; /* removals first, as the interval's count says */
+            /* A count trace: the minute's removals first, as its count says (picks among the
+             * nodes up before it). A named one: its additions first, as the parser checked
+             * it (a node added and removed in the same minute goes in that minute). */
+            bool add = t->named ? k < iv->n_in : k >= iv->n_out;
+            int j = t->named ? (add ? k : k - iv->n_in) : (add ? k - iv->n_out : k);
             int id, pick;
             if (add) {
                 if (t->named && iv->first_in >= 0)
-                    id = t->node_ids[iv->first_in + (k - iv->n_out)];
+                    id = t->node_ids[iv->first_in + j];
                 else
                     id = next++;
                 if ((size_t)nlive >= maxlive)
@@ -86,11 +90,16 @@ static int trace_events(const struct plan_trace *t, uint64_t seed, struct cloud_
                 if (nlive == 0)
                     continue;
                 if (t->named && iv->first_out >= 0) {
-                    id = t->node_ids[iv->first_out + k];
+                    id = t->node_ids[iv->first_out + j];
                     for (pick = 0; pick < nlive && live[pick] != id; pick++)
                         ;
-                    if (pick == nlive)
+                    if (pick == nlive) {
+                        /* The parser refuses a removal of a node not up; said, not dropped in
+                         * silence, should one get here. */
+                        st_log(ST_LOG_WARN, "job", "Trace: the removal of node-%d in minute %d "
+                               "is ignored: it is not up then", id, i);
                         continue;
+                    }
                 } else {
                     x ^= x << 13, x ^= x >> 7, x ^= x << 17;
                     pick = (int)(x % (uint64_t)nlive);

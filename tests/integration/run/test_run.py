@@ -19,6 +19,8 @@ engine, can appear and then grow; `train --local --dp 2` shows it against `--dp 
   inter       forced 2x2 -> 2x2 with a noticed worker replaced by a spare (inter-stage)
   inter-early the same with the positioned workers held 10 s at the boundary (past the data
               plane's 8 s timeout): the spare, whose handshake started at its order, waits
+  trace-minute
+              a named trace adding and removing a node in the same minute: it is removed
   pipeline    forced 2x1 -> 1x2 -> 1x3 (pipeline repartition)
   pipeline-notice
               the same kind reached through a real notice, no --shapes: a 1x3 on three
@@ -429,6 +431,29 @@ def test_inter_early():
         # The positioned workers' hold counts in the stall: it is at least the hold.
         rec = kinds(s)[0]
         check(rec["stall_seconds"] >= 9.0, "stall %.3f s with a 10 s hold" % rec["stall_seconds"])
+        same(ref, save)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_trace_minute():
+    # A named trace that adds a node and removes it within the same minute (the sim replays
+    # a minute at a time): the removal happens, in that minute, after the addition. It was
+    # dropped in silence when each minute's removals went first.
+    d = tempfile.mkdtemp(prefix="st-run-")
+    try:
+        steps = 300
+        trace = "".join("0,add,node%d\n" % i for i in range(1, 4)) + "20000,remove,node3\n"
+        job = write_job(d, "minute", steps, trace, scale=0.01, notice="60s",
+                        planner="dp: 1, pp: 2, learn: false")
+        ref = reference(d, job, steps)
+        save, s = run(d, job, steps)
+        out = LAST_OUT[0]
+        check("notice: i-00000000000000003 (node-2) goes in" in out,
+              "the third node's removal was not noticed")
+        check("lost: i-00000000000000003 (node-2, preempted)" in out,
+              "the third node was not removed")
+        check(s["finished"] and s["steps"] == steps, "job did not finish")
         same(ref, save)
     finally:
         shutil.rmtree(d, ignore_errors=True)
@@ -1894,7 +1919,8 @@ def test_tls():
 TESTS = {"tls": test_tls, "auth": test_auth, "restart": test_restart, "standalone": test_standalone, "central": test_central, "slow": test_slow, "intra": test_intra, "inter": test_inter,
          "pipeline": test_pipeline, "pipeline-notice": test_pipeline_notice,
          "reshard": test_reshard, "input": test_input,
-         "inter-early": test_inter_early, "peer": test_peer, "peer-cut": test_peer_cut, "zone": test_zone, "refused": test_refused,
+         "inter-early": test_inter_early, "trace-minute": test_trace_minute,
+         "peer": test_peer, "peer-cut": test_peer_cut, "zone": test_zone, "refused": test_refused,
          "mitm": test_mitm}
 
 if __name__ == "__main__":
