@@ -146,12 +146,12 @@ def reference(d, job, steps):
 LAST_OUT = [""]  # stdout of the latest run()
 
 
-def run(d, job, steps, extra=(), timeout=150):
+def run(d, job, steps, extra=(), timeout=150, env=None):
     save = os.path.join(d, "save")
     summ = os.path.join(d, "summary.json")
     args = [BIN, "run", job, "--steps", str(steps), "--save", save, "--json-summary", summ,
             "--state-dir", os.path.join(d, "state")] + list(extra)
-    rc, out, err = sh(args, timeout)
+    rc, out, err = sh(args, timeout, env=dict(os.environ, **(env or {})))
     LAST_OUT[0] = out
     sys.stdout.write(out[-6000:])
     # What the loop decided and why, and anything a worker complained about.
@@ -408,17 +408,7 @@ def test_inter_early():
         job = write_job(d, "early", steps, trace, scale=0.01, notice="1200s",
                         planner="dp: 1, pp: 2, learn: false")
         ref = reference(d, job, steps)
-        env = dict(os.environ, SPOTTRAIN_TEST_BOUNDARY_DELAY="10")
-        save = os.path.join(d, "save")
-        summ = os.path.join(d, "summary.json")
-        p = subprocess.run([BIN, "run", job, "--steps", str(steps), "--save", save,
-                            "--json-summary", summ, "--state-dir", os.path.join(d, "state")],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           timeout=150, env=env)
-        sys.stdout.write(p.stdout[-3000:])
-        check(p.returncode == 0, "spottrain run exited %d: %s" % (p.returncode, p.stderr[-3000:]))
-        with open(summ) as f:
-            s = json.load(f)
+        save, s = run(d, job, steps, env={"SPOTTRAIN_TEST_BOUNDARY_DELAY": "10"})
         check(s["finished"] and s["steps"] == steps, "job did not finish: %s" % s)
         check([c["kind"] for c in kinds(s)] == ["inter-stage"],
               "live migrations: %s" % [c["kind"] for c in kinds(s)])
