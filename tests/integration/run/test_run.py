@@ -367,32 +367,41 @@ def test_pipeline_notice():
         shutil.rmtree(d, ignore_errors=True)
 
 
-def test_inter():
-    # 5 instances: a 2x2 job and one spare. A positioned node is removed at minute 1 with
-    # notice; the spare takes its position: that stage's weights and moments move to it.
+def spare_takes_over(name, nodes, removed, planner, steps, env=None):
+    """A spare takes a noticed node's position: `nodes` instances named node1.., node
+    `removed` noticed a trace minute in (notice 1200 s: 12 s of wall time to migrate; with
+    120 s a loaded machine did not finish before the kill and the epoch failed). Named events:
+    positions go to instances in launch order. Checks exactly one live migration, inter-stage,
+    no restore and the same bits; returns the summary."""
     d = tempfile.mkdtemp(prefix="st-run-")
     try:
-        steps = 1000
-        # Named events: positions go to instances in launch order, so node3 (the third
-        # instance) holds stage 1, replica 0 of the 2x2 layout and node5 is the spare. The
-        # trace clock starts when epoch 1 runs; the notice comes 10 s of trace (0.1 s) later,
-        # well before the job ends, and gives 1200 s (12 s of wall time) to migrate: with
-        # 120 s (1.2 s) a loaded machine did not finish the migration before the kill, the
-        # epoch failed and no inter-stage migration was counted.
-        trace = "".join("0,add,node%d\n" % i for i in range(1, 6)) + "60000,remove,node3\n"
-        job = write_job(d, "inter", steps, trace, scale=0.01, notice="1200s",
-                        planner="dp: 2, pp: 2")
+        trace = ("".join("0,add,node%d\n" % i for i in range(1, nodes + 1)) +
+                 "60000,remove,node%d\n" % removed)
+        job = write_job(d, name, steps, trace, scale=0.01, notice="1200s", planner=planner)
         ref = reference(d, job, steps)
-        save, s = run(d, job, steps)
-        check(s["finished"], "job did not finish")
+        save, s = run(d, job, steps, env=env)
+        check(s["finished"] and s["steps"] == steps, "job did not finish: %s" % s)
         check_bytes(s)
-        got = [r["kind"] for r in kinds(s)]
-        check("inter-stage" in got, "no inter-stage migration in %s" % got)
+        check([c["kind"] for c in kinds(s)] == ["inter-stage"],
+              "live migrations: %s" % [c["kind"] for c in kinds(s)])
+        check(all(c["ok"] for c in s["reconfigurations"]),
+              "a failed reconfiguration: %s" % [(c["kind"], c["ok"])
+                                                for c in s["reconfigurations"]])
+        for k in RECOVERIES:
+            check(s["migrations"][k]["count"] == 0, "%s: %r" % (k, s["migrations"][k]))
         check(s["checkpoint_restores"] == 0, "a restore was needed")
-        check(s["worker_notices"] >= 1, "no worker read the notice from its IMDS endpoint")
         same(ref, save)
+        return s
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_inter():
+    # 5 instances: a 2x2 job and one spare (node5); node3 holds stage 1, replica 0. Its
+    # notice, read by its worker from the sim's IMDS endpoint, moves that stage's weights and
+    # moments to the spare.
+    s = spare_takes_over("inter", 5, 3, "dp: 2, pp: 2", 1000)
+    check(s["worker_notices"] >= 1, "no worker read the notice from its IMDS endpoint")
 
 
 def test_inter_early():
@@ -400,30 +409,12 @@ def test_inter_early():
     # its peers reach the boundary only after their slow steps. Here they are held there 10 s
     # (SPOTTRAIN_TEST_BOUNDARY_DELAY), past the data plane's 8 s timeout: the spare must wait
     # for them (reconfig_timeout longer), not give up and fail the migration into a restore.
-    # A 1x2 on node1, node2 with node3 spare; node2 noticed a trace minute in.
-    d = tempfile.mkdtemp(prefix="st-run-")
-    try:
-        steps = 1500
-        trace = "".join("0,add,node%d\n" % i for i in range(1, 4)) + "60000,remove,node2\n"
-        job = write_job(d, "early", steps, trace, scale=0.01, notice="1200s",
-                        planner="dp: 1, pp: 2, learn: false")
-        ref = reference(d, job, steps)
-        save, s = run(d, job, steps, env={"SPOTTRAIN_TEST_BOUNDARY_DELAY": "10"})
-        check(s["finished"] and s["steps"] == steps, "job did not finish: %s" % s)
-        check([c["kind"] for c in kinds(s)] == ["inter-stage"],
-              "live migrations: %s" % [c["kind"] for c in kinds(s)])
-        check(all(c["ok"] for c in s["reconfigurations"]),
-              "a failed reconfiguration: %s" % [(c["kind"], c["ok"])
-                                                for c in s["reconfigurations"]])
-        for k in RECOVERIES[:2]:
-            check(s["migrations"][k]["count"] == 0, "%s: %r" % (k, s["migrations"][k]))
-        check_bytes(s)
-        # The positioned workers' hold counts in the stall: it is at least the hold.
-        rec = kinds(s)[0]
-        check(rec["stall_seconds"] >= 9.0, "stall %.3f s with a 10 s hold" % rec["stall_seconds"])
-        same(ref, save)
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
+    # A 1x2 on node1, node2 with node3 spare; node2 noticed.
+    s = spare_takes_over("early", 3, 2, "dp: 1, pp: 2, learn: false", 1500,
+                         env={"SPOTTRAIN_TEST_BOUNDARY_DELAY": "10"})
+    # The positioned workers' hold counts in the stall: it is at least the hold.
+    stall = kinds(s)[0]["stall_seconds"]
+    check(stall >= 9.0, "stall %.3f s with a 10 s hold" % stall)
 
 
 def test_trace_minute():
