@@ -347,8 +347,10 @@ def test_pipeline_notice():
                            "%.6f" % pk["stall_seconds_measured"])):
             line = '%s{kind="pipeline"} %s' % (name, val)
             check(("\n" + line + "\n") in metrics, "/metrics lacks %r" % line)
+        # Steps go on counting between the two reads: /metrics (read second) has at least
+        # REST's (an ASan run saw 6 against 4).
         g = re.search(r"\nspottrain_cost_model_steps_total (\d+)\n", metrics)
-        check(g is not None and int(g.group(1)) == cm["steps"],
+        check(g is not None and int(g.group(1)) >= cm["steps"],
               "/metrics steps %r, REST %d" % (g and g.group(1), cm["steps"]))
         check_bytes(s)
         check_parts(s)
