@@ -314,6 +314,14 @@ static int engine_make(const struct worker_train_config *cfg, const struct worke
     e->cfg = *cfg;
     e->data = data;
     TRY_GOTO(worker__view_init(&e->cur, cfg, layout, stage, replica, comm, NULL), r, out);
+    if (detached) {
+        /* Its state arrives in transfers or from a peer copy: no initialisation (at GPT-2
+         * size seconds of random numbers thrown away), only every page written now, so that
+         * the transfers do not fault them in. */
+        worker__view_touch(&e->cur, NULL, &cfg->model);
+        *ret = e;
+        return 0;
+    }
     for (int l = e->cur.lo; l < e->cur.hi; l++)
         TRY_GOTO(kern_layer_init(&cfg->model, l, cfg->seed, e->cur.layers[l - e->cur.lo].param),
                  r, out);

@@ -80,10 +80,12 @@ struct worker_engine;
  * comm is borrowed (must outlive the engine or be replaced by worker_engine_reshape_*);
  * data is borrowed (token file; its tokens must be < vocab). timeouts come from the comm.
  * Caller frees with worker_engine_free(). Returns 0, -EINVAL, -ENOMEM. */
-/* worker_engine_new without its communicator yet: a worker that takes a position at a boundary
- * still ahead (a spare given an order) makes its engine, and with worker_engine_ready its work
- * buffers, while the others train up to that boundary and the epoch's comm cannot be built. It
- * cannot step or move state until worker_engine_attach gives it the comm. Same returns. */
+/* worker_engine_new without its communicator yet, for a worker whose state all arrives from
+ * elsewhere (a spare taking a position: the transfers; a restore: a peer copy and transfers):
+ * it makes its engine, and with worker_engine_ready its work buffers, while the others train
+ * up to the boundary and the epoch's comm cannot be built. Its parameters and moments are zero
+ * (every page written, none initialised) until filled through worker_engine_layer. It cannot
+ * step or move state until worker_engine_attach gives it the comm. Same returns. */
 int worker_engine_new_detached(const struct worker_train_config *cfg,
                                const struct worker_layout *layout, int stage, int replica,
                                const struct st_tokens *data, struct worker_engine **ret);

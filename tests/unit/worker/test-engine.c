@@ -155,6 +155,19 @@ static void *worker_thread(void *p) {
         if ((r = worker_engine_new_detached(&j->cfg, &layout, stage, replica, tokens, &e)) < 0 ||
             (r = worker_engine_ready(e)) < 0)
             goto out;
+        /* Zero until filled; filled here as the transfers would: the initial parameters. */
+        for (int l = 0; l < kern_num_layers(&model); l++) {
+            struct worker_layer_bufs b;
+            if (worker_engine_layer(e, WORKER_VIEW_CURRENT, l, &b) < 0)
+                continue;
+            for (size_t i = 0; i < b.n; i++)
+                if (b.param[i] != 0.0f) {
+                    r = -EPROTO;
+                    goto out;
+                }
+            if ((r = kern_layer_init(&j->cfg.model, l, j->cfg.seed, b.param)) < 0)
+                goto out;
+        }
         if (n > 1 && (worker_engine_step(e, j->first_step, NULL) != -EINVAL ||
                       worker_engine_save(e, tmpdir, 0) != -EINVAL ||
                       worker_engine_attach(e, NULL) != -EINVAL)) {
