@@ -59,6 +59,8 @@ struct lworker {
                                 * report of an epoch is not: warm-up counts in the stall) */
     uint64_t step;             /* steps done, as last reported (not the table's maximum:
                                 * a restore moves it back) */
+    bool reported;             /* it reported to this loop (since the coordinator started) */
+    uint64_t report_epoch;     /* the epoch its last report was of */
     double loss;
     uint64_t ckpt_step;        /* last checkpoint written */
     char ckpt_dir[ST_SPEC_PATH_MAX];
@@ -86,6 +88,7 @@ struct wv {
     uint64_t step;             /* steps done (last report) */
     double loss;
     bool dead, leaving, failed, positioned;
+    bool reported;             /* its step is from a report of the current epoch to this loop */
     double relayed_at;         /* st_now() when it relayed a notice the provider did not see */
 };
 
@@ -330,6 +333,8 @@ static void hook_report(struct coord *c, const struct coord_report *r, void *use
     if (w) {
         w->step = r->step;
         w->loss = r->loss;
+        w->reported = true;
+        w->report_epoch = r->epoch;
     }
     for (size_t i = 0; w && i < r->nnotices; i++) {
         const char *k = r->notices[i].kind, *d = r->notices[i].detail ? r->notices[i].detail : "";
@@ -506,6 +511,7 @@ static int view_get(struct coord_loop *L, struct wv **ret, size_t *ret_n) {
         v[i].loss = lw ? lw->loss : w[i].loss;
         v[i].failed = v[i].positioned && lw &&
                       (lw->fail_epoch == L->epoch || lw->reconf_fail_epoch == L->epoch);
+        v[i].reported = lw && lw->reported && lw->report_epoch == L->epoch;
     }
     pthread_mutex_unlock(&L->lock);
     st_free(w);
@@ -1840,7 +1846,7 @@ static void phase_running(struct coord_loop *L, const struct wv *v, size_t nv, d
  * lease. */
 static void phase_resync(struct coord_loop *L, const struct wv *v, size_t nv, double now) {
     uint64_t lo = UINT64_MAX, hi = 0;
-    bool dead = false;
+    bool dead = false, unheard = false;
     int npos = 0;
     for (size_t i = 0; i < nv; i++) {
         if (!v[i].positioned)
@@ -1848,6 +1854,11 @@ static void phase_resync(struct coord_loop *L, const struct wv *v, size_t nv, do
         npos++;
         if (v[i].dead || v[i].failed || v[i].w.last_seen_ago > 2.0)
             dead = v[i].dead || v[i].failed;
+        /* A step this loop has not heard in this epoch is not one: the table's is the last
+         * the journal knew (0 for an epoch its workers were still entering). Resuming there
+         * once left the lease behind the workers and the job without progress (chaos-short,
+         * a coordinator killed mid-recovery). */
+        unheard |= !v[i].reported;
         lo = ST_MIN(lo, v[i].step);
         hi = ST_MAX(hi, v[i].step);
     }
@@ -1855,6 +1866,11 @@ static void phase_resync(struct coord_loop *L, const struct wv *v, size_t nv, do
         set_event(L, "resync after restart failed; restoring");
         L->need_restore = true;
         L->phase = PH_WAIT_FIRST;
+        return;
+    }
+    if (unheard) {
+        L->resync_step = UINT64_MAX;
+        L->resync_changed = now;
         return;
     }
     if (lo != hi || lo != L->resync_step) {

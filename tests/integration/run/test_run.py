@@ -957,6 +957,7 @@ def test_restart():
     # as that epoch opened). The job resumes from the journal each time and ends with the
     # same bits.
     import signal
+    import time
     d = tempfile.mkdtemp(prefix="st-run-")
     procs = []
     try:
@@ -1003,9 +1004,21 @@ def test_restart():
             c = subprocess.Popen(coord, stdout=log, stderr=subprocess.STDOUT)
             procs.append(c)
             return c
-        # Mid-run: a few hundred steps in.
+        # Mid-run: a few hundred steps in. The workers are frozen while the new coordinator
+        # starts and for longer than its resync's quiet time (0.6 x the 10 s heartbeat
+        # deadline), short of the deadline itself: it has heard no step from them, and must
+        # not resume from the steps its journal had (it resumed at step 0 and the lease fell
+        # behind the workers, a chaos-short round hung that way).
         j = wait_for("step 300", lambda: at(300), 90)
-        c = restart(c)
+        for w in workers.values():
+            w.send_signal(signal.SIGSTOP)
+        try:
+            c = restart(c)
+            wait_for("the restarted coordinator's REST", lambda: job_(), 30)
+            time.sleep(7)
+        finally:
+            for w in workers.values():
+                w.send_signal(signal.SIGCONT)
 
         def logged(what):
             with open(os.path.join(d, "coord.log")) as f:
@@ -1013,6 +1026,10 @@ def test_restart():
         # Workers train the steps already leased while it resyncs: wait for the resume itself.
         wait_for("the restarted coordinator to resume the epoch",
                  lambda: logged("after a restart"), 90)
+        with open(os.path.join(d, "coord.log")) as f:
+            g = re.search(r"resumed epoch \d+ \(\dx\d\) at step (\d+) after a restart", f.read())
+        check(g is not None and int(g.group(1)) >= j["step"],
+              "resumed at step %s, the workers were at %d" % (g and g.group(1), j["step"]))
         j = wait_for("the resumed epoch to train on", lambda: at(j["step"] + 100), 90)
         # Mid-migration: a positioned worker's notice orders a live migration to the spare.
         ws = json.loads(rest_get("http://%s/v1/workers" % rest))["workers"]
