@@ -75,6 +75,14 @@ with tempfile.TemporaryDirectory(prefix="st-cli-") as d:
                                env=dict(os.environ, **{var: bad}))
             check(p.returncode == 2 and f"invalid {var} '{bad}'" in p.stderr,
                   f"worker with {var}={bad} exits 2 ({p.returncode})")
+    # The boundary hold (seconds): not a number, negative, or more than an hour.
+    for bad in ("x", "-1", "1e9", "nan"):
+        var = "SPOTTRAIN_TEST_BOUNDARY_DELAY"
+        p = subprocess.run([BIN, "worker", "--coordinator", "127.0.0.1:1", "--job", SPEC,
+                            "--state-dir", d], capture_output=True, text=True, timeout=30,
+                           env=dict(os.environ, **{var: bad}))
+        check(p.returncode == 2 and f"invalid {var} '{bad}'" in p.stderr,
+              f"worker with {var}={bad} exits 2 ({p.returncode})")
 
 print(f"{len(failures) == 0 and 'all' or len(failures)} {'passed' if not failures else 'failed'}")
 sys.exit(1 if failures else 0)
