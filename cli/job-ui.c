@@ -418,13 +418,19 @@ int cli_job_write_json(const char *path, const struct coord_loop_summary *s) {
                    "\"planned_bytes\": %" PRIu64 ", \"moved_bytes\": %" PRIu64 ", "
                    "\"stall_seconds\": %.6f, \"steps_replayed\": %" PRIu64 ", "
                    "\"seconds\": %.6f, \"stall_parts\": {\"wait\": %.6f, \"connect\": %.6f, "
-                   "\"reshape\": %.6f, \"transfer\": %.6f, \"commit\": %.6f, \"rest\": %.6f}, "
-                   "\"ok\": %s}",
+                   "\"reshape\": %.6f, \"transfer\": %.6f, \"commit\": %.6f, \"rest\": %.6f}, ",
                 i ? "," : "", r->epoch, r->at_step, coord_loop_kind_name(r->kind),
                 r->dp_reshard ? "true" : "false", r->from_dp, r->from_pp, r->to_dp, r->to_pp,
                 r->planned_bytes, r->moved_bytes, r->stall_seconds, r->steps_replayed, r->seconds,
                 r->parts.wait, r->parts.connect, r->parts.reshape, r->parts.transfer,
-                r->parts.commit, r->parts.rest, r->ok ? "true" : "false");
+                r->parts.commit, r->parts.rest);
+        /* The cost model's prediction for a live migration, made when it was ordered. */
+        if (r->stall_predicted >= 0)
+            fprintf(f, "\"stall_seconds_predicted\": %.6f, \"stall_calibrated\": %s, ",
+                    r->stall_predicted, r->stall_calibrated ? "true" : "false");
+        else
+            fprintf(f, "\"stall_seconds_predicted\": null, \"stall_calibrated\": false, ");
+        fprintf(f, "\"ok\": %s}", r->ok ? "true" : "false");
     }
     /* The planner's cost model, predicted against measured (means; null when nothing to
      * compare). */
@@ -440,11 +446,19 @@ int cli_job_write_json(const char *path, const struct coord_loop_summary *s) {
         fprintf(f, "%s\n    \"%s\": {\"count\": %" PRIu64, k ? "," : "",
                 coord_loop_kind_name((enum coord_loop_kind)k), cm->n[k]);
         if (cm->n[k] > 0)
-            fprintf(f, ", \"stall_seconds_predicted\": %.6f, \"stall_seconds_measured\": %.6f}",
+            fprintf(f, ", \"stall_seconds_predicted\": %.6f, \"stall_seconds_measured\": %.6f",
                     cm->stall_predicted[k] / (double)cm->n[k],
                     cm->stall_measured[k] / (double)cm->n[k]);
         else
-            fprintf(f, ", \"stall_seconds_predicted\": null, \"stall_seconds_measured\": null}");
+            fprintf(f, ", \"stall_seconds_predicted\": null, \"stall_seconds_measured\": null");
+        /* Apart: those predicted with measured migrations behind them. */
+        fprintf(f, ", \"calibrated\": {\"count\": %" PRIu64, cm->cal_n[k]);
+        if (cm->cal_n[k] > 0)
+            fprintf(f, ", \"stall_seconds_predicted\": %.6f, \"stall_seconds_measured\": %.6f}}",
+                    cm->cal_predicted[k] / (double)cm->cal_n[k],
+                    cm->cal_measured[k] / (double)cm->cal_n[k]);
+        else
+            fprintf(f, ", \"stall_seconds_predicted\": null, \"stall_seconds_measured\": null}}");
     }
     fprintf(f, "}},");
     fprintf(f, "\n  \"instance_hours\": %.6f,\n  \"spot_dollars\": %.6f,\n"

@@ -105,6 +105,10 @@ struct coord_loop_record {
     uint64_t moved_bytes;          /* payload bytes the workers' transport received */
     double stall_seconds;          /* shared/DESIGN.md "One meaning of stall"; for a failed
                                     * epoch, until the epoch that replaced it made a step */
+    double stall_predicted;        /* live migrations: the cost model's stall when ordered
+                                    * (its base kind's; < 0 where none was made) */
+    bool stall_calibrated;         /* that prediction rested on measured migrations (this
+                                    * job's, or a cost file's) rather than the prior alone */
     uint64_t steps_replayed;       /* restores: steps done before the loss, trained again */
     double seconds;                /* order to last "reconfigured" */
     /* Where the stall went, on the worker whose span set it (seconds, docs/live-migration.md):
@@ -144,12 +148,16 @@ struct coord_loop_summary {
                                     * host a shape the spec allows */
     /* The planner's fitted cost model against what happened (planner/fitted.c). Each
      * prediction is the one made when the epoch or migration was decided. Steps count only
-     * where that prediction had measured steps behind it (not the spec's prior alone). */
+     * where that prediction had measured steps behind it (not the spec's prior alone).
+     * Migrations count all, and apart those whose prediction was calibrated (had measured
+     * migrations behind it: plan_fit_stall_calibrated). */
     struct {
         uint64_t steps;
         double step_predicted, step_measured;   /* sums over those steps, seconds */
         uint64_t n[COORD_LOOP_NKINDS];           /* live migrations per kind */
         double stall_predicted[COORD_LOOP_NKINDS], stall_measured[COORD_LOOP_NKINDS]; /* sums */
+        uint64_t cal_n[COORD_LOOP_NKINDS];       /* of those, calibrated */
+        double cal_predicted[COORD_LOOP_NKINDS], cal_measured[COORD_LOOP_NKINDS];
     } cost_model;
 };
 

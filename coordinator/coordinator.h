@@ -324,6 +324,10 @@ struct coord_cost_model {
     double step_predicted, step_measured;
     uint64_t n[COORD_COST_NKINDS];
     double stall_predicted[COORD_COST_NKINDS], stall_measured[COORD_COST_NKINDS];
+    /* The same over the migrations whose prediction rested on measured migrations (this
+     * job's or a cost file's), not on the spec's prior alone. */
+    uint64_t cal_n[COORD_COST_NKINDS];
+    double cal_predicted[COORD_COST_NKINDS], cal_measured[COORD_COST_NKINDS];
 };
 void coord_metrics_set_cost_model(struct coord *c, const struct coord_cost_model *cm);
 /* "intra_stage", "inter_stage", "pipeline", "dp_resharding" (the labels of /metrics). */

@@ -106,6 +106,7 @@ struct reconf {
                                 * orders (Migrate.lease); 0 = none */
     double pred_step, pred_stall, pred_stall_dp; /* the fitted model's, when ordered */
     bool calibrated;           /* pred_step had measured steps behind it */
+    bool stall_calibrated;     /* pred_stall had measured migrations behind it */
     char why[240];             /* the event line's tail: why this epoch (set at the order) */
 };
 
@@ -627,6 +628,9 @@ static void cm_publish(struct coord_loop *L) {
         cm.n[k] = s.cost_model.n[k];
         cm.stall_predicted[k] = s.cost_model.stall_predicted[k];
         cm.stall_measured[k] = s.cost_model.stall_measured[k];
+        cm.cal_n[k] = s.cost_model.cal_n[k];
+        cm.cal_predicted[k] = s.cost_model.cal_predicted[k];
+        cm.cal_measured[k] = s.cost_model.cal_measured[k];
     }
     coord_metrics_set_cost_model(L->c, &cm);
 }
@@ -656,6 +660,7 @@ static void cm_predict(struct coord_loop *L, int dp, int pp, uint64_t bytes) {
                                                        (double)bytes) : 0;
     L->rc.pred_stall_dp = L->fit ? plan_fit_stall_seconds(L->fit, PLAN_MEAS_DP_RESHARD,
                                                           (double)bytes) : 0;
+    L->rc.stall_calibrated = L->fit && plan_fit_stall_calibrated(L->fit);
 }
 
 /* Epoch L->epoch runs from now: measure its steps against the prediction made for it. */
@@ -669,20 +674,30 @@ static void cm_epoch_begin(struct coord_loop *L, double pred, bool calibrated) {
     pthread_mutex_unlock(&L->lock);
 }
 
-/* A live migration finished: compare and learn. */
-static void cm_migration(struct coord_loop *L, const struct coord_loop_record *rec,
-                         uint64_t moved, double stall) {
-    struct coord_loop_summary *S = &L->sum;
+/* One migration of kind k into the cost model's sums: all, and apart the calibrated. */
+static void cm_count(struct coord_loop *L, int k, double predicted, double stall) {
+    __typeof__(L->sum.cost_model) *cm = &L->sum.cost_model;
+    cm->n[k]++;
+    cm->stall_predicted[k] += predicted;
+    cm->stall_measured[k] += stall;
+    if (L->rc.stall_calibrated) {
+        cm->cal_n[k]++;
+        cm->cal_predicted[k] += predicted;
+        cm->cal_measured[k] += stall;
+    }
+}
+
+/* A live migration finished: compare (in the summary and on its record) and learn. */
+static void cm_migration(struct coord_loop *L, struct coord_loop_record *rec, uint64_t moved,
+                         double stall) {
     if (!L->fit || rec->kind >= COORD_LOOP_RESTORE) /* live migrations only */
         return;
-    S->cost_model.n[rec->kind]++;
-    S->cost_model.stall_predicted[rec->kind] += L->rc.pred_stall;
-    S->cost_model.stall_measured[rec->kind] += stall;
+    rec->stall_predicted = L->rc.pred_stall;
+    rec->stall_calibrated = L->rc.stall_calibrated;
+    cm_count(L, rec->kind, L->rc.pred_stall, stall);
     (void)plan_fit_observe_migration(L->fit, meas_kind(rec->kind), (double)moved, stall);
     if (rec->dp_reshard) {
-        S->cost_model.n[COORD_LOOP_DP_RESHARD]++;
-        S->cost_model.stall_predicted[COORD_LOOP_DP_RESHARD] += L->rc.pred_stall_dp;
-        S->cost_model.stall_measured[COORD_LOOP_DP_RESHARD] += stall;
+        cm_count(L, COORD_LOOP_DP_RESHARD, L->rc.pred_stall_dp, stall);
         (void)plan_fit_observe_migration(L->fit, PLAN_MEAS_DP_RESHARD, (double)moved, stall);
     }
 }
@@ -969,6 +984,7 @@ static int start_restore(struct coord_loop *L, const struct wv *v, size_t nv, do
     cm_epoch_end(L);
     shape_time(L, now);
     memset(&L->rc.rec, 0, sizeof(L->rc.rec));
+    L->rc.rec.stall_predicted = -1; /* cm_migration sets a live migration's */
     L->rc.rec.epoch = epoch;
     L->rc.rec.at_step = step;
     /* Without a checkpoint a "restore" starts from scratch: a fresh start, not a restore. The
@@ -1259,6 +1275,7 @@ static int start_migrate(struct coord_loop *L, const struct wv *v, size_t nv, in
                                 : plan->cls == PLAN_MIGCLASS_INTER_STAGE ? COORD_LOOP_INTER
                                                                          : COORD_LOOP_INTRA;
     memset(&L->rc.rec, 0, sizeof(L->rc.rec));
+    L->rc.rec.stall_predicted = -1; /* cm_migration sets a live migration's */
     L->rc.rec.epoch = epoch;
     L->rc.rec.at_step = at;
     L->rc.rec.kind = ps ? COORD_LOOP_PEER_RESTORE : kind;
@@ -1513,7 +1530,7 @@ static void stall_done(struct coord_loop *L, const struct wv *v, size_t nv) {
     for (int i = L->chain; i <= L->stall_rec; i++)
         S->records[i].stall_seconds = stall;
     S->records[L->stall_rec].parts = parts;
-    const struct coord_loop_record *rec = &S->records[L->stall_rec];
+    struct coord_loop_record *rec = &S->records[L->stall_rec];
     st_log(ST_LOG_INFO, "loop", "Epoch %" PRIu64 " stall %.6f s: wait %.6f connect %.6f "
            "reshape %.6f transfer %.6f commit %.6f rest %.6f (first-step median %.6f)",
            L->epoch, stall, parts.wait, parts.connect, parts.reshape, parts.transfer,

@@ -124,19 +124,25 @@ static json_t *migrations_json(const struct coord *c) {
     return m;
 }
 
+/* {"count": n, "stall_seconds_predicted": mean, "stall_seconds_measured": mean} (null means
+ * when n is 0). */
+static json_t *stall_json(uint64_t n, double predicted, double measured) {
+    return json_pack("{s:I, s:o, s:o}", "count", (json_int_t)n, "stall_seconds_predicted",
+                     n ? json_real(predicted / (double)n) : json_null(),
+                     "stall_seconds_measured", n ? json_real(measured / (double)n) : json_null());
+}
+
 /* The planner's cost model against what happened: means (null before any), counts. */
 static json_t *cost_model_json(const struct coord *c) {
     const struct coord_cost_model *cm = &c->cost_model;
     json_t *kinds = json_object();
     for (int k = 0; kinds && k < COORD_COST_NKINDS; k++) {
-        bool any = cm->n[k] > 0;
-        json_object_set_new(
-            kinds, coord_cost_kind_name((enum coord_cost_kind)k),
-            json_pack("{s:I, s:o, s:o}", "count", (json_int_t)cm->n[k],
-                      "stall_seconds_predicted",
-                      any ? json_real(cm->stall_predicted[k] / (double)cm->n[k]) : json_null(),
-                      "stall_seconds_measured",
-                      any ? json_real(cm->stall_measured[k] / (double)cm->n[k]) : json_null()));
+        json_t *o = stall_json(cm->n[k], cm->stall_predicted[k], cm->stall_measured[k]);
+        if (o)
+            json_object_set_new(o, "calibrated",
+                                stall_json(cm->cal_n[k], cm->cal_predicted[k],
+                                           cm->cal_measured[k]));
+        json_object_set_new(kinds, coord_cost_kind_name((enum coord_cost_kind)k), o);
     }
     bool steps = cm->steps > 0;
     return json_pack("{s:I, s:o, s:o, s:o}", "steps", (json_int_t)cm->steps,
@@ -358,6 +364,24 @@ char *coord__metrics_text(struct coord *c) {
     for (int k = 0; k < COORD_COST_NKINDS; k++)
         M("spottrain_cost_model_stall_seconds_measured_total{kind=\"%s\"} %.6f\n",
           coord_cost_kind_name((enum coord_cost_kind)k), cm->stall_measured[k]);
+    M("# HELP spottrain_cost_model_calibrated_migrations_total Of those, the migrations whose "
+      "prediction rested on measured migrations (this job's or a cost file's), by kind.\n"
+      "# TYPE spottrain_cost_model_calibrated_migrations_total counter\n");
+    for (int k = 0; k < COORD_COST_NKINDS; k++)
+        M("spottrain_cost_model_calibrated_migrations_total{kind=\"%s\"} %llu\n",
+          coord_cost_kind_name((enum coord_cost_kind)k), (unsigned long long)cm->cal_n[k]);
+    M("# HELP spottrain_cost_model_calibrated_stall_seconds_predicted_total Their predicted "
+      "stalls, summed, by kind.\n"
+      "# TYPE spottrain_cost_model_calibrated_stall_seconds_predicted_total counter\n");
+    for (int k = 0; k < COORD_COST_NKINDS; k++)
+        M("spottrain_cost_model_calibrated_stall_seconds_predicted_total{kind=\"%s\"} %.6f\n",
+          coord_cost_kind_name((enum coord_cost_kind)k), cm->cal_predicted[k]);
+    M("# HELP spottrain_cost_model_calibrated_stall_seconds_measured_total Their measured "
+      "stalls, summed, by kind.\n"
+      "# TYPE spottrain_cost_model_calibrated_stall_seconds_measured_total counter\n");
+    for (int k = 0; k < COORD_COST_NKINDS; k++)
+        M("spottrain_cost_model_calibrated_stall_seconds_measured_total{kind=\"%s\"} %.6f\n",
+          coord_cost_kind_name((enum coord_cost_kind)k), cm->cal_measured[k]);
     double stall = c->stall_total;
     for (int k = 0; k < COORD_MIG_NKINDS; k++)
         stall += c->mig_stall[k];

@@ -190,6 +190,10 @@ int plan_fit_observe_migration(struct plan_fit *f, enum plan_meas_kind k, double
     return 0;
 }
 
+bool plan_fit_stall_calibrated(const struct plan_fit *f) {
+    return f && (f->have_file || fixed_s(f, PLAN_MEAS_INTRA) >= 0);
+}
+
 const struct plan_cost *plan_fit_cost(struct plan_fit *f) {
     if (!f)
         return NULL;

@@ -263,6 +263,9 @@ double plan_fit_stall_seconds(const struct plan_fit *f, enum plan_meas_kind k, d
 /* One migration measured. Returns 0 or -EINVAL. */
 int plan_fit_observe_migration(struct plan_fit *f, enum plan_meas_kind k, double bytes,
                                double stall_s);
+/* Whether stall predictions rest on measurements: a migration of this job was observed, or a
+ * cost file (plan_fit_start_costs) gave every kind's figures. False with the prior alone. */
+bool plan_fit_stall_calibrated(const struct plan_fit *f);
 /* Starts the migration costs from a cost file (scripts/bench migration) instead of the
  * prior's: a kind not measured in this job yet is charged the file's fixed part, and bytes
  * cross at the file's throughput of that kind, in predictions and in the fit alike. Call

@@ -333,9 +333,12 @@ def test_pipeline_notice():
         _, s = r.finish()
         pk = cm["kinds"]["pipeline"]
         for k in ("intra_stage", "inter_stage", "dp_resharding"):
-            check(cm["kinds"][k] == {"count": 0, "stall_seconds_predicted": None,
-                                     "stall_seconds_measured": None},
+            none = {"count": 0, "stall_seconds_predicted": None, "stall_seconds_measured": None}
+            check(cm["kinds"][k] == dict(none, calibrated=none),
                   "REST cost model %s: %r" % (k, cm["kinds"][k]))
+        # The job's one migration was predicted from the spec's figures alone.
+        check(cm["kinds"]["pipeline"]["calibrated"]["count"] == 0,
+              "REST calls the prior's prediction calibrated: %r" % cm["kinds"]["pipeline"])
         sk = s["cost_model"]["kinds"]["pipeline"]
         check(abs(pk["stall_seconds_predicted"] - sk["stall_seconds_predicted"]) < 2e-6 and
               abs(pk["stall_seconds_measured"] - sk["stall_seconds_measured"]) < 2e-6,
@@ -344,7 +347,8 @@ def test_pipeline_notice():
                           ("spottrain_cost_model_stall_seconds_predicted_total",
                            "%.6f" % pk["stall_seconds_predicted"]),
                           ("spottrain_cost_model_stall_seconds_measured_total",
-                           "%.6f" % pk["stall_seconds_measured"])):
+                           "%.6f" % pk["stall_seconds_measured"]),
+                          ("spottrain_cost_model_calibrated_migrations_total", "0")):
             line = '%s{kind="pipeline"} %s' % (name, val)
             check(("\n" + line + "\n") in metrics, "/metrics lacks %r" % line)
         # Steps go on counting between the two reads: /metrics (read second) has at least

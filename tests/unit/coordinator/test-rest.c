@@ -311,6 +311,9 @@ static int test_cost_model(void) {
     m.n[COORD_COST_DP_RESHARDING] = 1;
     m.stall_predicted[COORD_COST_DP_RESHARDING] = 0.5;
     m.stall_measured[COORD_COST_DP_RESHARDING] = 0.125;
+    m.cal_n[COORD_COST_PIPELINE] = 1; /* the second pipeline move, after the first measured */
+    m.cal_predicted[COORD_COST_PIPELINE] = 0.0625;
+    m.cal_measured[COORD_COST_PIPELINE] = 0.03125;
     coord_metrics_set_cost_model(c, &m);
     coord_metrics_set_cost_model(c, NULL);
     coord_metrics_set_cost_model(NULL, &m);
@@ -327,6 +330,13 @@ static int test_cost_model(void) {
     ASSERT_TRUE(json_real_value(json_object_get(pk, "stall_seconds_predicted")) == 0.375);
     ASSERT_TRUE(json_real_value(json_object_get(pk, "stall_seconds_measured")) == 0.125);
     ASSERT_TRUE(json_real_value(json_object_get(dk, "stall_seconds_predicted")) == 0.5);
+    json_t *pc = json_object_get(pk, "calibrated"), *dc = json_object_get(dk, "calibrated");
+    ASSERT_EQ(json_integer_value(json_object_get(pc, "count")), 1);
+    ASSERT_TRUE(json_real_value(json_object_get(pc, "stall_seconds_predicted")) == 0.0625);
+    ASSERT_TRUE(json_real_value(json_object_get(pc, "stall_seconds_measured")) == 0.03125);
+    ASSERT_EQ(json_integer_value(json_object_get(dc, "count")), 0);
+    ASSERT_TRUE(json_is_null(json_object_get(dc, "stall_seconds_predicted")));
+    ASSERT_TRUE(json_is_null(json_object_get(dc, "stall_seconds_measured")));
     ASSERT_EQ(json_integer_value(json_object_get(json_object_get(kinds, "intra_stage"), "count")),
               0);
     ASSERT_TRUE(json_is_null(
@@ -345,6 +355,14 @@ static int test_cost_model(void) {
                               "{kind=\"pipeline\"} 0.750000\n");
     ASSERT_CONTAINS(rep.body, "\nspottrain_cost_model_stall_seconds_measured_total"
                               "{kind=\"dp_resharding\"} 0.125000\n");
+    ASSERT_CONTAINS(rep.body, "\nspottrain_cost_model_calibrated_migrations_total"
+                              "{kind=\"pipeline\"} 1\n");
+    ASSERT_CONTAINS(rep.body, "\nspottrain_cost_model_calibrated_migrations_total"
+                              "{kind=\"dp_resharding\"} 0\n");
+    ASSERT_CONTAINS(rep.body, "\nspottrain_cost_model_calibrated_stall_seconds_predicted_total"
+                              "{kind=\"pipeline\"} 0.062500\n");
+    ASSERT_CONTAINS(rep.body, "\nspottrain_cost_model_calibrated_stall_seconds_measured_total"
+                              "{kind=\"pipeline\"} 0.031250\n");
     coord__rest_reply_done(&rep);
     close_coord(c);
     return 0;

@@ -269,7 +269,10 @@ static int test_fit(void) {
     ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_MEAS_NKINDS, 0), -1, 0, 0);
     ASSERT_ERR(plan_fit_observe_migration(f, PLAN_MEAS_PIPELINE, -1, 0.5), -EINVAL);
     ASSERT_ERR(plan_fit_observe_migration(f, PLAN_MEAS_PIPELINE, 0, INFINITY), -EINVAL);
+    ASSERT_FALSE(plan_fit_stall_calibrated(f)); /* the prior alone, whatever steps say */
+    ASSERT_FALSE(plan_fit_stall_calibrated(NULL));
     ASSERT_OK(plan_fit_observe_migration(f, PLAN_MEAS_PIPELINE, link * 0.5, 0.75));
+    ASSERT_TRUE(plan_fit_stall_calibrated(f));
     ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_MEAS_PIPELINE, link), 1.25, 1e-9, 0);
     ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_MEAS_INTRA, 0), 0.25, 1e-9, 0); /* largest */
     ASSERT_OK(plan_fit_observe_migration(f, PLAN_MEAS_INTRA, 0, 0.05));
@@ -315,7 +318,9 @@ static int test_fit_start_costs(void) {
     ASSERT_ERR(plan_fit_start_costs(NULL, &m), -EINVAL);
     /* before: the prior's guess; after: the file's figures */
     ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_MEAS_INTRA, 0), 1.065, 1e-12, 0);
+    ASSERT_FALSE(plan_fit_stall_calibrated(f));
     ASSERT_OK(plan_fit_start_costs(f, &m));
+    ASSERT_TRUE(plan_fit_stall_calibrated(f)); /* the file's figures were measured */
     ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_MEAS_INTRA, 0), 0.01, 1e-12, 0);
     ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_MEAS_PIPELINE, 3e9), 0.03 + 1.0, 1e-12, 0);
     ASSERT_TRUE(plan_fit_cost(f)->measured); /* charged from the start */
