@@ -69,6 +69,7 @@ import json
 import re
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -294,7 +295,6 @@ def test_pipeline_notice():
     # SPOTTRAIN_NOTICE_SECONDS gives 30 s) leaves two, and the planner repartitions the layers
     # over them live (1x3 -> 1x2, a pipeline migration) before the worker goes; then it is
     # killed, as the cloud would. Exactly that migration, no restore; same bits.
-    import signal
     d = tempfile.mkdtemp(prefix="st-run-")
     r = None
     try:
@@ -426,23 +426,44 @@ def test_inter_early():
 def test_trace_minute():
     # A named trace that adds a node and removes it within the same minute (the sim replays
     # a minute at a time): the removal happens, in that minute, after the addition. It was
-    # dropped in silence when each minute's removals went first.
+    # dropped in silence when each minute's removals went first. The removal comes 0.8 s of
+    # wall time into the trace, and 300 steps can take less than that on a quiet machine: the
+    # positioned workers are frozen from epoch 1 until the loop says node 3 was lost (well
+    # inside the 10 s heartbeat deadline), so the job cannot end first.
     d = tempfile.mkdtemp(prefix="st-run-")
+    r = None
     try:
         steps = 300
         trace = "".join("0,add,node%d\n" % i for i in range(1, 4)) + "20000,remove,node3\n"
         job = write_job(d, "minute", steps, trace, scale=0.01, notice="60s",
                         planner="dp: 1, pp: 2, learn: false")
         ref = reference(d, job, steps)
-        save, s = run(d, job, steps)
-        out = LAST_OUT[0]
+        r = Live(d, job, steps)
+        wait_for("epoch 1", lambda: job_at_least(r.base, 0, 1), 90)
+        held = ("i-00000000000000001", "i-00000000000000002")
+        r.signal(signal.SIGSTOP, *held)
+        try:
+            def lost():
+                try:
+                    return any("lost: i-00000000000000003 (node-2, preempted)" in
+                               e.get("message", "") for e in all_events(r.base)) or None
+                except (OSError, ValueError):
+                    return None
+            wait_for("node 3's removal", lost, 60)
+        finally:
+            r.signal(signal.SIGCONT, *held)
+        out, s = r.finish()
         check("notice: i-00000000000000003 (node-2) goes in" in out,
               "the third node's removal was not noticed")
         check("lost: i-00000000000000003 (node-2, preempted)" in out,
               "the third node was not removed")
         check(s["finished"] and s["steps"] == steps, "job did not finish")
-        same(ref, save)
+        check(s["migrations"]["checkpoint-restore"]["count"] == 0 and
+              s["migrations"]["fresh-start"]["count"] == 0, "the held workers were lost")
+        same(ref, r.save)
     finally:
+        if r:
+            r.stop()
         shutil.rmtree(d, ignore_errors=True)
 
 
@@ -461,7 +482,6 @@ def test_central():
     #   4. SIGTERM of a positioned worker with no spare left: the 2x2 shrinks to 1x2 live
     #      (intra-stage); then it is killed.
     # No fresh start; the same bits as the uninterrupted run.
-    import signal
     d = tempfile.mkdtemp(prefix="st-run-")
     r = None
     try:
@@ -702,7 +722,6 @@ def median(xs):
 
 
 def test_peer():
-    import signal
     d = tempfile.mkdtemp(prefix="st-run-")
     r = None
     try:
@@ -806,7 +825,6 @@ def test_peer_cut():
     # not fail. A worker killed later then has no copy anywhere, so the job restores from its
     # disk checkpoint (not from copies, not from scratch) and ends bitwise equal.
     import glob
-    import signal
     d = tempfile.mkdtemp(prefix="st-run-")
     r = None
     try:
@@ -863,7 +881,6 @@ def test_zone():
     # only copy). The copies' ring follows the zones (st_peer_ring), so each of them is held
     # in another zone: the job comes back from peer copies, with no disk restore, and ends
     # bitwise equal to the uninterrupted run.
-    import signal
     d = tempfile.mkdtemp(prefix="st-run-")
     r = None
     try:
@@ -960,7 +977,6 @@ def test_restart():
     # SIGTERM under SPOTTRAIN_NOTICE_SECONDS, made it order a live migration: killed as soon
     # as that epoch opened). The job resumes from the journal each time and ends with the
     # same bits.
-    import signal
     import time
     d = tempfile.mkdtemp(prefix="st-run-")
     procs = []
@@ -1095,7 +1111,6 @@ def wait_for(what, cond, timeout, show=None):
 
 
 def test_standalone():
-    import signal
     d = tempfile.mkdtemp(prefix="st-run-")
     procs = []
     try:
