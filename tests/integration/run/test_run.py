@@ -377,16 +377,23 @@ def spare_takes_over(name, nodes, removed, planner, steps, env=None):
     """A spare takes a noticed node's position: `nodes` instances named node1.., node
     `removed` noticed a trace minute in (notice 1200 s: 12 s of wall time to migrate; with
     120 s a loaded machine did not finish before the kill and the epoch failed). Named events:
-    positions go to instances in launch order. Checks exactly one live migration, inter-stage,
-    no restore and the same bits; returns the summary."""
+    positions go to instances in launch order. The positioned workers are held from epoch 1
+    until the notice (0.6 s of wall time into the trace), so a quick job cannot end before it.
+    Checks exactly one live migration, inter-stage, no restore and the same bits; returns the
+    summary."""
     d = tempfile.mkdtemp(prefix="st-run-")
+    r = None
     try:
         trace = ("".join("0,add,node%d\n" % i for i in range(1, nodes + 1)) +
                  "60000,remove,node%d\n" % removed)
         job = write_job(d, name, steps, trace, scale=0.01, notice="1200s", planner=planner)
         ref = reference(d, job, steps)
-        save, s = run(d, job, steps, env=env)
-        check(s["finished"] and s["steps"] == steps, "job did not finish: %s" % s)
+        r = Live(d, job, steps, env=env)
+        wait_for("epoch 1", lambda: job_at_least(r.base, 0, 1), 90)
+        hold_until_event(r, ["i-%017d" % i for i in range(1, nodes)], "the notice",
+                         "notice: i-%017d" % removed)
+        _, s = r.finish(loop_log=True)
+        save = r.save
         check_bytes(s)
         check([c["kind"] for c in kinds(s)] == ["inter-stage"],
               "live migrations: %s" % [c["kind"] for c in kinds(s)])
@@ -399,6 +406,8 @@ def spare_takes_over(name, nodes, removed, planner, steps, env=None):
         same(ref, save)
         return s
     finally:
+        if r:
+            r.stop()
         shutil.rmtree(d, ignore_errors=True)
 
 
@@ -440,18 +449,8 @@ def test_trace_minute():
         ref = reference(d, job, steps)
         r = Live(d, job, steps)
         wait_for("epoch 1", lambda: job_at_least(r.base, 0, 1), 90)
-        held = ("i-00000000000000001", "i-00000000000000002")
-        r.signal(signal.SIGSTOP, *held)
-        try:
-            def lost():
-                try:
-                    return any("lost: i-00000000000000003 (node-2, preempted)" in
-                               e.get("message", "") for e in all_events(r.base)) or None
-                except (OSError, ValueError):
-                    return None
-            wait_for("node 3's removal", lost, 60)
-        finally:
-            r.signal(signal.SIGCONT, *held)
+        hold_until_event(r, ("i-00000000000000001", "i-00000000000000002"), "node 3's removal",
+                         "lost: i-00000000000000003 (node-2, preempted)")
         out, s = r.finish()
         check("notice: i-00000000000000003 (node-2) goes in" in out,
               "the third node's removal was not noticed")
@@ -680,6 +679,23 @@ def all_events(base):
         if not page["events"] or page["next"] == since:
             return out
         since = page["next"]
+
+
+def hold_until_event(r, instances, what, text, timeout=60):
+    """Freeze the sim workers of those instances (SIGSTOP) from now until an event of the job
+    has `text` in its message (/v1/events), then resume them: a trace event that fires a fixed
+    wall time into the trace then always finds the job still training. Keep the wait well
+    inside the heartbeat deadline (10 s)."""
+    r.signal(signal.SIGSTOP, *instances)
+    try:
+        def seen():
+            try:
+                return any(text in e.get("message", "") for e in all_events(r.base)) or None
+            except (OSError, ValueError):
+                return None
+        wait_for(what, seen, timeout)
+    finally:
+        r.signal(signal.SIGCONT, *instances)
 
 
 def sim_worker_pids(d):
