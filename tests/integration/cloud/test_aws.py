@@ -50,6 +50,8 @@ import boto3  # noqa: E402
 import cloudtest  # noqa: E402
 from cloudtest import (FAIL_HOOKS, aws_env, check, fail, iam_user, moto_main,  # noqa: E402
                        wait_for)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from ports import free_port  # noqa: E402
 
 BIN = os.environ["SPOTTRAIN_BIN"]
 TIMEOUT = 30.0
@@ -243,11 +245,7 @@ def t_launch_sigterm(d, url):
 
 def t_spot_price(d, url):
     import json
-    import socket
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
+    port = free_port()
     spec = write_spec(d, zones=("us-east-1a",), fleet_max=2, status="127.0.0.1:%d" % port)
     hist = ec2(url).describe_spot_price_history(
         InstanceTypes=["t3.micro"], ProductDescriptions=["Linux/UNIX"],
@@ -514,11 +512,7 @@ def t_bad_xml(d, url):
 
 
 def t_dead_endpoint(d, url):
-    import socket
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    dead = "http://127.0.0.1:%d" % s.getsockname()[1]
-    s.close()
+    dead = "http://127.0.0.1:%d" % free_port()
     spec = write_spec(d)
     p = launch(spec, env_for(dead, d), "--state-dir", os.path.join(d, "state"))
     rc = exit_code(p, "launch did not exit on a dead endpoint")
@@ -613,12 +607,7 @@ class BootShim:
 
 
 def t_train(d, url):
-    import socket
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    coord = "127.0.0.1:%d" % port
+    coord = "127.0.0.1:%d" % free_port()
     # Enough steps that the loss lands mid-job: this tiny model runs ~350 steps/s here, the
     # launch prints progress every 0.5 s when not on a terminal, and the shim needs a moment
     # to see the termination (600 steps once all ran before it did).

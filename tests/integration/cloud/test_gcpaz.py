@@ -62,6 +62,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import cloudtest
 from cloudtest import fail, wait_for
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from ports import free_port  # noqa: E402
 
 SPOTTRAIN = os.environ.get("SPOTTRAIN_BIN") or "spottrain"
 DEADLINE = 30.0
@@ -1082,15 +1084,6 @@ spec:
   status: {{listen: ""}}
   checkpoint: {{interval: 0}}
 """
-
-
-def free_port():
-    import socket
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def train(tmp, cloud, refuse_ack=False):

@@ -12,7 +12,6 @@ import json
 import os
 import select
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -20,6 +19,9 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from ports import free_port  # noqa: E402
 
 BIN = os.environ.get("SPOTTRAIN_BIN", "")
 RAWCALL = os.environ.get("RAWCALL", "")
@@ -55,14 +57,6 @@ def wait_until(pred, what, timeout=TIMEOUT):
             return last
         time.sleep(0.05)
     fail("timed out waiting for " + what)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 class Proc:
@@ -298,7 +292,10 @@ def scenario_restart():
     state = os.path.join(tmp, "state")
     gport, rport = free_port(), free_port()
     listen, rest = "127.0.0.1:%d" % gport, "127.0.0.1:%d" % rport
-    c = Coord(state, listen, rest)
+    # A 10 s deadline, not job.yaml's 3 s: a worker retries a lost coordinator with a backoff
+    # of up to 2 s x 1.5 (jitter), and the restarted coordinator must hear it back before
+    # the deadline, or it declares the worker lost and starts a new epoch.
+    c = Coord(state, listen, rest, deadline="10s")
     w1, w2 = worker(c, "w1"), worker(c, "w2")
     configured(c, 2)
     wait_until(lambda: all(w["acked_command"] >= 1 for w in c.workers().values()),
@@ -308,7 +305,7 @@ def scenario_restart():
     roles = {i: (w["stage"], w["replica"]) for i, w in c.workers().items()}
     c.proc.stop(signal.SIGKILL)
     check(True, "coordinator killed with SIGKILL")
-    c2 = Coord(state, listen, rest, name="coord2")
+    c2 = Coord(state, listen, rest, deadline="10s", name="coord2")
     check(c2.job_id == c.job_id, "restart resumes the same job id")
     check(c2.epoch_at_start == 1, "epoch 1 preserved across kill -9")
     ws = configured(c2, 2)

@@ -74,6 +74,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from ports import free_port  # noqa: E402
+
 BIN = os.environ.get("SPOTTRAIN_BIN", "build/spottrain")
 
 SPEC = """apiVersion: spottrain/v1
@@ -373,7 +376,7 @@ def test_pipeline_notice():
         shutil.rmtree(d, ignore_errors=True)
 
 
-def spare_takes_over(name, nodes, removed, planner, steps, env=None):
+def spare_takes_over(name, nodes, removed, planner, steps, env=None, notice="1200s"):
     """A spare takes a noticed node's position: `nodes` instances named node1.., node
     `removed` noticed a trace minute in (notice 1200 s: 12 s of wall time to migrate; with
     120 s a loaded machine did not finish before the kill and the epoch failed). Named events:
@@ -386,7 +389,7 @@ def spare_takes_over(name, nodes, removed, planner, steps, env=None):
     try:
         trace = ("".join("0,add,node%d\n" % i for i in range(1, nodes + 1)) +
                  "60000,remove,node%d\n" % removed)
-        job = write_job(d, name, steps, trace, scale=0.01, notice="1200s", planner=planner)
+        job = write_job(d, name, steps, trace, scale=0.01, notice=notice, planner=planner)
         ref = reference(d, job, steps)
         r = Live(d, job, steps, env=env)
         wait_for("epoch 1", lambda: job_at_least(r.base, 0, 1), 90)
@@ -425,8 +428,10 @@ def test_inter_early():
     # (SPOTTRAIN_TEST_BOUNDARY_DELAY), past the data plane's 8 s timeout: the spare must wait
     # for them (reconfig_timeout longer), not give up and fail the migration into a restore.
     # A 1x2 on node1, node2 with node3 spare; node2 noticed.
+    # Its notice is 36 s of wall time: the 12 s the others get would leave the 10 s hold
+    # about 1.5 s before the kill on a loaded machine.
     s = spare_takes_over("early", 3, 2, "dp: 1, pp: 2, learn: false", 1500,
-                         env={"SPOTTRAIN_TEST_BOUNDARY_DELAY": "10"})
+                         env={"SPOTTRAIN_TEST_BOUNDARY_DELAY": "10"}, notice="3600s")
     # The positioned workers' hold counts in the stall: it is at least the hold.
     stall = kinds(s)[0]["stall_seconds"]
     check(stall >= 9.0, "stall %.3f s with a 10 s hold" % stall)
@@ -978,13 +983,6 @@ def test_refused():
         shutil.rmtree(d, ignore_errors=True)
 
 
-def free_port():
-    import socket
-    with socket.socket() as so:
-        so.bind(("127.0.0.1", 0))
-        return so.getsockname()[1]
-
-
 def test_restart():
     # A standalone coordinator (`spottrain coordinator --train`) and three `spottrain worker
     # --job` processes (a 2x1 and a spare). The coordinator is killed with SIGKILL twice, each
@@ -1044,14 +1042,17 @@ def test_restart():
         # starts and for longer than its resync's quiet time (0.6 x the 10 s heartbeat
         # deadline), short of the deadline itself: it has heard no step from them, and must
         # not resume from the steps its journal had (it resumed at step 0 and the lease fell
-        # behind the workers, a chaos-short round hung that way).
+        # behind the workers, a chaos-short round hung that way). Both times count from its
+        # journal load, after its start: the freeze ends 7.5 s after the start, not after
+        # REST answers (a slow start on a loaded machine would push it past the deadline).
         j = wait_for("step 300", lambda: at(300), 90)
         for w in workers.values():
             w.send_signal(signal.SIGSTOP)
         try:
+            started = time.monotonic()
             c = restart(c)
             wait_for("the restarted coordinator's REST", lambda: job_(), 30)
-            time.sleep(7)
+            time.sleep(max(0.0, started + 7.5 - time.monotonic()))
         finally:
             for w in workers.values():
                 w.send_signal(signal.SIGCONT)
@@ -1657,13 +1658,20 @@ def test_mitm():
             w = subprocess.Popen([BIN, "worker", "--coordinator", addr, "--token-file", tok,
                                   "--job", job, "--data-addr", "127.0.0.1:%d" % port,
                                   "--advertise-data-addr", "127.0.0.1:%d" % px.port,
+                                  # the held direction waits for a REST event before it
+                                  # goes on: longer than the 8 s default on a loaded machine
+                                  "--timeout", "60",
                                   "--state-dir", os.path.join(d, "w%d" % i)],
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                 stdout=subprocess.DEVNULL,
+                                 stderr=open(os.path.join(d, "w%d.err" % i), "w"))
             procs.append(w)
 
-        def coord_log():
-            with open(os.path.join(d, "coord.log")) as f:
-                return f.read()[-3000:]
+        def coord_log():  # what a failed wait prints: the coordinator's and workers' tails
+            out = ""
+            for name in ("coord.log", "w0.err", "w1.err"):
+                with open(os.path.join(d, name)) as f:
+                    out += "--- %s\n%s" % (name, f.read()[-1500:])
+            return out
 
         def plan():
             try:
