@@ -145,6 +145,7 @@ struct coord_loop {
     uint64_t last_ckpt_step;
     bool ckpt_pending;        /* a periodic checkpoint waits for its stages' layer files */
     uint64_t ckpt_pend_step;
+    uint64_t ckpt_top;         /* the highest step a periodic checkpoint was committed at */
     int ckpt_pend_dp, ckpt_pend_pp;
     char ckpt_pend_dir[ST_SPEC_PATH_MAX + 32];
     double steps_per_s;
@@ -2056,10 +2057,15 @@ static void ckpt_commit_check(struct coord_loop *L) {
         set_event(L, "checkpoint at step %" PRIu64 " could not be committed: %s",
                   L->ckpt_pend_step, st_strerror(r));
     else {
-        /* One line per checkpoint, not one per stage that wrote it. */
+        /* One line per checkpoint, not one per stage that wrote it. A restore to an older
+         * step replays steps a checkpoint was already taken at, and takes it again (the same
+         * bits: data order is a function of the step); the line says so. */
         char tb[32];
-        set_event(L, "checkpoint at step %" PRIu64 " written: %d stage%s in %s",
-                  L->ckpt_pend_step, pp, pp == 1 ? "" : "s", fmt_secs(tb, sizeof(tb), took));
+        set_event(L, "checkpoint at step %" PRIu64 " written%s: %d stage%s in %s",
+                  L->ckpt_pend_step,
+                  L->ckpt_pend_step <= L->ckpt_top ? " again (a restore replayed past it)" : "",
+                  pp, pp == 1 ? "" : "s", fmt_secs(tb, sizeof(tb), took));
+        L->ckpt_top = ST_MAX(L->ckpt_top, L->ckpt_pend_step);
     }
 }
 
