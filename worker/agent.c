@@ -22,7 +22,7 @@
 #include "worker-agent.h"
 
 #define AGENT_MAGIC 0x4147454eu /* "AGEN" */
-#define AGENT_MAX_NOTICES 16
+#define AGENT_MAX_NOTICES 64
 #define AGENT_MAX_ACKS 1024
 #define AGENT_ID_FILE "worker-id"
 
@@ -64,6 +64,7 @@ struct worker_agent {
     size_t nacks;
     struct agent_notice notices[AGENT_MAX_NOTICES];
     size_t nnotices;
+    size_t nsending;          /* the first nsending notices are in a Report under way */
 
     bool report_now;          /* send a Report without waiting for the interval (lock) */
 
@@ -249,12 +250,22 @@ void worker_agent_report_now(struct worker_agent *a) {
     pthread_mutex_unlock(&a->lock);
 }
 
-int worker_agent_notice(struct worker_agent *a, const char *kind, double at,
-                        const char *detail) {
+static int notice_add(struct worker_agent *a, const char *kind, double at, const char *detail,
+                      bool latest) {
     if (!a || a->magic != AGENT_MAGIC || !kind || !kind[0] || !isfinite(at))
         return -EINVAL;
     pthread_mutex_lock(&a->lock);
     int r = -ENOBUFS;
+    /* The new one says all a queued one of its kind did: drop that one, unless a Report
+     * under way carries it (its delivery drops the notices it carried from the front). */
+    if (latest)
+        for (size_t i = a->nsending; i < a->nnotices; i++)
+            if (!strcmp(a->notices[i].kind, kind)) {
+                memmove(&a->notices[i], &a->notices[i + 1],
+                        (a->nnotices - i - 1) * sizeof(a->notices[0]));
+                a->nnotices--;
+                break;
+            }
     if (a->nnotices < AGENT_MAX_NOTICES) {
         struct agent_notice *n = &a->notices[a->nnotices++];
         snprintf(n->kind, sizeof(n->kind), "%s", kind);
@@ -265,6 +276,25 @@ int worker_agent_notice(struct worker_agent *a, const char *kind, double at,
     }
     pthread_mutex_unlock(&a->lock);
     return r;
+}
+
+int worker_agent_notice(struct worker_agent *a, const char *kind, double at,
+                        const char *detail) {
+    return notice_add(a, kind, at, detail, false);
+}
+
+int worker_agent_notice_latest(struct worker_agent *a, const char *kind, double at,
+                               const char *detail) {
+    return notice_add(a, kind, at, detail, true);
+}
+
+size_t worker_agent_notices_pending(struct worker_agent *a) {
+    if (!a || a->magic != AGENT_MAGIC)
+        return 0;
+    pthread_mutex_lock(&a->lock);
+    size_t n = a->nnotices;
+    pthread_mutex_unlock(&a->lock);
+    return n;
 }
 
 /* ---- gRPC plumbing ---------------------------------------------------------------------- */
@@ -609,6 +639,7 @@ static int do_report(struct worker_agent *a, grpc_channel *ch, grpc_completion_q
     size_t nacks = a->nacks, nnot = a->nnotices;
     memcpy(acks, a->acks, nacks * sizeof(*acks));
     memcpy(nots, a->notices, nnot * sizeof(*nots));
+    a->nsending = nnot;
     a->report_now = false; /* this Report carries the progress asked for */
     req.epoch = a->epoch;
     req.step = a->step;
@@ -642,6 +673,9 @@ static int do_report(struct worker_agent *a, grpc_channel *ch, grpc_completion_q
     size_t len = spottrain__v1__report_request__get_packed_size(&req);
     uint8_t *buf = st_malloc(len + 1);
     if (!buf) {
+        pthread_mutex_lock(&a->lock);
+        a->nsending = 0;
+        pthread_mutex_unlock(&a->lock);
         st_free(acks);
         return -ENOMEM;
     }
@@ -649,6 +683,11 @@ static int do_report(struct worker_agent *a, grpc_channel *ch, grpc_completion_q
     grpc_slice resp;
     int r = unary(a, ch, cq, "/spottrain.v1.Coordinator/Report", buf, len, &resp);
     st_free(buf);
+    if (r != 0) {
+        pthread_mutex_lock(&a->lock);
+        a->nsending = 0; /* not delivered: they stay queued, to go again */
+        pthread_mutex_unlock(&a->lock);
+    }
     if (r == 0) {
         grpc_slice_unref(resp);
         /* Delivered: forget what was sent (new ones may have arrived meanwhile). */
@@ -664,6 +703,7 @@ static int do_report(struct worker_agent *a, grpc_channel *ch, grpc_completion_q
         a->nacks = keep;
         memmove(a->notices, a->notices + nnot, (a->nnotices - nnot) * sizeof(*a->notices));
         a->nnotices -= nnot;
+        a->nsending = 0;
         a->stall_seconds -= req.stall_seconds;
         if (a->stall_seconds < 0)
             a->stall_seconds = 0;

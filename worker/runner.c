@@ -249,16 +249,33 @@ static void cmd_free(Spottrain__V1__Command **c) {
 
 /* ---- reporting ------------------------------------------------------------------------------ */
 
+static void vnotice(struct runner *R, bool latest, const char *kind, const char *fmt,
+                    va_list ap) {
+    char detail[256]; /* the coordinator takes 255 characters */
+    vsnprintf(detail, sizeof(detail), fmt, ap);
+    st_log(ST_LOG_INFO, "runner", "%s: %s", kind, detail);
+    if ((latest ? worker_agent_notice_latest : worker_agent_notice)(R->agent, kind, st_wall(),
+                                                                     detail) < 0)
+        st_log(ST_LOG_WARN, "runner", "Cannot queue notice '%s' (%zu undelivered), ignoring",
+               kind, worker_agent_notices_pending(R->agent));
+}
+
 static void notice(struct runner *R, const char *kind, const char *fmt, ...) ST_PRINTF(3, 4);
 static void notice(struct runner *R, const char *kind, const char *fmt, ...) {
-    char detail[256]; /* the coordinator takes 255 characters */
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(detail, sizeof(detail), fmt, ap);
+    vnotice(R, false, kind, fmt, ap);
     va_end(ap);
-    st_log(ST_LOG_INFO, "runner", "%s: %s", kind, detail);
-    if (worker_agent_notice(R->agent, kind, st_wall(), detail) < 0)
-        st_log(ST_LOG_WARN, "runner", "Cannot queue notice '%s', ignoring", kind);
+}
+
+/* A notice whose newest one supersedes a queued one of its kind (worker_agent_notice_latest). */
+static void notice_latest(struct runner *R, const char *kind, const char *fmt, ...)
+    ST_PRINTF(3, 4);
+static void notice_latest(struct runner *R, const char *kind, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vnotice(R, true, kind, fmt, ap);
+    va_end(ap);
 }
 
 static void progress(struct runner *R, double step_seconds, double stall) {
@@ -280,7 +297,7 @@ static void peer_kept(struct runner *R, struct worker_peer_gen *g, double second
     const struct worker_peer_gen *o = &R->peers.gen[0];
     if (o->valid && o->step == step && o->epoch == epoch)
         o = &R->peers.gen[1];
-    notice(R, "peer-copy", "epoch=%llu step=%llu prev_epoch=%llu prev_step=%llu seconds=%.6f "
+    notice_latest(R, "peer-copy", "epoch=%llu step=%llu prev_epoch=%llu prev_step=%llu seconds=%.6f "
            "blocked=%.6f", (unsigned long long)epoch, (unsigned long long)step,
            (unsigned long long)(o->valid ? o->epoch : 0),
            (unsigned long long)(o->valid ? o->step : 0), seconds, blocked);

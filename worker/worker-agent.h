@@ -95,9 +95,17 @@ void worker_agent_progress(struct worker_agent *a, uint64_t step, double loss, u
 /* Asks the session thread to send the next Report now instead of at the next interval
  * (the runner calls it when it waits for the coordinator to extend its step lease). */
 void worker_agent_report_now(struct worker_agent *a);
-/* Queues a notice ("terminate", "rebalance") for the next Report (at most 16 pending). */
+/* Queues a notice ("terminate", "rebalance") for the next Report (at most 64 pending;
+ * -ENOBUFS beyond: the coordinator has not taken a Report for that long). */
 int worker_agent_notice(struct worker_agent *a, const char *kind, double at,
                         const char *detail);
+/* The same for a notice whose newest one says all the older ones of its kind did (the
+ * runner's "peer-copy": the generations it holds): it replaces a queued one of its kind, so a
+ * coordinator slow to take Reports cannot make these crowd out the others. */
+int worker_agent_notice_latest(struct worker_agent *a, const char *kind, double at,
+                               const char *detail);
+/* Notices queued and not yet delivered. */
+size_t worker_agent_notices_pending(struct worker_agent *a);
 
 /* The worker's UUID; the epoch of the last Configure applied (0 = none); whether a session
  * is established (joined and watching). */

@@ -262,6 +262,39 @@ static int test_agent_bad_config(void) {
     return 0;
 }
 
+/* The notice queue of an agent whose coordinator takes no Report (never started here): 64
+ * notices, then -ENOBUFS; a "latest" notice replaces the queued one of its kind, so a stream
+ * of peer-copy notices takes one slot however long the coordinator is away and the others
+ * still fit (a loaded run dropped notices once 16 had queued). */
+static int test_agent_notice_queue(void) {
+    struct worker_agent_config wc;
+    struct worker_agent *a = NULL;
+    worker_agent_config_init(&wc);
+    snprintf(wc.coordinator, sizeof(wc.coordinator), "127.0.0.1:1");
+    snprintf(wc.id, sizeof(wc.id), "0b8c3f4e-1a2b-4c3d-8e9f-0123456789ab");
+    ASSERT_OK(worker_agent_new(&wc, NULL, &a));
+    ASSERT_EQ(worker_agent_notices_pending(a), 0);
+    ASSERT_OK(worker_agent_notice(a, "first-step", 1.0, "epoch=1"));
+    for (int i = 0; i < 200; i++) {
+        char d[32];
+        snprintf(d, sizeof(d), "epoch=1 step=%d", i);
+        ASSERT_OK(worker_agent_notice_latest(a, "peer-copy", 2.0 + i, d));
+    }
+    ASSERT_EQ(worker_agent_notices_pending(a), 2);
+    ASSERT_ERR(worker_agent_notice_latest(a, "", 0, NULL), -EINVAL);
+    ASSERT_ERR(worker_agent_notice_latest(NULL, "peer-copy", 0, NULL), -EINVAL);
+    for (int i = 2; i < 64; i++)
+        ASSERT_OK(worker_agent_notice(a, "reconfigured", 300.0 + i, "epoch=2"));
+    ASSERT_ERR(worker_agent_notice(a, "reconfigured", 400.0, "epoch=2"), -ENOBUFS);
+    /* full: a latest one still replaces its own kind */
+    ASSERT_OK(worker_agent_notice_latest(a, "peer-copy", 500.0, "epoch=2 step=1"));
+    ASSERT_ERR(worker_agent_notice_latest(a, "ckpt-written", 500.0, "step=1"), -ENOBUFS);
+    ASSERT_EQ(worker_agent_notices_pending(a), 64);
+    ASSERT_EQ(worker_agent_notices_pending(NULL), 0);
+    worker_agent_free(a);
+    return 0;
+}
+
 /* TLS files are read by worker_agent_new: bad pairings, missing and non-PEM files are refused
  * with nothing created; PEM files are accepted (the handshake is in tests/integration/tls). */
 static int test_agent_tls_config(void) {
@@ -307,4 +340,5 @@ static int test_agent_tls_config(void) {
     return 0;
 }
 
-TEST_MAIN(TEST(test_hooks_and_agent), TEST(test_agent_bad_config), TEST(test_agent_tls_config))
+TEST_MAIN(TEST(test_hooks_and_agent), TEST(test_agent_bad_config), TEST(test_agent_tls_config),
+          TEST(test_agent_notice_queue))
