@@ -1381,6 +1381,13 @@ def test_auth():
         addr = [w["data_addr"] for w in wl if w["id"] == stage1["worker_id"]][0]
         check(addr == stage1["data_addr"] and addr.startswith("127.0.0.1:"),
               "GET /v1/workers lists no data_addr for the stage-1 worker: %s" % wl)
+        # The stage-0 worker is frozen until /metrics counts both strangers: the pipeline
+        # waits, so the job cannot end before the stage-1 worker's agent reported them.
+        stage0 = [a for a in plan["assignments"] if a["stage"] == 0][0]
+        inst0 = [w["instance_id"] for w in wl if w["id"] == stage0["worker_id"]][0]
+        pid0 = wait_for("the stage-0 worker's process", lambda: sim_worker_pids(d).get(inst0),
+                        30)
+        os.kill(pid0, signal.SIGSTOP)
         # Rank 0 -> rank 1 of 2 in the current epoch: what the genuine stage-0 worker sent.
         me2, got2 = rogue_hello(addr, epoch, 0, 1, 2, 2)
         me1, got1 = rogue_hello(addr, epoch, 0, 1, 2, 1)  # protocol 1: no proof at all
@@ -1401,6 +1408,7 @@ def test_auth():
             if count >= 2:
                 break
             time.sleep(0.1)
+        os.kill(pid0, signal.SIGCONT)
         check(count == 2, "spottrain_data_plane_auth_failures_total is %d, want 2" % count)
         ev = http_get(rest, "/v1/events")
         seen.append(ev)
@@ -1869,7 +1877,10 @@ def proxied_run(d, job, steps, tls, rogue=False):
         if rogue:
             # Straight to a worker's own data port (not through its proxy), with the current
             # epoch and the ranks the genuine dialler uses: refused at once, or challenged and
-            # dropped for want of a proof; closed and counted either way.
+            # dropped for want of a proof; closed and counted either way. The other worker is
+            # frozen until /metrics counts it (the pipeline waits, the job cannot end first;
+            # the attacked worker's agent goes on reporting).
+            procs[1].send_signal(signal.SIGSTOP)
             _, got = rogue_hello("127.0.0.1:%d" % data_ports[1], p["epoch"], 0, 1, 2, 2)
             check(refused_or_challenged(got, 2),
                   "the stranger was neither refused nor challenged: %r" % got[:16])
@@ -1884,7 +1895,10 @@ def proxied_run(d, job, steps, tls, rogue=False):
                         n = int(float(l.split()[1]))
                         return n if n >= 1 else None
                 return None
-            failures = wait_for("the refusal in /metrics", count, 60, coord_log)
+            try:
+                failures = wait_for("the refusal in /metrics", count, 60, coord_log)
+            finally:
+                procs[1].send_signal(signal.SIGCONT)
         rc = c.wait(timeout=240)
         log.close()
         with open(logname) as f:
