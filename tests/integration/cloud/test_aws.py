@@ -628,8 +628,20 @@ def t_train(d, url):
             return int(m[-1]) if m else 0
         wait_until(lambda: step() >= 1, "training under way", timeout=90)
         victim = sorted(fleet)[0]
-        ec2(url).terminate_instances(InstanceIds=[victim])  # unannounced: no notice first
-        print("terminated %s without notice" % victim, flush=True)
+        # The survivor is frozen from the termination until the launch says the victim was
+        # lost and a replacement was granted: DescribeInstances runs every 5 s, and a quiet
+        # machine could train the rest of the job before it sees the loss (well inside the
+        # 10 s heartbeat deadline either way).
+        survivor = shim.workers[sorted(fleet)[1]][0]
+        survivor.send_signal(signal.SIGSTOP)
+        try:
+            ec2(url).terminate_instances(InstanceIds=[victim])  # unannounced: no notice first
+            print("terminated %s without notice" % victim, flush=True)
+            t0 = time.time()
+            wait_until(lambda: "lost: %s" % victim in output(p), "the loss", timeout=60)
+            print("the launch saw the loss %.1f s after the termination" % (time.time() - t0))
+        finally:
+            survivor.send_signal(signal.SIGCONT)
         try:
             rc = p.wait(timeout=150)
         except subprocess.TimeoutExpired:
