@@ -369,6 +369,16 @@ void cli_job_print_summary(FILE *f, const struct coord_loop_summary *s,
     fflush(f);
 }
 
+/* ", \"stall_seconds_predicted\": P, \"stall_seconds_measured\": M": the means of n summed
+ * stalls, or nulls when n is 0. */
+static void stall_means(FILE *f, uint64_t n, double predicted, double measured) {
+    if (n > 0)
+        fprintf(f, ", \"stall_seconds_predicted\": %.6f, \"stall_seconds_measured\": %.6f",
+                predicted / (double)n, measured / (double)n);
+    else
+        fprintf(f, ", \"stall_seconds_predicted\": null, \"stall_seconds_measured\": null");
+}
+
 /* See cli.h. */
 int cli_job_write_json(const char *path, const struct coord_loop_summary *s) {
     FILE *f = fopen(path, "w");
@@ -445,20 +455,11 @@ int cli_job_write_json(const char *path, const struct coord_loop_summary *s) {
     for (int k = 0; k < COORD_LOOP_RESTORE; k++) {
         fprintf(f, "%s\n    \"%s\": {\"count\": %" PRIu64, k ? "," : "",
                 coord_loop_kind_name((enum coord_loop_kind)k), cm->n[k]);
-        if (cm->n[k] > 0)
-            fprintf(f, ", \"stall_seconds_predicted\": %.6f, \"stall_seconds_measured\": %.6f",
-                    cm->stall_predicted[k] / (double)cm->n[k],
-                    cm->stall_measured[k] / (double)cm->n[k]);
-        else
-            fprintf(f, ", \"stall_seconds_predicted\": null, \"stall_seconds_measured\": null");
+        stall_means(f, cm->n[k], cm->stall_predicted[k], cm->stall_measured[k]);
         /* Apart: those predicted with measured migrations behind them. */
         fprintf(f, ", \"calibrated\": {\"count\": %" PRIu64, cm->cal_n[k]);
-        if (cm->cal_n[k] > 0)
-            fprintf(f, ", \"stall_seconds_predicted\": %.6f, \"stall_seconds_measured\": %.6f}}",
-                    cm->cal_predicted[k] / (double)cm->cal_n[k],
-                    cm->cal_measured[k] / (double)cm->cal_n[k]);
-        else
-            fprintf(f, ", \"stall_seconds_predicted\": null, \"stall_seconds_measured\": null}}");
+        stall_means(f, cm->cal_n[k], cm->cal_predicted[k], cm->cal_measured[k]);
+        fprintf(f, "}}");
     }
     fprintf(f, "}},");
     fprintf(f, "\n  \"instance_hours\": %.6f,\n  \"spot_dollars\": %.6f,\n"

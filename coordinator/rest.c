@@ -282,6 +282,22 @@ static void metric(char **buf, size_t *len, size_t *cap, const char *fmt, ...) {
     }
 }
 
+/* A counter of the cost model by kind: spottrain_cost_model_<name>{kind="..."}, counts n or
+ * sums v. */
+static void cost_series(char **b, size_t *len, size_t *cap, const char *name, const char *help,
+                        const uint64_t *n, const double *v) {
+    metric(b, len, cap, "# HELP spottrain_cost_model_%s %s\n"
+           "# TYPE spottrain_cost_model_%s counter\n", name, help, name);
+    for (int k = 0; k < COORD_COST_NKINDS; k++) {
+        const char *kind = coord_cost_kind_name((enum coord_cost_kind)k);
+        if (n)
+            metric(b, len, cap, "spottrain_cost_model_%s{kind=\"%s\"} %llu\n", name, kind,
+                   (unsigned long long)n[k]);
+        else
+            metric(b, len, cap, "spottrain_cost_model_%s{kind=\"%s\"} %.6f\n", name, kind, v[k]);
+    }
+}
+
 char *coord__metrics_text(struct coord *c) {
     size_t cap = 8192, len = 0;
     char *b = st_malloc(cap);
@@ -348,40 +364,20 @@ char *coord__metrics_text(struct coord *c) {
     M("# HELP spottrain_cost_model_step_seconds_measured_total The measured step time, summed "
       "over the same steps.\n# TYPE spottrain_cost_model_step_seconds_measured_total counter\n"
       "spottrain_cost_model_step_seconds_measured_total %.6f\n", cm->step_measured);
-    M("# HELP spottrain_cost_model_migrations_total Live migrations whose stall the cost model "
-      "predicted when they were ordered, by kind (dp_resharding also counts under its base "
-      "kind).\n# TYPE spottrain_cost_model_migrations_total counter\n");
-    for (int k = 0; k < COORD_COST_NKINDS; k++)
-        M("spottrain_cost_model_migrations_total{kind=\"%s\"} %llu\n",
-          coord_cost_kind_name((enum coord_cost_kind)k), (unsigned long long)cm->n[k]);
-    M("# HELP spottrain_cost_model_stall_seconds_predicted_total Their predicted stalls, "
-      "summed, by kind.\n# TYPE spottrain_cost_model_stall_seconds_predicted_total counter\n");
-    for (int k = 0; k < COORD_COST_NKINDS; k++)
-        M("spottrain_cost_model_stall_seconds_predicted_total{kind=\"%s\"} %.6f\n",
-          coord_cost_kind_name((enum coord_cost_kind)k), cm->stall_predicted[k]);
-    M("# HELP spottrain_cost_model_stall_seconds_measured_total Their measured stalls, summed, "
-      "by kind.\n# TYPE spottrain_cost_model_stall_seconds_measured_total counter\n");
-    for (int k = 0; k < COORD_COST_NKINDS; k++)
-        M("spottrain_cost_model_stall_seconds_measured_total{kind=\"%s\"} %.6f\n",
-          coord_cost_kind_name((enum coord_cost_kind)k), cm->stall_measured[k]);
-    M("# HELP spottrain_cost_model_calibrated_migrations_total Of those, the migrations whose "
-      "prediction rested on measured migrations (this job's or a cost file's), by kind.\n"
-      "# TYPE spottrain_cost_model_calibrated_migrations_total counter\n");
-    for (int k = 0; k < COORD_COST_NKINDS; k++)
-        M("spottrain_cost_model_calibrated_migrations_total{kind=\"%s\"} %llu\n",
-          coord_cost_kind_name((enum coord_cost_kind)k), (unsigned long long)cm->cal_n[k]);
-    M("# HELP spottrain_cost_model_calibrated_stall_seconds_predicted_total Their predicted "
-      "stalls, summed, by kind.\n"
-      "# TYPE spottrain_cost_model_calibrated_stall_seconds_predicted_total counter\n");
-    for (int k = 0; k < COORD_COST_NKINDS; k++)
-        M("spottrain_cost_model_calibrated_stall_seconds_predicted_total{kind=\"%s\"} %.6f\n",
-          coord_cost_kind_name((enum coord_cost_kind)k), cm->cal_predicted[k]);
-    M("# HELP spottrain_cost_model_calibrated_stall_seconds_measured_total Their measured "
-      "stalls, summed, by kind.\n"
-      "# TYPE spottrain_cost_model_calibrated_stall_seconds_measured_total counter\n");
-    for (int k = 0; k < COORD_COST_NKINDS; k++)
-        M("spottrain_cost_model_calibrated_stall_seconds_measured_total{kind=\"%s\"} %.6f\n",
-          coord_cost_kind_name((enum coord_cost_kind)k), cm->cal_measured[k]);
+    cost_series(&b, &len, &cap, "migrations_total", "Live migrations whose stall the cost "
+                "model predicted when they were ordered, by kind (dp_resharding also counts "
+                "under its base kind).", cm->n, NULL);
+    cost_series(&b, &len, &cap, "stall_seconds_predicted_total",
+                "Their predicted stalls, summed, by kind.", NULL, cm->stall_predicted);
+    cost_series(&b, &len, &cap, "stall_seconds_measured_total",
+                "Their measured stalls, summed, by kind.", NULL, cm->stall_measured);
+    cost_series(&b, &len, &cap, "calibrated_migrations_total", "Of those, the migrations "
+                "whose prediction rested on measured migrations (this job's or a cost file's), "
+                "by kind.", cm->cal_n, NULL);
+    cost_series(&b, &len, &cap, "calibrated_stall_seconds_predicted_total",
+                "Their predicted stalls, summed, by kind.", NULL, cm->cal_predicted);
+    cost_series(&b, &len, &cap, "calibrated_stall_seconds_measured_total",
+                "Their measured stalls, summed, by kind.", NULL, cm->cal_measured);
     double stall = c->stall_total;
     for (int k = 0; k < COORD_MIG_NKINDS; k++)
         stall += c->mig_stall[k];
