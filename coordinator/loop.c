@@ -25,6 +25,7 @@
 #define LOOP_SPARE_STAGE (-1)
 #define LOOP_EVENTS 256 /* events kept for coord_loop_event_next() */
 #define LOOP_FAILED_GRACE 1.0 /* seconds a failed step waits for its cause to be known dead */
+#define LOOP_COPIES_SETTLE 2.0 /* seconds a loss waits for the survivors' copies to be heard */
 
 enum loop_phase {
     PH_WAIT_FIRST = 0, /* no epoch yet: waiting for the first workers */
@@ -61,6 +62,7 @@ struct lworker {
                                 * a restore moves it back) */
     bool reported;             /* it reported to this loop (since the coordinator started) */
     uint64_t report_epoch;     /* the epoch its last report was of */
+    double report_at;          /* st_now() of its last report */
     double loss;
     uint64_t ckpt_step;        /* last checkpoint written */
     char ckpt_dir[ST_SPEC_PATH_MAX];
@@ -184,6 +186,7 @@ struct coord_loop {
     double hold;
     double prov_t0;           /* st_now() when the (started) provider was set: trace time 0 */
     double failed_since;      /* a positioned worker's step failed, none known dead; 0 = no */
+    double lost_since;        /* a positioned worker known dead, no recovery ordered; 0 = no */
     /* Which shapes may run (the planner's rules, shared with validate) and the wait for a
      * fleet that can host one. */
     struct plan_rules rules;        /* the spec's rules, pins included */
@@ -337,6 +340,7 @@ static void hook_report(struct coord *c, const struct coord_report *r, void *use
         w->loss = r->loss;
         w->reported = true;
         w->report_epoch = r->epoch;
+        w->report_at = st_now();
     }
     for (size_t i = 0; w && i < r->nnotices; i++) {
         const char *k = r->notices[i].kind, *d = r->notices[i].detail ? r->notices[i].detail : "";
@@ -1328,6 +1332,27 @@ out:
     return r;
 }
 
+/* Whether a peer restore may be planned now after a loss: every surviving positioned worker
+ * reported since the loss was seen (its newest copy's generation came with it: a Report may
+ * lag the copies by more than the two generations a worker keeps, and a plan made from the
+ * stale ones finds no step everyone holds), or LOOP_COPIES_SETTLE passed. Starts that wait. */
+static bool copies_heard(struct coord_loop *L, const struct wv *v, size_t nv, double now) {
+    if (L->lost_since == 0)
+        L->lost_since = now;
+    if (now - L->lost_since >= LOOP_COPIES_SETTLE)
+        return true;
+    bool all = true;
+    pthread_mutex_lock(&L->lock);
+    for (size_t i = 0; i < nv && all; i++) {
+        if (!v[i].positioned || v[i].dead)
+            continue;
+        const struct lworker *w = lw_get(L, v[i].w.id);
+        all = w && w->report_at >= L->lost_since;
+    }
+    pthread_mutex_unlock(&L->lock);
+    return all;
+}
+
 static bool pc_has(const struct lworker *w, uint64_t epoch, uint64_t step) {
     for (int k = 0; w && k < 2; k++)
         if (w->pc_epoch[k] == epoch && w->pc_step[k] == step)
@@ -1760,11 +1785,14 @@ static void phase_running(struct coord_loop *L, const struct wv *v, size_t nv, d
     if (dead && !gone && L->failed_since == 0)
         L->failed_since = now;
     if (!dead)
-        L->failed_since = 0;
+        L->failed_since = L->lost_since = 0;
     if (dead && !gone && now - L->failed_since < LOOP_FAILED_GRACE)
+        return;
+    if (dead && L->cfg.spec.fault_tolerance.peer_copy_every > 0 && !copies_heard(L, v, nv, now))
         return;
     if (dead) {
         L->failed_since = 0;
+        L->lost_since = 0;
         char lost[120];
         who(L, v, nv, true, "lost", lost, sizeof(lost));
         int r = start_peer_restore(L, v, nv, now, lost);
