@@ -392,7 +392,9 @@ def spare_takes_over(name, nodes, removed, planner, steps, env=None, notice="120
         job = write_job(d, name, steps, trace, scale=0.01, notice=notice, planner=planner)
         ref = reference(d, job, steps)
         r = Live(d, job, steps, env=env)
-        wait_for("epoch 1", lambda: job_at_least(r.base, 0, 1), 90)
+        # Training (its first step done): the trace clock starts once epoch 1 is running,
+        # and a worker frozen before it reported the epoch would hold the clock at 0.
+        wait_for("epoch 1 training", lambda: job_at_least(r.base, 1, 1), 90)
         hold_until_event(r, ["i-%017d" % i for i in range(1, nodes)], "the notice",
                          "notice: i-%017d" % removed)
         _, s = r.finish(loop_log=True)
@@ -453,7 +455,9 @@ def test_trace_minute():
                         planner="dp: 1, pp: 2, learn: false")
         ref = reference(d, job, steps)
         r = Live(d, job, steps)
-        wait_for("epoch 1", lambda: job_at_least(r.base, 0, 1), 90)
+        # Training (its first step done): the trace clock starts once epoch 1 is running,
+        # and a worker frozen before it reported the epoch would hold the clock at 0.
+        wait_for("epoch 1 training", lambda: job_at_least(r.base, 1, 1), 90)
         hold_until_event(r, ("i-00000000000000001", "i-00000000000000002"), "node 3's removal",
                          "lost: i-00000000000000003 (node-2, preempted)")
         out, s = r.finish()
@@ -690,17 +694,26 @@ def hold_until_event(r, instances, what, text, timeout=60):
     """Freeze the sim workers of those instances (SIGSTOP) from now until an event of the job
     has `text` in its message (/v1/events), then resume them: a trace event that fires a fixed
     wall time into the trace then always finds the job still training. Keep the wait well
-    inside the heartbeat deadline (10 s)."""
-    r.signal(signal.SIGSTOP, *instances)
+    inside the heartbeat deadline (10 s). Instances whose worker is not (or no longer) running
+    are left out: the event may have come, and moved them, before the freeze."""
+    def seen():
+        try:
+            return any(text in e.get("message", "") for e in all_events(r.base)) or None
+        except (OSError, ValueError):
+            return None
+    pids = sim_worker_pids(r.d)
+    held = [pids[n] for n in instances if n in pids]
+    print("holding %s until %s" % (sorted(n for n in instances if n in pids), what))
+    for pid in held:
+        os.kill(pid, signal.SIGSTOP)
     try:
-        def seen():
-            try:
-                return any(text in e.get("message", "") for e in all_events(r.base)) or None
-            except (OSError, ValueError):
-                return None
         wait_for(what, seen, timeout)
     finally:
-        r.signal(signal.SIGCONT, *instances)
+        for pid in held:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
 
 
 def sim_worker_pids(d):
