@@ -651,10 +651,16 @@ class Live:
             os.kill(pids[n], sig)
 
     def stop(self):
-        """Kill the run if it is still going (a failed test's cleanup)."""
+        """Kill the run if it is still going (a failed test's cleanup), and its sim workers:
+        they outlive a run killed with SIGKILL, retrying its dead coordinator."""
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        for pid in sim_worker_pids(self.d).values():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         if not self.err.closed:
             self.err.close()
 
