@@ -672,26 +672,17 @@ static int do_report(struct worker_agent *a, grpc_channel *ch, grpc_completion_q
     req.notices = notp;
     size_t len = spottrain__v1__report_request__get_packed_size(&req);
     uint8_t *buf = st_malloc(len + 1);
-    if (!buf) {
-        pthread_mutex_lock(&a->lock);
-        a->nsending = 0;
-        pthread_mutex_unlock(&a->lock);
-        st_free(acks);
-        return -ENOMEM;
-    }
-    spottrain__v1__report_request__pack(&req, buf);
     grpc_slice resp;
-    int r = unary(a, ch, cq, "/spottrain.v1.Coordinator/Report", buf, len, &resp);
-    st_free(buf);
-    if (r != 0) {
-        pthread_mutex_lock(&a->lock);
-        a->nsending = 0; /* not delivered: they stay queued, to go again */
-        pthread_mutex_unlock(&a->lock);
+    int r = -ENOMEM;
+    if (buf) {
+        spottrain__v1__report_request__pack(&req, buf);
+        r = unary(a, ch, cq, "/spottrain.v1.Coordinator/Report", buf, len, &resp);
+        st_free(buf);
     }
+    pthread_mutex_lock(&a->lock);
     if (r == 0) {
         grpc_slice_unref(resp);
         /* Delivered: forget what was sent (new ones may have arrived meanwhile). */
-        pthread_mutex_lock(&a->lock);
         size_t keep = 0;
         for (size_t i = 0; i < a->nacks; i++) {
             bool sent = false;
@@ -703,13 +694,13 @@ static int do_report(struct worker_agent *a, grpc_channel *ch, grpc_completion_q
         a->nacks = keep;
         memmove(a->notices, a->notices + nnot, (a->nnotices - nnot) * sizeof(*a->notices));
         a->nnotices -= nnot;
-        a->nsending = 0;
         a->stall_seconds -= req.stall_seconds;
         if (a->stall_seconds < 0)
             a->stall_seconds = 0;
-        pthread_mutex_unlock(&a->lock);
         *ret_stop_done = stopping;
     }
+    a->nsending = 0; /* delivered and dropped, or not: they stay queued, to go again */
+    pthread_mutex_unlock(&a->lock);
     st_free(acks);
     return r;
 }
