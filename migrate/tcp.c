@@ -1584,17 +1584,22 @@ static int tcp_batch(struct mig_comm *c, struct mig_op *ops, size_t n) {
 out:
     if (r < 0)
         /* Streams with unfinished messages are out of step for the rest of the epoch, and
-         * their peers are told at once (the end of the stream) rather than left to their own
-         * no-progress timeout: a peer still sending to us stalls once our socket buffer is
-         * full, and on a side channel, where a failed exchange does not end the epoch, that
-         * peer's training would wait for it (found by run-peer-cut under load). A cancel
-         * leaves them open: its peers are ending the epoch too, and cancel themselves. */
+         * their peers are told at once rather than left to their own no-progress timeout: a
+         * peer still sending to us stalls once our socket buffer is full, and on a side
+         * channel, where a failed exchange does not end the epoch, that peer's training
+         * would wait for it (found by run-peer-cut under load). The socket is closed, not
+         * only shut down: a peer blocked on our full buffer sends no new data past a
+         * shutdown, only zero-window probes, and would probe for ever; a close with unread
+         * data resets it (found by test_side_cut, loaded). A cancel leaves them open: its
+         * peers are ending the epoch too, and cancel themselves. */
         for (int p = 0; p < nr; p++)
             for (int d = 0; d < 2; d++)
                 if (head[2 * p + d] >= 0 && !tc->conns[p].err) {
                     tc->conns[p].err = r;
-                    if (r != -ECANCELED && tc->conns[p].fd >= 0)
-                        (void)shutdown(tc->conns[p].fd, SHUT_RDWR);
+                    if (r != -ECANCELED && tc->conns[p].fd >= 0) {
+                        close(tc->conns[p].fd);
+                        tc->conns[p].fd = -1;
+                    }
                 }
     st_free(mem);
     return r;

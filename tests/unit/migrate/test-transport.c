@@ -6,8 +6,14 @@
  *
  * The one idea: every rank is a forked process (rank-util.h), so failures are real closed
  * sockets, and every wait is bounded by the transport's own timeout. */
+#include <dirent.h>
+#include <linux/tcp.h> /* struct tcp_info with tcpi_snd_wnd (netinet/tcp.h's may lack it) */
+#include <netinet/in.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "common.h"
@@ -720,14 +726,60 @@ static int side_rank(int rank, int n, struct mig_endpoint *ep, const char *const
     return 0;
 }
 
+/* Whether one of this process's TCP sockets has data it cannot send because its peer
+ * advertises a zero window (the peer's receive buffer is full). */
+static bool zero_window_here(void) {
+    DIR *d = opendir("/proc/self/fd");
+    bool seen = false;
+    struct dirent *e;
+    while (d && !seen && (e = readdir(d))) {
+        struct stat sb;
+        int fd = atoi(e->d_name);
+        if (e->d_name[0] == '.' || fstat(fd, &sb) != 0 || !S_ISSOCK(sb.st_mode))
+            continue;
+        struct tcp_info ti;
+        socklen_t len = sizeof(ti);
+        memset(&ti, 0, sizeof(ti));
+        seen = getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) == 0 &&
+               len >= offsetof(struct tcp_info, tcpi_snd_wnd) + sizeof(ti.tcpi_snd_wnd) &&
+               ti.tcpi_snd_wnd == 0 &&
+               ti.tcpi_notsent_bytes > 0;
+    }
+    if (d)
+        closedir(d);
+    return seen;
+}
+
+struct cut_job {
+    struct mig_comm *side;
+    struct mig_op *ops;
+    int r;
+    bool done;
+};
+
+static void *cut_batch(void *p) {
+    struct cut_job *j = p;
+    int r = mig_batch(j->side, j->ops, 2);
+    j->r = r;
+    __atomic_store_n(&j->done, true, __ATOMIC_RELEASE);
+    return NULL;
+}
+
 /* A side ring of 3 whose rank 0 has its send cut mid-message (mig_side_cut_at): every rank's
  * exchange fails at once, none waits for its no-progress timeout. Rank 2 sends 64 MiB to
  * rank 0, more than the socket buffers hold: it learns of rank 0's failure only because rank
- * 0's failed batch shuts the stream it will no longer read (-ETIMEDOUT after TMO without
- * that), while the comm itself stays open. */
+ * 0's failed batch ends the stream it will no longer read (-ETIMEDOUT after TMO without
+ * that), while the comm itself stays open.
+ *
+ * With arg "blocked", rank 0 cuts only once rank 2's stream has filled rank 0's socket:
+ * rank 2 runs its exchange on a thread and tells rank 0 on the main comm when its socket
+ * sees a zero window. A shutdown alone would leave rank 2 probing that window for ever (the
+ * kernel resets a peer only for new data after a shutdown, and a full window admits none):
+ * rank 0 must close the failed stream, and the unread data makes the kernel reset it (found
+ * by a loaded ASan run of this test). */
 static int cut_rank(int rank, int n, struct mig_endpoint *ep, const char *const *addrs,
                     void *arg) {
-    (void)arg;
+    bool blocked = arg != NULL;
     struct mig_comm *c, *side;
     struct mig_auth auth;
     memset(&auth, 0, sizeof(auth));
@@ -736,6 +788,9 @@ static int cut_rank(int rank, int n, struct mig_endpoint *ep, const char *const 
     RCHECK_R(mig_comm_new_auth("tcp", ep, 2, rank, n, addrs, &auth, TMO, &c), 0);
     RCHECK_R(mig_comm_new_auth("tcp", ep, 2 | MIG_EPOCH_SIDE, rank, n, addrs, &auth, TMO,
                                &side), 0);
+    unsigned char token = 7;
+    if (blocked && rank == 0)
+        RCHECK_R(mig_recv(c, 2, &token, 1), 0);
     if (rank == 0)
         mig_side_cut_at(1);
     size_t bytes = 64u << 20;
@@ -745,7 +800,24 @@ static int cut_rank(int rank, int n, struct mig_endpoint *ep, const char *const 
         {.peer = (rank + 1) % n, .send = true, .buf = out, .bytes = bytes},
         {.peer = (rank + n - 1) % n, .send = false, .buf = in, .bytes = bytes},
     };
-    int r = mig_batch(side, ops, 2);
+    int r;
+    if (blocked && rank == 2) {
+        struct cut_job j = {side, ops, 0, false};
+        pthread_t th;
+        RCHECK_R(pthread_create(&th, NULL, cut_batch, &j), 0);
+        double t0 = st_now();
+        while (!__atomic_load_n(&j.done, __ATOMIC_ACQUIRE) && !zero_window_here() &&
+               st_now() - t0 < TMO) {
+            struct timespec ts = {0, 5 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+        RCHECK(!__atomic_load_n(&j.done, __ATOMIC_ACQUIRE)); /* rank 0 has not read yet */
+        RCHECK_R(mig_send(c, 0, &token, 1), 0);
+        pthread_join(th, NULL);
+        r = j.r;
+    } else {
+        r = mig_batch(side, ops, 2);
+    }
     free(out);
     free(in);
     if (rank == 0)
@@ -761,6 +833,7 @@ static int cut_rank(int rank, int n, struct mig_endpoint *ep, const char *const 
 
 static int test_side_cut(void) {
     ASSERT_EQ(run_ok(3, cut_rank, NULL), 0);
+    ASSERT_EQ(run_ok(3, cut_rank, "blocked"), 0);
     return 0;
 }
 
