@@ -2,14 +2,17 @@
  *
  * One idea: the command is only glue — worker id from the state directory, token from a file,
  * and a command handler — around worker/agent.c, which does the talking and reconnecting.
- * Until the engine is wired in (end-to-end issue), the handler applies a command by printing
- * it as one parseable line (`worker command id=N epoch=E kind=K ...`) and acknowledging it. */
+ * With --job it trains (cli_worker_job_main, worker/runner.c); without, its handler applies a
+ * command by printing it as one parseable line (`worker command id=N epoch=E kind=K ...`) and
+ * acknowledging it, a control-plane-only worker for tests and debugging. */
 #include <errno.h>
 #include <getopt.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -128,6 +131,36 @@ int cli__worker_agent_identity(struct worker_agent_config *a, const char *token_
     return CLI_EXIT_OK;
 }
 
+/* SPOTTRAIN_PARENT_PID=PID, set by the sim fleet (cloud/sim.c): the worker dies with the
+ * process that started it, so a `spottrain run` killed with SIGKILL leaves no workers behind
+ * retrying its dead coordinator (the sim SIGKILLs them when it ends normally too). The
+ * kernel's parent-death signal follows the *thread* that spawned us; the sim spawns from the
+ * job's main thread, which lives as long as the job. A parent gone before the signal was
+ * armed is caught by the check after it; a parent that is not PID (a wrapper the spawn
+ * callback put in between) is fine while PID lives, and the signal then follows the wrapper.
+ * Returns CLI_EXIT_OK, CLI_EXIT_INPUT for a malformed value, CLI_EXIT_FAILURE for a parent
+ * already gone. */
+static int die_with_parent(void) {
+    const char *v = getenv("SPOTTRAIN_PARENT_PID");
+    if (!v)
+        return CLI_EXIT_OK;
+    char *end;
+    errno = 0;
+    long pid = strtol(v, &end, 10);
+    if (errno || end == v || *end || pid <= 1 || pid > INT_MAX)
+        return cli_usage_error("worker", "invalid SPOTTRAIN_PARENT_PID '%s': not a process id",
+                               v);
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0)
+        st_log(ST_LOG_WARN, "worker", "cannot die with my parent (pid %ld): %s", pid,
+               st_strerror(-errno));
+    if (getppid() != (pid_t)pid && kill((pid_t)pid, 0) != 0 && errno == ESRCH) {
+        fprintf(stderr, "spottrain worker: the process that started me (pid %ld) is gone\n",
+                pid);
+        return CLI_EXIT_FAILURE;
+    }
+    return CLI_EXIT_OK;
+}
+
 int cli_cmd_worker(int argc, char **argv) {
     static const struct option opts[] = {
         CLI_WORKER_AGENT_OPTIONS,
@@ -137,6 +170,9 @@ int cli_cmd_worker(int argc, char **argv) {
     const char *token_file = NULL, *want_id = NULL;
     int opt;
 
+    int dr = die_with_parent();
+    if (dr != CLI_EXIT_OK)
+        return dr;
     /* With --job the worker trains (worker/runner.c); without, it only talks (this file). */
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--job") || !strncmp(argv[i], "--job=", 6))

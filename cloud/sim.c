@@ -303,8 +303,8 @@ static int sim_launch(struct cloud_provider *p, struct sim_state *s, int node, d
         r = -EINVAL;
         goto out;
     }
-    char vars[4][CLOUD_URL_MAX + 48];
-    const char *extra[CLOUD_SPAWN_MAX_ENV + 4];
+    char vars[5][CLOUD_URL_MAX + 48];
+    const char *extra[CLOUD_SPAWN_MAX_ENV + 5];
     size_t nextra = 0;
     for (size_t i = 0; cmd.env[i]; i++) {
         if (!strchr(cmd.env[i], '=')) {
@@ -317,7 +317,9 @@ static int sim_launch(struct cloud_provider *p, struct sim_state *s, int node, d
     snprintf(vars[1], sizeof(vars[1]), "SPOTTRAIN_INSTANCE_ID=%s", in->pub.name);
     snprintf(vars[2], sizeof(vars[2]), "SPOTTRAIN_NODE=%s", in->pub.node);
     snprintf(vars[3], sizeof(vars[3]), "SPOTTRAIN_ZONE=%s", in->pub.zone);
-    for (size_t i = 0; i < 4; i++)
+    /* A spottrain worker dies with us (cli/cmd-worker.c): none outlives a killed run. */
+    snprintf(vars[4], sizeof(vars[4]), "SPOTTRAIN_PARENT_PID=%d", (int)getpid());
+    for (size_t i = 0; i < ST_ARRAY_SIZE(vars); i++)
         extra[nextra++] = vars[i];
     TRY_GOTO(build_env(extra, nextra, &envp), r, out);
     pid_t pid;

@@ -83,6 +83,22 @@ with tempfile.TemporaryDirectory(prefix="st-cli-") as d:
                            env=dict(os.environ, **{var: bad}))
         check(p.returncode == 2 and f"invalid {var} '{bad}'" in p.stderr,
               f"worker with {var}={bad} exits 2 ({p.returncode})")
+    # The sim's workers die with the run (SPOTTRAIN_PARENT_PID): a malformed pid is bad
+    # input; a parent already gone before the worker could tie itself to it ends the worker.
+    var = "SPOTTRAIN_PARENT_PID"
+    for bad in ("x", "1", "-5", "99999999999", "12z"):
+        p = subprocess.run([BIN, "worker", "--coordinator", "127.0.0.1:1", "--job", SPEC,
+                            "--state-dir", d], capture_output=True, text=True, timeout=30,
+                           env=dict(os.environ, **{var: bad}))
+        check(p.returncode == 2 and f"invalid {var} '{bad}'" in p.stderr,
+              f"worker with {var}={bad} exits 2 ({p.returncode})")
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # reaped: its pid names no process
+    p = subprocess.run([BIN, "worker", "--coordinator", "127.0.0.1:1", "--job", SPEC,
+                        "--state-dir", d], capture_output=True, text=True, timeout=30,
+                       env=dict(os.environ, **{var: str(gone.pid)}))
+    check(p.returncode == 1 and f"the process that started me (pid {gone.pid}) is gone"
+          in p.stderr, f"worker whose parent is gone exits 1 ({p.returncode}: {p.stderr!r})")
 
 print(f"{len(failures) == 0 and 'all' or len(failures)} {'passed' if not failures else 'failed'}")
 sys.exit(1 if failures else 0)

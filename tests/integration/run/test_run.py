@@ -1002,6 +1002,31 @@ def test_refused():
         shutil.rmtree(d, ignore_errors=True)
 
 
+def test_killed():
+    # A `spottrain run` killed with SIGKILL takes its sim workers with it (they die with their
+    # parent, SPOTTRAIN_PARENT_PID): none is left retrying the dead coordinator. Before, they
+    # did for hours.
+    d = tempfile.mkdtemp(prefix="st-run-")
+    r = None
+    try:
+        steps = 100000
+        job = write_job(d, "killed", steps, "seconds,N\n0,3\n", planner="pp: 1")
+        r = Live(d, job, steps)
+        wait_for("the job training", lambda: job_at_least(r.base, 1, 1), 90)
+        pids = wait_for("three worker processes",
+                        lambda: (lambda p: p if len(p) == 3 else None)(sim_worker_pids(d)), 30)
+        r.proc.kill()
+        r.proc.wait()
+        # A dead worker's /proc/PID/cmdline is empty once it exits (a zombie has none), so
+        # sim_worker_pids no longer lists it.
+        wait_for("the workers to die with the run", lambda: not sim_worker_pids(d), 30,
+                 show=lambda: "still running: %r of %r" % (sim_worker_pids(d), pids))
+    finally:
+        if r:
+            r.stop()
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def test_restart():
     # A standalone coordinator (`spottrain coordinator --train`) and three `spottrain worker
     # --job` processes (a 2x1 and a spare). The coordinator is killed with SIGKILL twice, each
@@ -1991,7 +2016,7 @@ TESTS = {"tls": test_tls, "auth": test_auth, "restart": test_restart, "standalon
          "reshard": test_reshard, "input": test_input,
          "inter-early": test_inter_early, "trace-minute": test_trace_minute,
          "peer": test_peer, "peer-cut": test_peer_cut, "zone": test_zone, "refused": test_refused,
-         "mitm": test_mitm}
+         "mitm": test_mitm, "killed": test_killed}
 
 if __name__ == "__main__":
     name = sys.argv[1] if len(sys.argv) > 1 else ""
