@@ -9,13 +9,18 @@
  * average). a is the wrong hardware; b and c catch a prior that scales wrongly with the shape,
  * e.g. workers that share CPU cores gain nothing from more replicas. Migrations: once one was
  * measured, the cost model charges live migrations (plan_cost_use_measured) with each kind's
- * fixed part fitted as the average of stall minus its bytes over the prior's link, and a kind
- * not yet seen at the largest fixed part seen so far. A cost file (planner.migration_costs,
+ * fixed part fitted as the median, over its last FIT_MIG_WINDOW migrations, of stall minus its
+ * bytes over the prior's link, and a kind not yet seen at the largest fixed part seen so far.
+ * A median, not a mean: a job's first migration pays one-time costs (connections, buffers
+ * faulted in) several times a typical stall, and a mean carried that into every prediction
+ * after it (the quickstart: predicted 2x the measured stall, calibrated ones included); the
+ * window lets the figure follow a machine that gets busier or quieter. A cost file (planner.migration_costs,
  * plan_fit_start_costs) replaces the prior's migration figures from the start: every kind then
  * has its file's fixed part and throughput until the job measures it. Pure: the loop feeds it
  * numbers. */
 #include <errno.h>
 #include <math.h>
+#include <stdlib.h> /* qsort */
 #include <string.h>
 
 #include "common.h"
@@ -25,6 +30,7 @@
 #define FIT_ALPHA 0.5  /* weight of a new sample in a shape's deviation */
 #define FIT_DECAY 0.7  /* weight left to older samples in the regression at each new one */
 #define FIT_RIDGE 1.0  /* pull of b and c towards 0 */
+#define FIT_MIG_WINDOW 8 /* the migrations of a kind whose median is its fixed part */
 
 struct plan_fit {
     struct plan_cost *cost;      /* the fitted model plan_decide reads */
@@ -33,8 +39,8 @@ struct plan_fit {
     bool *seen;                  /* [nshapes] the shape ran */
     double A[3][3], B[3];        /* decayed normal equations of the regression */
     bool have_level;
-    double fixed_sum[PLAN_MEAS_NKINDS];
-    int nfixed[PLAN_MEAS_NKINDS];
+    double fixed[PLAN_MEAS_NKINDS][FIT_MIG_WINDOW]; /* a ring of the last fixed parts */
+    int nfixed[PLAN_MEAS_NKINDS];                   /* all observed (the ring holds the last) */
     double link_bytes_per_s;     /* the prior's point-to-point rate at large messages */
     bool have_file;              /* plan_fit_start_costs: the kinds' figures below */
     struct plan_measured_costs file;
@@ -140,15 +146,30 @@ int plan_fit_observe_step(struct plan_fit *f, int dp, int pp, double seconds) {
     return 0;
 }
 
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The median of kind k's last fixed parts; -1 when none was observed. */
+static double fixed_median(const struct plan_fit *f, int k) {
+    int n = ST_MIN(f->nfixed[k], FIT_MIG_WINDOW);
+    if (n == 0)
+        return -1;
+    double v[FIT_MIG_WINDOW];
+    memcpy(v, f->fixed[k], (size_t)n * sizeof(double));
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 static double fixed_s(const struct plan_fit *f, enum plan_meas_kind k) {
     if (f->nfixed[k] > 0)
-        return f->fixed_sum[k] / f->nfixed[k];
+        return fixed_median(f, k);
     if (f->have_file)
         return f->file.fixed_s[k];
     double worst = -1;
     for (int j = 0; j < PLAN_MEAS_NKINDS; j++)
-        if (f->nfixed[j] > 0)
-            worst = ST_MAX(worst, f->fixed_sum[j] / f->nfixed[j]);
+        worst = ST_MAX(worst, fixed_median(f, j));
     return worst;
 }
 
@@ -184,7 +205,7 @@ int plan_fit_observe_migration(struct plan_fit *f, enum plan_meas_kind k, double
     if (!f || (unsigned)k >= PLAN_MEAS_NKINDS || !(bytes >= 0) || !(stall_s >= 0) ||
         !isfinite(stall_s) || !isfinite(bytes))
         return -EINVAL;
-    f->fixed_sum[k] += ST_MAX(0.0, stall_s - bytes / rate(f, k));
+    f->fixed[k][f->nfixed[k] % FIT_MIG_WINDOW] = ST_MAX(0.0, stall_s - bytes / rate(f, k));
     f->nfixed[k]++;
     f->dirty = true;
     return 0;
