@@ -680,12 +680,13 @@ static void cm_epoch_begin(struct coord_loop *L, double pred, bool calibrated) {
 }
 
 /* One migration of kind k into the cost model's sums: all, and apart the calibrated. */
-static void cm_count(struct coord_loop *L, int k, double predicted, double stall) {
+static void cm_count(struct coord_loop *L, int k, double predicted, bool calibrated,
+                     double stall) {
     __typeof__(L->sum.cost_model) *cm = &L->sum.cost_model;
     cm->n[k]++;
     cm->stall_predicted[k] += predicted;
     cm->stall_measured[k] += stall;
-    if (L->rc.stall_calibrated) {
+    if (calibrated) {
         cm->cal_n[k]++;
         cm->cal_predicted[k] += predicted;
         cm->cal_measured[k] += stall;
@@ -699,10 +700,10 @@ static void cm_migration(struct coord_loop *L, struct coord_loop_record *rec, ui
         return;
     rec->stall_predicted = L->rc.pred_stall;
     rec->stall_calibrated = L->rc.stall_calibrated;
-    cm_count(L, rec->kind, L->rc.pred_stall, stall);
+    cm_count(L, rec->kind, L->rc.pred_stall, L->rc.stall_calibrated, stall);
     (void)plan_fit_observe_migration(L->fit, meas_kind(rec->kind), (double)moved, stall);
     if (rec->dp_reshard) {
-        cm_count(L, COORD_LOOP_DP_RESHARD, L->rc.pred_stall_dp, stall);
+        cm_count(L, COORD_LOOP_DP_RESHARD, L->rc.pred_stall_dp, L->rc.stall_calibrated, stall);
         (void)plan_fit_observe_migration(L->fit, PLAN_MEAS_DP_RESHARD, (double)moved, stall);
     }
 }

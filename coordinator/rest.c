@@ -364,20 +364,26 @@ char *coord__metrics_text(struct coord *c) {
     M("# HELP spottrain_cost_model_step_seconds_measured_total The measured step time, summed "
       "over the same steps.\n# TYPE spottrain_cost_model_step_seconds_measured_total counter\n"
       "spottrain_cost_model_step_seconds_measured_total %.6f\n", cm->step_measured);
-    cost_series(&b, &len, &cap, "migrations_total", "Live migrations whose stall the cost "
-                "model predicted when they were ordered, by kind (dp_resharding also counts "
-                "under its base kind).", cm->n, NULL);
-    cost_series(&b, &len, &cap, "stall_seconds_predicted_total",
-                "Their predicted stalls, summed, by kind.", NULL, cm->stall_predicted);
-    cost_series(&b, &len, &cap, "stall_seconds_measured_total",
-                "Their measured stalls, summed, by kind.", NULL, cm->stall_measured);
-    cost_series(&b, &len, &cap, "calibrated_migrations_total", "Of those, the migrations "
-                "whose prediction rested on measured migrations (this job's or a cost file's), "
-                "by kind.", cm->cal_n, NULL);
-    cost_series(&b, &len, &cap, "calibrated_stall_seconds_predicted_total",
-                "Their predicted stalls, summed, by kind.", NULL, cm->cal_predicted);
-    cost_series(&b, &len, &cap, "calibrated_stall_seconds_measured_total",
-                "Their measured stalls, summed, by kind.", NULL, cm->cal_measured);
+    const struct {
+        const char *name, *help;
+        const uint64_t *n; /* counts, or */
+        const double *v;   /* sums */
+    } series[] = {
+        {"migrations_total", "Live migrations whose stall the cost model predicted when they "
+         "were ordered, by kind (dp_resharding also counts under its base kind).", cm->n, NULL},
+        {"stall_seconds_predicted_total", "Their predicted stalls, summed, by kind.", NULL,
+         cm->stall_predicted},
+        {"stall_seconds_measured_total", "Their measured stalls, summed, by kind.", NULL,
+         cm->stall_measured},
+        {"calibrated_migrations_total", "Of those, the migrations whose prediction rested on "
+         "measured migrations (this job's or a cost file's), by kind.", cm->cal_n, NULL},
+        {"calibrated_stall_seconds_predicted_total", "Their predicted stalls, summed, by kind.",
+         NULL, cm->cal_predicted},
+        {"calibrated_stall_seconds_measured_total", "Their measured stalls, summed, by kind.",
+         NULL, cm->cal_measured},
+    };
+    for (size_t i = 0; i < ST_ARRAY_SIZE(series); i++)
+        cost_series(&b, &len, &cap, series[i].name, series[i].help, series[i].n, series[i].v);
     double stall = c->stall_total;
     for (int k = 0; k < COORD_MIG_NKINDS; k++)
         stall += c->mig_stall[k];
