@@ -138,6 +138,16 @@ void mig_comm_cancel(struct mig_comm *c) {
 }
 
 /* See migrate.h. */
+int mig_comm_shut(struct mig_comm *c) {
+    if (!comm_ok(c))
+        return -EINVAL;
+    if (!c->ops->shut)
+        return -EOPNOTSUPP;
+    c->ops->shut(c);
+    return 0;
+}
+
+/* See migrate.h. */
 int mig_comm_rank(const struct mig_comm *c) {
     return comm_ok(c) ? c->rank : -EINVAL;
 }

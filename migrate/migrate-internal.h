@@ -25,6 +25,7 @@ struct mig_transport_ops {
     int (*init)(struct mig_comm *c, const char *const *peer_addrs);
     void (*fini)(struct mig_comm *c);
     int (*batch)(struct mig_comm *c, struct mig_op *ops, size_t n);
+    void (*shut)(struct mig_comm *c); /* optional: mig_comm_shut */
     /* Optional memory hooks (all or none). */
     void *(*mem_alloc)(struct mig_comm *c, size_t bytes);
     void (*mem_free)(struct mig_comm *c, void *p);

@@ -140,6 +140,15 @@ int mig_comm_set_timeout(struct mig_comm *c, double timeout_s);
  * with -ECANCELED; the streams with unfinished messages are unusable afterwards. Safe from any
  * thread while c is alive. NULL-safe. */
 void mig_comm_cancel(struct mig_comm *c);
+/* Ends every stream of c now, not only those a failed call left out of step: each peer's
+ * call with us, in flight or to come, fails at once (the end of the stream, or a reset where
+ * it sent what we will not read) instead of waiting out its no-progress timeout. For a comm
+ * its owner stops using before the epoch ends (a side channel whose copies stop after a
+ * failed exchange: its peers may have finished that exchange and start the next). Our own
+ * later calls fail with -ECONNABORTED; free c as usual. Not from another thread while a call
+ * runs on c (mig_comm_cancel is). Returns 0, -EINVAL (bad comm), -EOPNOTSUPP (a transport
+ * without it: nccl). */
+int mig_comm_shut(struct mig_comm *c);
 
 /* A connection refused by the handshake, as recorded on the endpoint. */
 struct mig_auth_failure {

@@ -1605,9 +1605,24 @@ out:
     return r;
 }
 
+/* mig_comm_shut: every connection closed now (a reset for a peer whose data we did not read),
+ * marked failed so that our own later batches say so. */
+static void tcp_shut(struct mig_comm *c) {
+    struct tcp_comm *tc = c->priv;
+    for (int p = 0; p < c->nranks; p++) {
+        if (tc->conns[p].fd >= 0) {
+            close(tc->conns[p].fd);
+            tc->conns[p].fd = -1;
+        }
+        if (p != c->rank && !tc->conns[p].err)
+            tc->conns[p].err = -ECONNABORTED;
+    }
+}
+
 const struct mig_transport_ops mig__tcp_ops = {
     .name = "tcp",
     .init = tcp_init,
     .fini = tcp_fini,
     .batch = tcp_batch,
+    .shut = tcp_shut,
 };

@@ -310,6 +310,13 @@ static void peer_kept(struct runner *R, struct worker_peer_gen *g, double second
 static void *peer_main(void *arg) {
     struct peerbg *b = arg;
     b->result = worker__peer_swap(&b->g, b->side);
+    /* A failed exchange ends our copies in this epoch (peer_finish), so it ends the side
+     * channel's every stream now: a neighbour whose half of this exchange completed starts
+     * the next one and would wait for us until its no-progress timeout, with training
+     * blocked on it at the copy after; its peers' steps then time out too (found by
+     * run-peer-cut under ASan, loaded: the epoch failed and restored from disk). */
+    if (b->result < 0 && b->result != -ECANCELED)
+        (void)mig_comm_shut(b->side);
     b->t_end = st_now();
     atomic_store(&b->finished, true);
     return NULL;
@@ -1283,6 +1290,8 @@ static void peer_copy(struct runner *R) {
         r = worker__peer_take(&R->tc, R->eng, R->epoch, R->done, &b->g);
     if (r < 0) {
         b->broken = true;
+        if (b->side)
+            (void)mig_comm_shut(b->side); /* as peer_main: our neighbours must not wait */
         notice(R, "peer-copy-failed", "epoch=%llu step=%llu: %s", (unsigned long long)R->epoch,
                (unsigned long long)R->done, st_strerror(r));
         return;

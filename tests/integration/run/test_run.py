@@ -628,14 +628,16 @@ class Live:
         self.base = run_rest(d)
 
     def finish(self, tail=4000, loop_log=False):
-        """Wait for the run to end; print its output's tail (and the loop's log lines), check
-        it exited 0 and finished every step; return (stdout, summary)."""
+        """Wait for the run to end; print its output's tail (and the loop's log lines and
+        every error line, the workers' too), check it exited 0 and finished every step;
+        return (stdout, summary)."""
         out, _ = self.proc.communicate(timeout=150)
         self.err.close()
         sys.stdout.write(out[-tail:])
         if loop_log:
             with open(os.path.join(self.d, "run.err")) as f:
-                sys.stdout.write("".join(l for l in f if " loop: " in l)[-6000:])
+                sys.stdout.write("".join(l for l in f if " loop: " in l or " err " in l)
+                                 [-8000:])
         check(self.proc.returncode == 0, "spottrain run exited %d" % self.proc.returncode)
         with open(self.summ) as f:
             s = json.load(f)
@@ -736,6 +738,17 @@ def sim_worker_pids(d):
         if "worker" in args and "--instance-id" in args and any(d in a for a in args):
             pids[args[args.index("--instance-id") + 1]] = int(p)
     return pids
+
+
+def journal_notices(state, like):
+    """The messages of the workers' notices the job's journal recorded that match like (SQL)."""
+    import sqlite3
+    db = sqlite3.connect(os.path.join(state, "journal", "journal.db"))
+    try:
+        return [m for (m,) in db.execute("select message from events where kind = 'notice' "
+                                         "and message like ?", (like,)).fetchall()]
+    finally:
+        db.close()
 
 
 def peer_copy_times(state):
@@ -901,7 +914,15 @@ def test_peer_cut():
               "the cut exchanges failed an epoch: %r" % [m for m in ev
                                                           if m.startswith("step-failed")])
         r.signal(signal.SIGKILL, "i-00000000000000002")
-        _, s = r.finish(tail=3000)
+        _, s = r.finish(tail=3000, loop_log=True)
+        # The replacement's first exchange is cut too. Its neighbours may have finished their
+        # half of that exchange and started the next: a failed exchange ends the side
+        # channel's every stream, so none of them waits out its timeout (it did, and blocked
+        # training long enough that the epoch failed).
+        failed = journal_notices(r.state, "peer-copy-failed %")
+        check(len(failed) >= 4, "the cut exchanges are in the journal: %r" % failed)
+        slow = [m for m in failed if "timed out" in m]
+        check(not slow, "an exchange waited out its timeout: %r" % slow[:4])
         m = s["migrations"]
         check(m["peer-restore"]["count"] == 0, "peer restores: %r" % m["peer-restore"])
         check(m["checkpoint-restore"]["count"] == 1,

@@ -837,6 +837,51 @@ static int test_side_cut(void) {
     return 0;
 }
 
+/* mig_comm_shut: rank 0 completes an exchange with both neighbours, then ends every stream
+ * of its comm. Rank 1 then waits for a message rank 0 will never send and rank 2 sends rank 0
+ * more than the socket buffers hold: both fail at once, neither waits out its 20 s timeout
+ * (a side channel's neighbour after a failed exchange, runner.c peer_main). Rank 0's own later
+ * calls say -ECONNABORTED. */
+static int shut_rank(int rank, int n, struct mig_endpoint *ep, const char *const *addrs,
+                     void *arg) {
+    (void)arg;
+    struct mig_comm *c, *side;
+    RCHECK_R(mig_comm_new("tcp", ep, 4, rank, n, addrs, TMO, &c), 0);
+    RCHECK_R(mig_comm_new("tcp", ep, 4 | MIG_EPOCH_SIDE, rank, n, addrs, TMO, &side), 0);
+    unsigned char small[64] = {0};
+    struct mig_op ring[2] = {
+        {.peer = (rank + 1) % n, .send = true, .buf = small, .bytes = sizeof(small)},
+        {.peer = (rank + n - 1) % n, .send = false, .buf = small, .bytes = sizeof(small)},
+    };
+    RCHECK_R(mig_batch(side, ring, 2), 0);
+    RCHECK_R(mig_barrier(c, (int[]){0, 1, 2}, n), 0); /* everyone completed it */
+    if (rank == 0) {
+        RCHECK_R(mig_comm_shut(side), 0);
+        RCHECK_R(mig_send(side, 1, small, sizeof(small)), -ECONNABORTED);
+        RCHECK_R(mig_comm_shut(side), 0); /* again: nothing left to end */
+    } else if (rank == 1) {
+        int r = mig_recv(side, 0, small, sizeof(small));
+        RCHECK(r < 0 && r != -ETIMEDOUT);
+    } else {
+        size_t bytes = 64u << 20;
+        unsigned char *big = calloc(1, bytes);
+        RCHECK(big != NULL);
+        int r = mig_send(side, 0, big, bytes);
+        free(big);
+        RCHECK(r < 0 && r != -ETIMEDOUT);
+    }
+    RCHECK_R(mig_barrier(c, (int[]){0, 1, 2}, n), 0); /* the main comm is untouched */
+    mig_comm_free(side);
+    mig_comm_free(c);
+    return 0;
+}
+
+static int test_shut(void) {
+    ASSERT_EQ(run_ok(3, shut_rank, NULL), 0);
+    ASSERT_ERR(mig_comm_shut(NULL), -EINVAL);
+    return 0;
+}
+
 static int test_side_channel(void) {
     ASSERT_EQ(run_ok(3, side_rank, NULL), 0);
     /* not on another transport */
@@ -849,4 +894,4 @@ static int test_side_channel(void) {
 TEST_MAIN(TEST(test_p2p), TEST(test_set_timeout), TEST(test_batch_all_to_all), TEST(test_collectives),
           TEST(test_dead_peer), TEST(test_no_show), TEST(test_epochs), TEST(test_size_mismatch),
           TEST(test_bad_args), TEST(test_alloc_failures), TEST(test_abandon),
-          TEST(test_side_channel), TEST(test_side_cut))
+          TEST(test_side_channel), TEST(test_side_cut), TEST(test_shut))
