@@ -14,6 +14,7 @@
 #include <openssl/evp.h>
 #include <openssl/rand.h>
 #include <poll.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -277,6 +278,42 @@ static int test_tls_roundtrip(void) {
     ASSERT_OK(ru_run(2, keyed_rank, (void *)&AUTH_TLS, st));
     ASSERT_EQ(st[0], 0);
     ASSERT_EQ(st[1], 0);
+    return 0;
+}
+
+/* A TLS sender whose receiver resets the connection (rank 1 shuts its comm at once, with
+ * rank 0's 64 MiB, more than the socket buffers hold, unread): rank 0's send fails with an
+ * error; the process is not killed by SIGPIPE, which it has not ignored (OpenSSL's own socket
+ * BIO writes with write(); ours sends with MSG_NOSIGNAL). */
+static int tls_reset_rank(int rank, int n, struct mig_endpoint *ep, const char *const *addrs,
+                          void *arg) {
+    (void)arg;
+    struct mig_comm *c = NULL;
+    RCHECK(signal(SIGPIPE, SIG_DFL) != SIG_ERR);
+    RCHECK_R(mig_comm_new_auth("tcp", ep, 4, rank, n, addrs, &AUTH_TLS, TMO, &c), 0);
+    if (rank == 1) {
+        unsigned char b[64];
+        RCHECK_R(mig_recv(c, 0, b, sizeof(b)), 0); /* rank 0 is sending */
+        RCHECK_R(mig_comm_shut(c), 0);
+        mig_comm_free(c);
+        return 0;
+    }
+    size_t big = 64u << 20;
+    unsigned char *buf = calloc(1, big);
+    RCHECK(buf != NULL);
+    RCHECK_R(mig_send(c, 1, buf, 64), 0);
+    int r = mig_send(c, 1, buf, big);
+    free(buf);
+    mig_comm_free(c);
+    RCHECK(r < 0 && r != -ETIMEDOUT);
+    return 0;
+}
+
+static int test_tls_peer_reset(void) {
+    int st[RU_MAX];
+    ASSERT_OK(ru_run(2, tls_reset_rank, NULL, st));
+    ASSERT_EQ(st[1], 0);
+    ASSERT_EQ(st[0], 0); /* 128 + SIGPIPE (141) before the MSG_NOSIGNAL BIO */
     return 0;
 }
 
@@ -860,4 +897,4 @@ TEST_MAIN(TEST(test_keyed_roundtrip), TEST(test_wrong_key), TEST(test_rogue_with
           TEST(test_replayed_handshake), TEST(test_wrong_epoch_rank_truncated),
           TEST(test_service_between_epochs), TEST(test_mitm_flip), TEST(test_tls_roundtrip),
           TEST(test_tls_mismatch), TEST(test_tls_mitm_flip), TEST(test_tls_wire_encrypted),
-          TEST(test_tls_handshake_timeout))
+          TEST(test_tls_handshake_timeout), TEST(test_tls_peer_reset))
