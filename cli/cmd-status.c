@@ -192,7 +192,8 @@ static int http_get(const struct endpoint *ep, const char *path, const char *tok
                      "GET %s HTTP/1.0\r\nHost: %s:%s\r\nAccept: application/json\r\n%s%s%s\r\n",
                      path, ep->host, ep->port, token ? "Authorization: Bearer " : "",
                      token ? token : "", token ? "\r\n" : "");
-    if (write(fd, req, (size_t)n) != n) {
+    /* A server that reset the connection is an error to report, not a SIGPIPE. */
+    if (send(fd, req, (size_t)n, MSG_NOSIGNAL) != n) {
         close(fd);
         return -EIO;
     }
