@@ -608,7 +608,8 @@ static int psk_find_cb(SSL *ssl, const unsigned char *id, size_t idlen, SSL_SESS
 /* OpenSSL's socket BIO writes with write(): a peer that reset the connection kills a process
  * that has not ignored SIGPIPE (found by test-auth under load: the dialler of a refused TLS
  * connection died of it). This one sends with MSG_NOSIGNAL, as the plaintext path does; the
- * caller keeps the descriptor (BIO_NOCLOSE). Data: the fd; flag 1: the peer ended the stream. */
+ * caller keeps the descriptor (as BIO_NOCLOSE). Its data is the fd; BIO_FLAGS_IN_EOF says the
+ * peer ended the stream. */
 static int nosig_write(BIO *b, const char *buf, int len) {
     int fd = (int)(intptr_t)BIO_get_data(b);
     BIO_clear_retry_flags(b);
@@ -627,10 +628,6 @@ static int nosig_read(BIO *b, char *buf, int len) {
     if (g == 0)
         BIO_set_flags(b, BIO_FLAGS_IN_EOF);
     return (int)g;
-}
-
-static int nosig_puts(BIO *b, const char *str) {
-    return nosig_write(b, str, (int)strlen(str));
 }
 
 static long nosig_ctrl(BIO *b, int cmd, long num, void *ptr) {
@@ -656,7 +653,7 @@ static void nosig_method_make(void) {
     BIO_METHOD *m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK |
                                  BIO_TYPE_DESCRIPTOR, "spottrain socket (MSG_NOSIGNAL)");
     if (m && (BIO_meth_set_write(m, nosig_write) != 1 || BIO_meth_set_read(m, nosig_read) != 1 ||
-              BIO_meth_set_puts(m, nosig_puts) != 1 || BIO_meth_set_ctrl(m, nosig_ctrl) != 1)) {
+              BIO_meth_set_ctrl(m, nosig_ctrl) != 1)) {
         BIO_meth_free(m);
         m = NULL;
     }
@@ -1503,6 +1500,19 @@ static ssize_t recv_some(struct mig_comm *c, int peer, struct conn *cn, struct m
     return (ssize_t)moved;
 }
 
+/* Ends a connection for the rest of the epoch: later batches that use it fail with err (the
+ * first error sticks), and the socket is closed, not only shut down: a peer blocked on our
+ * full buffer sends no new data past a shutdown, only zero-window probes, and would probe for
+ * ever; a close with unread data resets it (found by test_side_cut, loaded). */
+static void conn_end(struct conn *cn, int err) {
+    if (!cn->err)
+        cn->err = err;
+    if (cn->fd >= 0) {
+        close(cn->fd);
+        cn->fd = -1;
+    }
+}
+
 /* The one poll loop of every data-plane call. Queues: one per (peer, direction), ops in array
  * order. A queue is tried while it is "ready" and parked after a short read or write until poll
  * reports its socket, so a busy stream costs one syscall per wakeup plus one poll for all. */
@@ -1661,36 +1671,26 @@ out:
          * their peers are told at once rather than left to their own no-progress timeout: a
          * peer still sending to us stalls once our socket buffer is full, and on a side
          * channel, where a failed exchange does not end the epoch, that peer's training
-         * would wait for it (found by run-peer-cut under load). The socket is closed, not
-         * only shut down: a peer blocked on our full buffer sends no new data past a
-         * shutdown, only zero-window probes, and would probe for ever; a close with unread
-         * data resets it (found by test_side_cut, loaded). A cancel leaves them open: its
-         * peers are ending the epoch too, and cancel themselves. */
+         * would wait for it (found by run-peer-cut under load): conn_end. A cancel leaves
+         * them open: its peers are ending the epoch too, and cancel themselves. */
         for (int p = 0; p < nr; p++)
             for (int d = 0; d < 2; d++)
                 if (head[2 * p + d] >= 0 && !tc->conns[p].err) {
-                    tc->conns[p].err = r;
-                    if (r != -ECANCELED && tc->conns[p].fd >= 0) {
-                        close(tc->conns[p].fd);
-                        tc->conns[p].fd = -1;
-                    }
+                    if (r == -ECANCELED)
+                        tc->conns[p].err = r;
+                    else
+                        conn_end(&tc->conns[p], r);
                 }
     st_free(mem);
     return r;
 }
 
-/* mig_comm_shut: every connection closed now (a reset for a peer whose data we did not read),
- * marked failed so that our own later batches say so. */
+/* mig_comm_shut: every connection ended now (conn_end), our own later batches told so. */
 static void tcp_shut(struct mig_comm *c) {
     struct tcp_comm *tc = c->priv;
-    for (int p = 0; p < c->nranks; p++) {
-        if (tc->conns[p].fd >= 0) {
-            close(tc->conns[p].fd);
-            tc->conns[p].fd = -1;
-        }
-        if (p != c->rank && !tc->conns[p].err)
-            tc->conns[p].err = -ECONNABORTED;
-    }
+    for (int p = 0; p < c->nranks; p++)
+        if (p != c->rank)
+            conn_end(&tc->conns[p], -ECONNABORTED);
 }
 
 const struct mig_transport_ops mig__tcp_ops = {

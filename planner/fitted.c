@@ -14,10 +14,10 @@
  * A median, not a mean: a job's first migration pays one-time costs (connections, buffers
  * faulted in) several times a typical stall, and a mean carried that into every prediction
  * after it (the quickstart: predicted 2x the measured stall, calibrated ones included); the
- * window lets the figure follow a machine that gets busier or quieter. A cost file (planner.migration_costs,
- * plan_fit_start_costs) replaces the prior's migration figures from the start: every kind then
- * has its file's fixed part and throughput until the job measures it. Pure: the loop feeds it
- * numbers. */
+ * window lets the figure follow a machine that gets busier or quieter. A cost file
+ * (planner.migration_costs, plan_fit_start_costs) replaces the prior's migration figures from
+ * the start: every kind then has its file's fixed part and throughput until the job measures
+ * it. Pure: the loop feeds it numbers. */
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h> /* qsort */

@@ -653,8 +653,9 @@ class Live:
             os.kill(pids[n], sig)
 
     def stop(self):
-        """Kill the run if it is still going (a failed test's cleanup), and its sim workers:
-        they outlive a run killed with SIGKILL, retrying its dead coordinator."""
+        """Kill the run if it is still going (a failed test's cleanup), and any of its sim
+        workers still there: they die with it (SPOTTRAIN_PARENT_PID, run-killed), but should
+        that break, they would retry its dead coordinator for hours."""
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
