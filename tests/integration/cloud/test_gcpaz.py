@@ -930,6 +930,7 @@ class Metadata:
         self.acks = []         # Azure StartRequests bodies, as JSON
         self.ack_status = 200  # what a StartRequests is answered
         self.errors = []
+        self.told = threading.Event()  # a preemption was served to the worker
         md = self
 
         class H(BaseHTTPRequestHandler):
@@ -957,7 +958,12 @@ class Metadata:
                              "/computeMetadata/v1/instance/preempted":
                                  "TRUE" if md.preempted else "FALSE",
                              "/computeMetadata/v1/instance/maintenance-event": "NONE"}.get(u.path)
-                    return self.reply(200, v) if v is not None else self.reply(404, "")
+                    if v is None:
+                        return self.reply(404, "")
+                    self.reply(200, v)
+                    if v == "TRUE":
+                        md.told.set()
+                    return None
                 if self.headers.get("Metadata") != "true":
                     return self.reply(400, '{"error":"Bad request. Required metadata header not '
                                       'specified"}', "application/json")
@@ -966,7 +972,10 @@ class Metadata:
                 if u.path == "/metadata/scheduledevents" and q.get("api-version"):
                     with md.lock:
                         doc = {"DocumentIncarnation": md.incarnation, "Events": list(md.events)}
-                    return self.reply(200, json.dumps(doc), "application/json")
+                    self.reply(200, json.dumps(doc), "application/json")
+                    if doc["Events"]:
+                        md.told.set()
+                    return None
                 self.reply(404, "")
 
             def do_POST(self):
@@ -1081,16 +1090,27 @@ spec:
   fleet:
 {fleet}
   coordinator: {{listen: "{coord}", advertise: "{coord}"}}
-  status: {{listen: ""}}
+  status: {{listen: "{status}"}}
   checkpoint: {{interval: 0}}
 """
+
+
+def job_events(status):
+    """The messages of every event the job recorded so far (REST /v1/events, first page)."""
+    import urllib.request
+    try:
+        with urllib.request.urlopen("http://%s/v1/events?since=0&limit=500" % status,
+                                    timeout=5) as r:
+            return [e.get("message", "") for e in json.loads(r.read())["events"]]
+    except (OSError, ValueError):
+        return []
 
 
 def train(tmp, cloud, refuse_ack=False):
     """Launch trains through one preemption with notice to the end; bitwise equal to the
     local single-worker run."""
-    # Long enough that the notice (relayed with the worker's next report, up to 2.5 s) is
-    # acted on well before the end even on an idle machine; a loaded one only trains slower.
+    # The survivor is frozen from the preemption until the coordinator has the notice, so
+    # the job cannot end first however fast the machine; 4000 steps leave room after it.
     steps = 4000
     if cloud == "gcp":
         fake = GceFake(Discovery(), None)
@@ -1113,9 +1133,10 @@ def train(tmp, cloud, refuse_ack=False):
         name = "demo-az"
     fleet = [l if not l.startswith("max:") else "max: 2" for l in fleet]
     coord = "127.0.0.1:%d" % free_port()
+    status = "127.0.0.1:%d" % free_port()
     spec = os.path.join(tmp, name + ".yaml")
     with open(spec, "w") as f:
-        f.write(TRAIN_SPEC.format(name=name, tmp=tmp, steps=steps, coord=coord,
+        f.write(TRAIN_SPEC.format(name=name, tmp=tmp, steps=steps, coord=coord, status=status,
                                   fleet="\n".join("    " + l for l in fleet)))
     ref = os.path.join(tmp, "ref")
     p = subprocess.run([SPOTTRAIN, "train", "--local", "--dp", "1", "--pp", "1", "--save", ref,
@@ -1148,12 +1169,33 @@ def train(tmp, cloud, refuse_ack=False):
             m = re.findall(r"^progress: step (\d+)/", output(), re.M)
             return int(m[-1]) if m else 0
         wait_for(lambda: step() >= 10, "training past step 10", timeout=120)
-        victim = sorted(shim.workers)[0]
+        victim, survivor = sorted(shim.workers)
         wproc, md, wlog = shim.workers[victim]
         if refuse_ack:
             md.ack_status = 400
         eid = md.preempt(time.time() + 30)
         print("preempted %s (event %s)" % (victim, eid), flush=True)
+        # Once the victim's worker has read the notice (its runner polls between steps), freeze
+        # the survivor (its `sh -c` exec'd the worker: same pid) until the coordinator has
+        # recorded the notice: no step is taken meanwhile, however fast the machine. The
+        # victim's agent relays the notice with its next report (2.5 s at most) and the
+        # coordinator decides epoch 2 for a step ahead, well inside the 10 s heartbeat deadline
+        # the frozen one must meet.
+        if not md.told.wait(60):
+            failx("the victim's worker did not read its notice in 60 s")
+        spid = shim.workers[survivor][0].pid
+        os.kill(spid, signal.SIGSTOP)
+        print("holding %s until the coordinator has decided on the notice" % survivor,
+              flush=True)
+        try:
+            end = time.monotonic() + 8
+            while not any(m.startswith("epoch 2: ") for m in job_events(status)):
+                if time.monotonic() > end:
+                    failx("no decision on %s's notice in 8 s; events: %s" % (
+                        victim, job_events(status)[-12:]))
+                time.sleep(0.05)
+        finally:
+            os.kill(spid, signal.SIGCONT)
         # The cloud deletes the instance when the notice runs out; on Azure the worker's
         # acknowledgement lets it go at once. The worker exits once its state has moved and the
         # coordinator stops it: the instance is deleted then (or after the 30 s of notice).
