@@ -772,6 +772,8 @@ def scenario_train():
               d.stdout[-2000:] + d.stderr[-2000:])
         wait_until(lambda: not mock.pods("ktrain"), "no worker pod left after the job")
         check(not kubelet.errors, "kubelet shim ran clean: %s" % kubelet.errors)
+        print("\n".join(x for x in c.stderr().splitlines() if " epoch " in x or "notice:" in x
+                        or "lost:" in x or "granted:" in x))
     except SystemExit:
         if c:
             print("--- coordinator stdout:\n" + "\n".join(c.lines[-40:]))
