@@ -170,6 +170,7 @@ static const struct table kubernetes_table = TABLE(kubernetes_fields);
 
 static const struct field data_plane_fields[] = {
     {"tls", F_BOOL, OFF(fleet.data_plane_tls), 0, 0, 0, NULL, NULL, 0, NULL},
+    {"overlap", F_BOOL, OFF(fleet.data_plane_overlap), 0, 0, 0, NULL, NULL, 0, NULL},
 };
 static const struct table data_plane_table = TABLE(data_plane_fields);
 
@@ -1416,6 +1417,7 @@ void st_spec_defaults(struct st_spec *spec) {
     spec->fleet.gpu_memory = 16ull << 30; /* V100-16GB */
     spec->fleet.gpu_tflops = 0.05;    /* what a CPU worker of the sim sustains */
     spec->fleet.net_gbps = 10;
+    spec->fleet.data_plane_overlap = true;
     spec->planner.interval = 60;
     spec->planner.lookahead = 12;
     snprintf(spec->planner.predictor, sizeof(spec->planner.predictor), "notice");
@@ -1757,6 +1759,7 @@ char *st_spec_to_json(const struct st_spec *spec) {
     jset(fleet, "kubernetes", kubernetes_json(&spec->fleet.kubernetes, &ok), &ok);
     json_t *dplane = json_object();
     jset(dplane, "tls", json_boolean(spec->fleet.data_plane_tls), &ok);
+    jset(dplane, "overlap", json_boolean(spec->fleet.data_plane_overlap), &ok);
     jset(fleet, "data_plane", dplane, &ok);
     jset(sp, "fleet", fleet, &ok);
 

@@ -139,6 +139,9 @@ struct st_spec_fleet {
     struct st_spec_kubernetes kubernetes;
     /* fleet.data_plane: how workers protect the data connections between them */
     bool data_plane_tls; /* TLS 1.3 (epoch secret as PSK) on every data connection */
+    /* A live migration's optimizer moments move while the new epoch's first step runs its
+     * forward and backward passes, not at the boundary (docs/live-migration.md); default true */
+    bool data_plane_overlap;
 };
 
 struct st_spec_planner {

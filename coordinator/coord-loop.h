@@ -85,7 +85,8 @@ struct coord_loop_config {
     void *ckpt_userdata;
     struct coord_loop_forced forced[COORD_LOOP_MAX_FORCED]; /* sorted by step */
     int nforced;
-    double reconfig_timeout;        /* wall seconds a reconfiguration may take; 0 = 30 */
+    double reconfig_timeout;        /* wall seconds a reconfiguration may go without progress
+                                     * (a participant's step or end); 0 = 30 */
     double lease_seconds;           /* steps leased ahead, in seconds of training; 0 = 0.5 */
     int expect_workers;             /* workers to wait for before the first epoch; 0 = 1 */
     double first_wait;              /* longest wait for them, seconds; 0 = 20 */

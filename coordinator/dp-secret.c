@@ -144,8 +144,10 @@ int coord__dp_pack(const struct coord *c, Spottrain__V1__Command *cmd, bool with
          * that builds a communicator carries it, a redelivery after a restart included. */
         if (cmd->body_case == SPOTTRAIN__V1__COMMAND__BODY_CONFIGURE)
             cmd->configure->data_plane_tls = c->spec.fleet.data_plane_tls;
-        else
+        else {
             cmd->migrate->data_plane_tls = c->spec.fleet.data_plane_tls;
+            cmd->migrate->defer_moments = c->spec.fleet.data_plane_overlap;
+        }
     }
     if (add) {
         TRY_GOTO(coord__dp_secret(c, cmd->epoch, key), r, out);

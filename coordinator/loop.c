@@ -99,6 +99,12 @@ struct reconf {
     bool restore;
     char (*pos)[ST_UUID_STR_LEN]; /* worker at each new position s*dp + r */
     double started;
+    /* st_now() the reconfiguration last moved: ordered, a participant reported a step (it
+     * trains toward the boundary, or its first step after it) or its end. It times out after
+     * reconfig_timeout without any: a lease of slow steps ahead, or a first step that waits
+     * for moments after the boundary, is not a hang. */
+    double alive;
+    uint64_t progress;  /* participants' steps plus those done, as of alive */
     size_t npart;
     char (*part)[ST_UUID_STR_LEN];
     struct coord_loop_record rec;
@@ -1008,6 +1014,8 @@ static int start_restore(struct coord_loop *L, const struct wv *v, size_t nv, do
     L->rc.restore = restore;
     L->rc.first_lease = 0; /* a fresh engine is not timed: the loop's first grant will do */
     L->rc.started = now;
+    L->rc.alive = now;
+    L->rc.progress = 0;
     L->rc.dp = dp;
     L->rc.pp = pp;
     memcpy(L->rc.split, split, sizeof(split));
@@ -1298,6 +1306,8 @@ static int start_migrate(struct coord_loop *L, const struct wv *v, size_t nv, in
     L->rc.at = at;
     L->rc.restore = false;
     L->rc.started = now;
+    L->rc.alive = now;
+    L->rc.progress = 0;
     L->rc.dp = dp;
     L->rc.pp = pp;
     memcpy(L->rc.split, split, sizeof(split));
@@ -1599,7 +1609,7 @@ static void stall_done(struct coord_loop *L, const struct wv *v, size_t nv) {
 static void phase_reconf(struct coord_loop *L, const struct wv *v, size_t nv, double now) {
     size_t done = 0;
     bool failed = false;
-    uint64_t moved = 0;
+    uint64_t moved = 0, progress = 0;
     char bad[160] = "";
     /* A migration ordered for a later boundary leaves the running epoch training until then:
      * its first step may come in now, and ends its own chain, not the next one's. */
@@ -1616,6 +1626,7 @@ static void phase_reconf(struct coord_loop *L, const struct wv *v, size_t nv, do
             snprintf(bad, sizeof(bad), "participant %.8s lost", L->rc.part[k]);
             continue;
         }
+        progress += w->step + (w->reconf_epoch == L->rc.epoch);
         if (w->reconf_fail_epoch == L->rc.epoch) {
             failed = true;
             snprintf(bad, sizeof(bad), "participant %.8s failed", L->rc.part[k]);
@@ -1629,9 +1640,14 @@ static void phase_reconf(struct coord_loop *L, const struct wv *v, size_t nv, do
     pthread_mutex_unlock(&L->lock);
     if (loop_kind_is_migration(L->rc.rec.kind) && (failed || done >= L->rc.npart))
         shape_time(L, now); /* the old shape trained until the boundary */
-    if (!failed && done < L->rc.npart && now - L->rc.started > L->cfg.reconfig_timeout) {
+    if (progress != L->rc.progress) {
+        L->rc.progress = progress;
+        L->rc.alive = now;
+    }
+    if (!failed && done < L->rc.npart && now - L->rc.alive > L->cfg.reconfig_timeout) {
         failed = true;
-        snprintf(bad, sizeof(bad), "timed out after %.0f s", now - L->rc.started);
+        snprintf(bad, sizeof(bad), "timed out: nothing moved for %.0f s (ordered %.0f s ago)",
+                 now - L->rc.alive, now - L->rc.started);
     }
     if (failed) {
         record_done(L, false, moved, now);

@@ -153,8 +153,11 @@ static void reap_join(struct worker_engine *e) {
     e->reap = NULL;
 }
 
-/* Releases e->dead and the spare (both then empty): on a thread, or here when none starts. */
+/* Releases e->dead and the spare (both then empty): on a thread, or here when none starts.
+ * Not while held (worker_engine_hold_old): a move after the boundary still reads them. */
 static void reap_dead(struct worker_engine *e) {
+    if (e->hold_dead)
+        return;
     reap_join(e);
     struct engine_reap *k = st_calloc(1, sizeof(*k));
     if (k) {
@@ -474,6 +477,9 @@ static int optimizer_step(struct worker_engine *e, uint64_t step) {
     size_t counts[WORKER_MAX_RANKS];
     int r = 0;
 
+    /* Moments still arriving (a migration's second batch) are in place from here on. */
+    TRY(worker__gate(e));
+
     /* Tied wte: embed-side + head-side, in that order, whatever pp is. */
     if (first && last) {
         for (size_t i = 0; i < VC; i++)
@@ -630,7 +636,7 @@ int worker_engine_layer(struct worker_engine *e, enum worker_view view, int laye
 int worker_engine_reshape_begin(struct worker_engine *e, const struct worker_layout *layout,
                                 int stage, int replica, struct mig_comm *comm) {
     TRY(engine_check(e));
-    if (e->old.valid)
+    if (e->old.valid || e->hold_dead)
         return -EBUSY;
     TRY(check_position(&e->cfg, layout, stage, replica, comm));
     /* What the new position keeps as it is (a layer's parameters, a moment shard of the same
@@ -665,6 +671,30 @@ int worker_engine_reshape_begin(struct worker_engine *e, const struct worker_lay
     e->old = e->cur;
     e->cur = nv;
     return 0;
+}
+
+void worker_engine_set_gate(struct worker_engine *e, worker_engine_gate_fn *fn, void *userdata) {
+    if (engine_check(e) < 0)
+        return;
+    e->gate = fn;
+    e->gate_userdata = fn ? userdata : NULL;
+}
+
+int worker__gate(struct worker_engine *e) {
+    worker_engine_gate_fn *fn = e->gate;
+    if (!fn)
+        return 0;
+    e->gate = NULL;
+    return fn(e->gate_userdata);
+}
+
+void worker_engine_hold_old(struct worker_engine *e, bool hold) {
+    if (engine_check(e) < 0 || e->hold_dead == hold)
+        return;
+    e->hold_dead = hold;
+    /* Released after the work buffers were made (else the next work_make releases them). */
+    if (!hold && (e->work || e->cur.stage < 0))
+        reap_dead(e);
 }
 
 size_t worker_engine_work_fresh(const struct worker_engine *e) {

@@ -67,6 +67,38 @@ struct peerbg {
     double blocked;             /* seconds the runner spent on it (snapshot, waiting) */
 };
 
+/* What a live migration's "reconfigured" notice says (docs/live-migration.md, the stall's
+ * parts); told at the end of the migration, or, when its moments move after the boundary,
+ * once they are in, with the bytes of both batches as the transport counted them. */
+struct reconf_note {
+    uint64_t epoch, step, replayed, sent, recv;
+    int stage, replica;
+    double seconds, stall, wait, connect, reshape, transfer, commit, deferred;
+    size_t fresh;
+};
+
+/* Moments after the boundary (fleet.data_plane.overlap, Migrate.defer_moments): a live
+ * migration's transfers of optimizer moments go in a second batch on the new epoch's
+ * communicator, which a thread of its own runs while the first step's forward and backward
+ * passes do; the engine's gate (worker_engine_set_gate) waits for it before the step first
+ * uses the communicator or the moments. The thread touches only the comm and the buffers
+ * `ptrs` names (the old position's, which the engine holds for it, and the new one's moment
+ * shards); the runner thread waits for it (defer_settle) before anything else can: the gate,
+ * a checkpoint, the next reconfiguration, a failure. */
+struct deferbg {
+    pthread_t th;
+    bool running;              /* th was started and not joined */
+    _Atomic bool finished;     /* th is done (set by th) */
+    struct mig_comm *comm;     /* the epoch's communicator (R->comm once the migration ends) */
+    struct mig_xfer *x;        /* the moment transfers, in the Migrate's order */
+    float **ptrs;              /* per transfer: this rank's buffer (NULL: not ours) */
+    size_t n;
+    int result;
+    double t0, t_end;          /* st_now() when the batch started / ended (set by th) */
+    uint64_t sent0, recv0;     /* the comm's counters before the migration's first batch */
+    struct reconf_note note;   /* told when the moments are in */
+};
+
 struct runner {
     struct worker_runner_config cfg;
     struct worker_train_config tc;
@@ -109,6 +141,7 @@ struct runner {
     uint64_t rolled_back;     /* steps the last peer-copy rollback undid (to be replayed) */
     double pc_reported;       /* st_now() a copy last asked for an immediate Report */
     uint64_t prepared;        /* epoch whose reshape the engine was asked to make ready */
+    struct deferbg df;        /* a migration's moments still moving after its boundary */
 };
 
 /* ---- rendezvous ---------------------------------------------------------------------------- */
@@ -395,9 +428,115 @@ static int peer_side_set(struct runner *R, uint64_t epoch, const struct worker_l
     return 0;
 }
 
+/* ---- moments after the boundary -------------------------------------------------------------- */
+
+static void fail_state(struct runner *R);
+
+static void tell_reconfigured(struct runner *R, const struct reconf_note *n) {
+    /* Where the time went, for the stall breakdown (docs/live-migration.md): waiting at the
+     * boundary for the order, the communicator's handshake (it ends when the slowest peer
+     * reached the boundary too), the engine's reshape (or the making of a new one, before the
+     * handshake), the transfers, the commit; the bytes of work buffers the commit had to
+     * allocate (fresh: none prepared them); and the seconds the moments moved after the
+     * boundary (deferred), overlapped with the first step. */
+    notice(R, "reconfigured", "epoch=%llu mode=migrate step=%llu stage=%d replica=%d sent=%llu "
+           "recv=%llu replayed=%llu seconds=%.6f stall=%.6f wait=%.6f connect=%.6f "
+           "reshape=%.6f transfer=%.6f commit=%.6f fresh=%zu deferred=%.6f",
+           (unsigned long long)n->epoch, (unsigned long long)n->step, n->stage, n->replica,
+           (unsigned long long)n->sent, (unsigned long long)n->recv,
+           (unsigned long long)n->replayed, n->seconds, n->stall, n->wait, n->connect,
+           n->reshape, n->transfer, n->commit, n->fresh, n->deferred);
+}
+
+static int defer_buf(void *userdata, const struct mig_xfer *x, bool send, float **ret) {
+    const struct deferbg *d = userdata;
+    (void)send;
+    float *p = d->ptrs[x - d->x];
+    if (!p)
+        return -EINVAL;
+    *ret = p;
+    return 0;
+}
+
+static void *defer_main(void *arg) {
+    struct deferbg *d = arg;
+    d->result = mig_execute(d->comm, d->x, d->n, defer_buf, d, NULL);
+    /* A failed batch leaves the epoch's streams out of step: end them all now, so that every
+     * peer's call with us fails at once rather than at its no-progress timeout. */
+    if (d->result < 0 && d->result != -ECANCELED)
+        (void)mig_comm_shut(d->comm);
+    d->t_end = st_now();
+    atomic_store(&d->finished, true);
+    return NULL;
+}
+
+static void defer_free(struct runner *R) {
+    struct deferbg *d = &R->df;
+    st_free(d->x);
+    st_free(d->ptrs);
+    memset(d, 0, offsetof(struct deferbg, note));
+}
+
+/* Waits for the moments in flight, if any: tells the migration's "reconfigured" once they
+ * are in, or "reconfig-failed". Returns the batch's result (0 when none ran). The engine
+ * lets the old position's buffers go either way. */
+static int defer_settle(struct runner *R) {
+    struct deferbg *d = &R->df;
+    if (!d->running)
+        return 0;
+    pthread_join(d->th, NULL);
+    int r = d->result;
+    if (R->eng) {
+        worker_engine_set_gate(R->eng, NULL, NULL);
+        worker_engine_hold_old(R->eng, false);
+    }
+    if (r >= 0) {
+        uint64_t sent = 0, recv = 0;
+        mig_comm_stats(d->comm, &sent, &recv);
+        d->note.sent = sent - d->sent0;
+        d->note.recv = recv - d->recv0;
+        d->note.deferred = d->t_end - d->t0;
+        tell_reconfigured(R, &d->note);
+    } else {
+        notice(R, "reconfig-failed", "epoch=%llu the optimizer moments after the boundary: %s",
+               (unsigned long long)d->note.epoch, st_strerror(r));
+    }
+    defer_free(R);
+    return r;
+}
+
+/* Settles the moments in flight before something else uses the engine or the communicator:
+ * a failed batch leaves our state undefined, so the epoch fails as with a failed step. */
+static void defer_wait(struct runner *R) {
+    if (R->df.running && defer_settle(R) < 0)
+        fail_state(R);
+}
+
+/* The engine's gate (worker_engine_set_gate): the step waits here for the moments. */
+static int defer_gate(void *userdata) {
+    return defer_settle(userdata);
+}
+
+/* Ends the moments in flight without a word: cancelled (the batch ends within 50 ms), joined,
+ * forgotten. Before the engine or the communicator they use goes. */
+static void defer_cancel(struct runner *R) {
+    struct deferbg *d = &R->df;
+    if (!d->running)
+        return;
+    if (!atomic_load(&d->finished))
+        mig_comm_cancel(d->comm);
+    pthread_join(d->th, NULL);
+    if (R->eng) {
+        worker_engine_set_gate(R->eng, NULL, NULL);
+        worker_engine_hold_old(R->eng, false);
+    }
+    defer_free(R);
+}
+
 /* ---- epochs --------------------------------------------------------------------------------- */
 
 static void drop_state(struct runner *R) {
+    defer_cancel(R);
     peer_side_drop(R);
     R->eng = worker_engine_free(R->eng);
     R->comm = mig_comm_free(R->comm);
@@ -407,6 +546,7 @@ static void drop_state(struct runner *R) {
  * and drops the engine, whose contents are undefined now. What survives is on disk and in
  * the peer copies (R->peers), which a failure never touches: a restore starts from those. */
 static void fail_state(struct runner *R) {
+    defer_cancel(R);
     peer_side_drop(R);
     R->failed = true;
     R->comm = mig_comm_free(R->comm);
@@ -691,7 +831,7 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
     const Spottrain__V1__Migrate *m = mig->migrate;
     bool restore = m->peer_copy_epoch > 0;
     struct mig_comm *comm = NULL;
-    struct mig_xfer *x = NULL;
+    struct mig_xfer *x = NULL, *xd = NULL;
     bool *fc = NULL;
     size_t nx = 0;
     struct worker_layout lay;
@@ -777,11 +917,66 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
         memcpy(to, from, (size_t)x[i].count * sizeof(float));
     }
     nx = keep;
+    /* Moments after the boundary (struct deferbg): every participant splits the list alike,
+     * the optimizer moments' transfers last, so each connection carries both batches in the
+     * same order at both ends. */
+    size_t nd = 0;
+    if (m->defer_moments && !restore) {
+        keep = 0;
+        xd = st_calloc(nx ? nx : 1, sizeof(*xd));
+        if (!xd)
+            TRY_GOTO(-ENOMEM, r, out);
+        for (size_t i = 0; i < nx; i++) {
+            if (x[i].kind == MIG_ADAM_M || x[i].kind == MIG_ADAM_V) {
+                xd[nd++] = x[i];
+                continue;
+            }
+            x[keep] = x[i];
+            fc[keep] = fc[i];
+            keep++;
+        }
+        nx = keep;
+    }
     /* The figures are the transport's: payload bytes that crossed the wire in this epoch's
      * communicator, not the transfer list's sum. */
     mig_comm_stats(comm, &wsent0, &wrecv0);
     double t_reshape = st_now();
     TRY_GOTO(mig_execute(comm, x, nx, xfer_buf, &b, &st), r, out);
+    struct bufctx bd = {R->eng, reshaped, xd, NULL, false, NULL};
+    if (nd > 0 && !cfg) {
+        /* We leave: nothing to overlap with, so the second batch runs here. */
+        TRY_GOTO(mig_execute(comm, xd, nd, xfer_buf, &bd, NULL), r, out);
+    } else if (nd > 0) {
+        /* Our buffers now, while the old view is the reshape's: the commit below makes it the
+         * engine's held old buffers, which the thread then reads. */
+        struct deferbg *d = &R->df;
+        d->ptrs = st_calloc(nd, sizeof(*d->ptrs));
+        if (!d->ptrs)
+            TRY_GOTO(-ENOMEM, r, out);
+        for (size_t i = 0; i < nd; i++)
+            if (xd[i].src == rank || xd[i].dst == rank)
+                TRY_GOTO(xfer_buf(&bd, &xd[i], xd[i].src == rank, &d->ptrs[i]), r, out);
+        d->x = xd;
+        d->n = nd;
+        xd = NULL;
+        d->comm = comm;
+        d->sent0 = wsent0;
+        d->recv0 = wrecv0;
+        d->t0 = st_now();
+        atomic_store(&d->finished, false);
+        if (reshaped)
+            worker_engine_hold_old(R->eng, true);
+        if (pthread_create(&d->th, NULL, defer_main, d) == 0) {
+            d->running = true;
+            worker_engine_set_gate(R->eng, defer_gate, R);
+        } else {
+            worker_engine_hold_old(R->eng, false);
+            r = mig_execute(comm, d->x, d->n, defer_buf, d, NULL);
+            defer_free(R);
+            if (r < 0)
+                goto out;
+        }
+    }
     mig_comm_stats(comm, &wsent, &wrecv);
     double t_xfer = st_now();
     if (reshaped)
@@ -819,21 +1014,31 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
     double t_end = st_now();
     double stall = t_end - (R->blocked_since > 0 ? R->blocked_since : t0);
     progress(R, 0.0, stall); /* before the notice: the same Report carries both */
-    /* Where the time went, for the stall breakdown (docs/live-migration.md): waiting at the
-     * boundary for the order, the communicator's handshake (it ends when the slowest peer
-     * reached the boundary too), the engine's reshape (or the making of a new one, before the
-     * handshake), the transfers, the commit; and the bytes of work buffers the commit had to
-     * allocate (fresh: none prepared them). */
-    notice(R, "reconfigured", "epoch=%llu mode=migrate step=%llu stage=%d replica=%d sent=%llu "
-           "recv=%llu replayed=%llu seconds=%.6f stall=%.6f wait=%.6f connect=%.6f "
-           "reshape=%.6f transfer=%.6f commit=%.6f fresh=%zu", (unsigned long long)mig->epoch,
-           (unsigned long long)m->at_step, cfg ? (int)cfg->configure->stage : -1,
-           cfg ? (int)cfg->configure->replica : -1, (unsigned long long)(wsent - wsent0),
-           (unsigned long long)(wrecv - wrecv0), (unsigned long long)R->rolled_back, st.seconds,
-           stall, R->blocked_since > 0 ? t0 - R->blocked_since : 0.0, t_comm - t_made,
-           (t_made - t0) + (t_reshape - t_comm), t_xfer - t_reshape, t_end - t_xfer, fresh);
+    struct reconf_note note = {
+        .epoch = mig->epoch,
+        .step = m->at_step,
+        .replayed = R->rolled_back,
+        .sent = wsent - wsent0,
+        .recv = wrecv - wrecv0,
+        .stage = cfg ? (int)cfg->configure->stage : -1,
+        .replica = cfg ? (int)cfg->configure->replica : -1,
+        .seconds = st.seconds,
+        .stall = stall,
+        .wait = R->blocked_since > 0 ? t0 - R->blocked_since : 0.0,
+        .connect = t_comm - t_made,
+        .reshape = (t_made - t0) + (t_reshape - t_comm),
+        .transfer = t_xfer - t_reshape,
+        .commit = t_end - t_xfer,
+        .fresh = fresh,
+    };
+    if (R->df.running)
+        R->df.note = note; /* told with the moments' bytes once they are in */
+    else
+        tell_reconfigured(R, &note);
 out:
     if (r < 0) {
+        defer_cancel(R); /* its buffers go with the reshape's */
+        defer_free(R);   /* or what was made for a batch that never started */
         if (reshaped)
             worker_engine_reshape_abort(R->eng);
         if (created)
@@ -845,6 +1050,7 @@ out:
     }
     mig_comm_free(comm);
     st_free(x);
+    st_free(xd);
     st_free(fc);
     return r;
 }
@@ -980,6 +1186,9 @@ static bool try_reconfigure(struct runner *R) {
         }
         return false;
     }
+    /* The moments of the migration before (still moving if no step came between) are in
+     * before anything below looks at our state. */
+    defer_wait(R);
     uint64_t at = R->pmig->migrate->at_step, copy_epoch = R->pmig->migrate->peer_copy_epoch;
     const struct worker_peer_gen *g = NULL;
     const char *refuse = NULL;
@@ -1205,6 +1414,7 @@ static void run_checkpoints(struct runner *R) {
             R->ckpt[keep++] = R->ckpt[i];
             continue;
         }
+        defer_wait(R); /* the moments are in the checkpoint: all of them */
         if (R->ckpt[i].at < R->done || !R->eng || R->failed) {
             st_log(ST_LOG_WARN, "runner", "Checkpoint at step %llu missed (at %llu), ignoring",
                    (unsigned long long)R->ckpt[i].at, (unsigned long long)R->done);
@@ -1329,6 +1539,8 @@ static int runner_loop(struct runner *R) {
         poll_notice(R);
         if (R->pc.running && atomic_load(&R->pc.finished))
             peer_settle(R, false); /* an exchange is done: keep it and tell at once */
+        if (R->df.running && atomic_load(&R->df.finished))
+            defer_wait(R); /* a migration's moments are in: tell at once */
         run_checkpoints(R); /* a checkpoint at a boundary is taken before reshaping there */
         if (try_reconfigure(R))
             continue;

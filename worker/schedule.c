@@ -106,6 +106,7 @@ static int recv_forward(struct worker_engine *e, int m) {
     struct engine_view *v = &e->cur;
     if (v->stage == 0)
         return 0;
+    TRY(worker__gate(e));
     return mig_recv(v->comm, worker__rank(v, v->stage - 1, v->replica),
                     e->work->slots[m % e->work->nslots].in, act_bytes(e));
 }
@@ -114,6 +115,7 @@ static int send_forward(struct worker_engine *e, int m) {
     struct engine_view *v = &e->cur;
     if (v->stage == v->layout.pp - 1)
         return 0;
+    TRY(worker__gate(e));
     return mig_send(v->comm, worker__rank(v, v->stage + 1, v->replica),
                     e->work->slots[m % e->work->nslots].out[v->hi - v->lo - 1], act_bytes(e));
 }
@@ -123,6 +125,7 @@ static int send_forward_recv_backward(struct worker_engine *e, int m) {
     struct engine_view *v = &e->cur;
     if (v->stage == v->layout.pp - 1)
         return 0; /* the head already left dout in dbuf[0] */
+    TRY(worker__gate(e));
     int next = worker__rank(v, v->stage + 1, v->replica);
     struct mig_op ops[2] = {
         {next, true, e->work->slots[m % e->work->nslots].out[v->hi - v->lo - 1], act_bytes(e)},
@@ -136,6 +139,7 @@ static int send_backward_recv_forward(struct worker_engine *e, float *din, int m
     struct engine_view *v = &e->cur;
     if (v->stage == 0)
         return 0;
+    TRY(worker__gate(e));
     int prev = worker__rank(v, v->stage - 1, v->replica);
     struct mig_op ops[2] = {
         {prev, true, din, act_bytes(e)},
@@ -148,6 +152,7 @@ static int send_backward(struct worker_engine *e, float *din) {
     struct engine_view *v = &e->cur;
     if (v->stage == 0)
         return 0;
+    TRY(worker__gate(e));
     return mig_send(v->comm, worker__rank(v, v->stage - 1, v->replica), din, act_bytes(e));
 }
 
@@ -155,6 +160,7 @@ static int recv_backward(struct worker_engine *e) {
     struct engine_view *v = &e->cur;
     if (v->stage == v->layout.pp - 1)
         return 0;
+    TRY(worker__gate(e));
     return mig_recv(v->comm, worker__rank(v, v->stage + 1, v->replica), e->work->dbuf[0],
                     act_bytes(e));
 }

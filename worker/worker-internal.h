@@ -84,8 +84,14 @@ struct worker_engine {
      * on a thread of their own once the new work buffers are made (engine.c, reap). */
     struct engine_view dead;
     struct engine_reap *reap;
+    bool hold_dead;           /* worker_engine_hold_old: dead and the spare stay */
     size_t work_fresh;        /* bytes the last work_make allocated itself */
+    worker_engine_gate_fn *gate; /* called once before the next step's first comm or update */
+    void *gate_userdata;
 };
+
+/* engine.c: calls and clears e->gate, if any (worker_engine_set_gate). */
+int worker__gate(struct worker_engine *e);
 
 /* stage.c */
 /* Allocates the zeroed buffers of position (stage, replica) of layout into *v (stage -1:

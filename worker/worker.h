@@ -174,6 +174,19 @@ int worker_engine_ready(struct worker_engine *e);
  * buffers nor a preparation (worker_engine_reshape_prepare) had ready. 0 before any. */
 size_t worker_engine_work_fresh(const struct worker_engine *e);
 
+/* Moments after the boundary (docs/live-migration.md): a migration may still be moving the
+ * optimizer moments of the new position (and reading the old one's) on another thread when
+ * the new epoch's first step starts. The gate is called once, by the next step, before the
+ * step first uses the communicator or the moments: with pp 1 after the forward and backward
+ * passes, which touch neither; with a pipeline at its first send or receive. It waits for
+ * that move; a negative return fails the step with it. NULL clears it. */
+typedef int worker_engine_gate_fn(void *userdata);
+void worker_engine_set_gate(struct worker_engine *e, worker_engine_gate_fn *fn, void *userdata);
+/* While held, a committed reshape keeps its old buffers (the sends of such a move read them)
+ * instead of releasing them after the next worker_engine_ready or step; releasing lets them
+ * go. A reshape_begin while held is -EBUSY. */
+void worker_engine_hold_old(struct worker_engine *e, bool hold);
+
 /* Checkpoint save: gathers the moment shards to replica 0 of each stage, which writes its
  * layers' files (PARAM, ADAM_M, ADAM_V of every tensor, full) into dir; then position
  * (0, 0) commits manifest.json with `step` steps done. Collective over the layout.

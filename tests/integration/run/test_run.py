@@ -936,6 +936,41 @@ def test_peer_cut():
         shutil.rmtree(d, ignore_errors=True)
 
 
+def test_moments_cut():
+    # Moments after the boundary (fleet.data_plane.overlap, on by default): a 1x2 -> 2x1
+    # repartition moves each worker's parameters at the boundary and the optimizer moments in
+    # a second batch while the first 2x1 step computes. Every worker's second sending batch is
+    # cut mid-message (SPOTTRAIN_TEST_DATA_CUT=2): the moments batch of that migration, on
+    # both. Each worker's first step then fails at its gate, before it updates, and says the
+    # moments did not arrive (reconfig-failed); the epoch fails, the job comes back from the
+    # peer copies of the boundary (one peer restore, no disk restore, no fresh start), trains
+    # on and ends bitwise equal to the uninterrupted run. With overlap off the same cut lands
+    # in a later migration's single batch, so the test pins which batch it hit.
+    d = tempfile.mkdtemp(prefix="st-run-")
+    try:
+        steps = 60
+        job = write_job(d, "momcut", steps, "seconds,N\n0,2\n", planner="dp: {min: 1, max: 2}",
+                        extra="  fault_tolerance: {peer_copy_every: 10}\n")
+        ref = reference(d, job, steps)
+        save, s = run(d, job, steps, ["--shapes", "0:1x2,20:2x1"],
+                      env={"SPOTTRAIN_TEST_DATA_CUT": "2"})
+        failed = journal_notices(os.path.join(d, "state"), "reconfig-failed %")
+        moments = [m for m in failed if "the optimizer moments after the boundary" in m]
+        check(len(moments) == 2 and all("epoch=2 " in m for m in moments),
+              "both workers' moments of epoch 2 failed: %r" % failed)
+        recs = [(r["epoch"], r["kind"], r["ok"]) for r in s["reconfigurations"]]
+        check((2, "pipeline", False) in recs, "the repartition failed: %r" % recs)
+        m = s["migrations"]
+        check(m["peer-restore"]["count"] == 1, "peer restores: %r" % m["peer-restore"])
+        check(m["checkpoint-restore"]["count"] == 0,
+              "checkpoint restores: %r" % m["checkpoint-restore"])
+        check(m["fresh-start"]["count"] == 0, "fresh starts: %r" % m["fresh-start"])
+        check(s["finished"] and s["steps"] == steps, "job did not finish: %s" % s)
+        same(ref, save)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def test_zone():
     # A whole zone lost at once, without notice. Three zones over five instances (the sim puts
     # instance n in zone n mod 3), pp pinned to 2: the 2x2 runs on four of them and zone-a
@@ -1699,11 +1734,15 @@ def test_mitm():
         # migration starts. The flipped direction is held back until the other worker has
         # committed its half of the migration, so the failed epoch always leaves one worker's
         # engine reshaped to 2x1: the peer restore that follows must take that worker's state
-        # from its copy of step 40, not from its engine.
+        # from its copy of step 40, not from its engine. All of the migration moves at the
+        # boundary (fleet.data_plane.overlap off): with the moments after it, the worker whose
+        # direction was not held would wait for the other's moments before it says it
+        # committed, and fail with it (run-moments-cut walks that path).
         job = write_job(d, "mitm", steps, "seconds,N\n0,2\n", ckpt="1s",
                         extra="  fault_tolerance: {peer_copy_every: 10}\n")
         with open(job) as f:
-            text = f.read().replace("    min: 1\n", "    min: 2\n")
+            text = f.read().replace("    min: 1\n", "    min: 2\n").replace(
+                "    trace: trace.csv\n", "    trace: trace.csv\n    data_plane: {overlap: false}\n")
         with open(job, "w") as f:
             f.write(text)
         ref = reference(d, job, steps)
@@ -2037,7 +2076,7 @@ TESTS = {"tls": test_tls, "auth": test_auth, "restart": test_restart, "standalon
          "pipeline": test_pipeline, "pipeline-notice": test_pipeline_notice,
          "reshard": test_reshard, "input": test_input,
          "inter-early": test_inter_early, "trace-minute": test_trace_minute,
-         "peer": test_peer, "peer-cut": test_peer_cut, "zone": test_zone, "refused": test_refused,
+         "peer": test_peer, "peer-cut": test_peer_cut, "moments-cut": test_moments_cut, "zone": test_zone, "refused": test_refused,
          "mitm": test_mitm, "killed": test_killed}
 
 if __name__ == "__main__":

@@ -507,6 +507,7 @@ static int test_defaults(void) {
     ASSERT_NEAR(s.fleet.notice_seconds, 120, 0, 0);
     ASSERT_NEAR(s.fleet.unannounced, 0, 0, 0);
     ASSERT_FALSE(s.fleet.data_plane_tls);
+    ASSERT_TRUE(s.fleet.data_plane_overlap);
     ASSERT_NEAR(s.fleet.spot_price, 0.918, 0, 1e-12);
     ASSERT_NEAR(s.fleet.on_demand_price, 3.06, 0, 1e-12);
     ASSERT_EQ(s.fleet.gpu_memory, 16ull << 30);
@@ -721,6 +722,7 @@ static int test_json(void) {
     ASSERT_STREQ(json_string_value(json_object_get(fl, "provider")), "sim");
     ASSERT_NEAR(json_real_value(json_object_get(fl, "notice")), 120, 0, 0);
     ASSERT_TRUE(json_is_false(json_object_get(json_object_get(fl, "data_plane"), "tls")));
+    ASSERT_TRUE(json_is_true(json_object_get(json_object_get(fl, "data_plane"), "overlap")));
     ASSERT_STREQ(json_string_value(json_object_get(json_object_get(sp, "planner"), "predictor")),
                  "notice");
     json_decref(root);
@@ -879,7 +881,7 @@ static int test_cli_validate(void) {
 static int test_tls_fields(void) {
     setup();
     static const char yaml[] = HEAD MODEL DATA TRAIN
-        "  fleet: {max: 4, trace: trace.csv, data_plane: {tls: true}}\n"
+        "  fleet: {max: 4, trace: trace.csv, data_plane: {tls: true, overlap: false}}\n"
         "  coordinator:\n    events_keep: 500\n"
         "    tls: {cert: token, key: token, client_ca: token}\n";
     struct st_spec s;
@@ -888,6 +890,7 @@ static int test_tls_fields(void) {
     ASSERT_OK(st_spec_parse(inline_name, yaml, strlen(yaml), &s, errs, 4, &n));
     ASSERT_EQ(s.coordinator.events_keep, 500);
     ASSERT_TRUE(s.fleet.data_plane_tls);
+    ASSERT_FALSE(s.fleet.data_plane_overlap);
     ASSERT_TRUE(s.coordinator.tls_cert[0] == '/');
     ASSERT_CONTAINS(s.coordinator.tls_cert, "/tests/unit/common/specs/token");
     ASSERT_CONTAINS(s.coordinator.tls_key, "/specs/token");
@@ -902,6 +905,7 @@ static int test_tls_fields(void) {
     json_t *dpl = json_object_get(json_object_get(json_object_get(root, "spec"), "fleet"),
                                   "data_plane");
     ASSERT_TRUE(json_is_true(json_object_get(dpl, "tls")));
+    ASSERT_TRUE(json_is_false(json_object_get(dpl, "overlap")));
     ASSERT_CONTAINS(json_string_value(json_object_get(json_object_get(co, "tls"), "key")),
                     "/specs/token");
     json_decref(root);

@@ -791,7 +791,75 @@ static int test_detached(void) {
     return 0;
 }
 
-TEST_MAIN(TEST(test_pipeline_bitwise), TEST(test_data_parallel_close), TEST(test_detached),
+/* The gate of moments after the boundary (worker_engine_set_gate): a step calls it once,
+ * before its update; its error fails the step before anything changed; a held old view makes
+ * the next reshape wait (-EBUSY) until released. One rank, so the step's only use of the
+ * communicator-or-moments is the update. */
+static int gate_calls;
+static int gate_result;
+static int count_gate(void *userdata) {
+    gate_calls++;
+    *(int *)userdata += 1;
+    return gate_result;
+}
+
+static int test_gate(void) {
+    ASSERT_OK(setup_data());
+    struct worker_train_config cfg = make_cfg();
+    struct worker_layout l1;
+    int nl = kern_num_layers(&model), split[2] = {0, nl};
+    worker_layout_init(&l1, 1, 1, split, nl);
+    struct mig_endpoint *ep = NULL;
+    struct mig_comm *c1 = NULL, *c2 = NULL;
+    struct worker_engine *e = NULL;
+    ASSERT_OK(mig_endpoint_new("127.0.0.1", 0, &ep));
+    const char *addr[1] = {mig_endpoint_addr(ep)};
+    ASSERT_OK(mig_comm_new("tcp", ep, 1, 0, 1, addr, 5.0, &c1));
+    ASSERT_OK(mig_comm_new("tcp", ep, 2, 0, 1, addr, 5.0, &c2));
+    ASSERT_OK(worker_engine_new(&cfg, &l1, 0, 0, c1, tokens, &e));
+    int mine = 0, rc[8];
+    double loss;
+    gate_calls = 0;
+    gate_result = 0;
+    worker_engine_set_gate(e, count_gate, &mine);
+    rc[0] = worker_engine_step(e, 0, &loss);
+    rc[1] = worker_engine_step(e, 1, &loss); /* called once: the gate is gone */
+    int calls_ok = gate_calls, t_ok = worker_engine_opt_step(e);
+    gate_result = -ECONNRESET;
+    worker_engine_set_gate(e, count_gate, &mine);
+    rc[2] = worker_engine_step(e, 2, &loss);
+    int t_failed = worker_engine_opt_step(e);
+    worker_engine_set_gate(e, count_gate, &mine);
+    worker_engine_set_gate(e, NULL, &mine); /* cleared: never called */
+    rc[3] = worker_engine_step(e, 2, &loss);
+    /* Held: the old view of a committed reshape stays, and no reshape may begin. */
+    rc[4] = worker_engine_reshape_begin(e, &l1, 0, 0, c2);
+    rc[5] = worker_engine_reshape_commit(e);
+    worker_engine_hold_old(e, true);
+    rc[6] = worker_engine_reshape_begin(e, &l1, 0, 0, c2);
+    worker_engine_hold_old(e, false);
+    rc[7] = worker_engine_step(e, 3, &loss);
+    worker_engine_free(e);
+    mig_comm_free(c1);
+    mig_comm_free(c2);
+    mig_endpoint_free(ep);
+    for (int i = 0; i < 2; i++)
+        ASSERT_OK(rc[i]);
+    ASSERT_EQ(calls_ok, 1);
+    ASSERT_EQ(t_ok, 2);
+    ASSERT_ERR(rc[2], -ECONNRESET);
+    ASSERT_EQ(t_failed, 2); /* the update never ran */
+    ASSERT_EQ(gate_calls, 2);
+    ASSERT_EQ(mine, 2);
+    ASSERT_OK(rc[3]);
+    ASSERT_OK(rc[4]);
+    ASSERT_OK(rc[5]);
+    ASSERT_ERR(rc[6], -EBUSY);
+    ASSERT_OK(rc[7]);
+    return 0;
+}
+
+TEST_MAIN(TEST(test_gate), TEST(test_pipeline_bitwise), TEST(test_data_parallel_close), TEST(test_detached),
           TEST(test_reshape_pipeline_prepared),
           TEST(test_checkpoint_continue), TEST(test_reshape_dp_shrink),
           TEST(test_bad_arguments), TEST(test_load_other_model), TEST(test_cleanup))
