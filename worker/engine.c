@@ -177,6 +177,13 @@ static void reap_dead(struct worker_engine *e) {
     drop_spare(e);
 }
 
+/* Forgets the kept moments a reshape left to copy (copied, or their views gone). */
+static void mcopy_drop(struct worker_engine *e) {
+    st_free(e->mcopy);
+    e->mcopy = NULL;
+    e->nmcopy = 0;
+}
+
 static void drop_pwork(struct worker_engine *e) {
     e->pwork = worker__work_free(e->pwork, e->pwork_n);
     e->pwork_lo = e->pwork_n = 0;
@@ -366,6 +373,7 @@ struct worker_engine *worker_engine_free(struct worker_engine *e) {
     drop_work(e);
     drop_spare(e);
     drop_pwork(e);
+    mcopy_drop(e);
     worker__view_done(&e->dead);
     worker__view_unshare(&e->old, &e->cur);
     worker__view_done(&e->cur);
@@ -650,12 +658,23 @@ int worker_engine_reshape_begin(struct worker_engine *e, const struct worker_lay
     else
         TRY(worker__view_init(&nv, &e->cfg, layout, stage, replica, comm, &e->cur));
     size_t n0 = kern_layer_param_count(&e->cfg.model, 0);
+    bool later = e->moments_later;
+    e->moments_later = false;
+    mcopy_drop(e);
+    if (later && stage >= 0 && nv.hi > nv.lo) {
+        e->mcopy = st_calloc((size_t)(nv.hi - nv.lo), sizeof(*e->mcopy));
+        later = e->mcopy != NULL; /* else copied here, as without */
+    }
     for (int l = nv.lo; l < nv.hi && stage >= 0; l++) {
         struct engine_layer *N = &nv.layers[l - nv.lo];
         struct engine_layer *O = worker__view_layer(&e->cur, l);
         if (O) {
             size_t a = ST_MAX(N->lo, O->lo), b = ST_MIN(N->hi, O->hi);
-            if (a < b && N->m != O->m) {
+            if (a < b && N->m != O->m && later) {
+                e->mcopy[e->nmcopy++] = (struct engine_mcopy){
+                    N->m + (a - N->lo), N->v + (a - N->lo), O->m + (a - O->lo),
+                    O->v + (a - O->lo), b - a};
+            } else if (a < b && N->m != O->m) {
                 memcpy(N->m + (a - N->lo), O->m + (a - O->lo), (b - a) * sizeof(float));
                 memcpy(N->v + (a - N->lo), O->v + (a - O->lo), (b - a) * sizeof(float));
             }
@@ -671,6 +690,25 @@ int worker_engine_reshape_begin(struct worker_engine *e, const struct worker_lay
     e->old = e->cur;
     e->cur = nv;
     return 0;
+}
+
+void worker_engine_reshape_moments_later(struct worker_engine *e) {
+    if (engine_check(e) == 0)
+        e->moments_later = true;
+}
+
+size_t worker_engine_copy_kept_moments(struct worker_engine *e) {
+    size_t bytes = 0;
+    if (engine_check(e) < 0)
+        return 0;
+    for (int i = 0; i < e->nmcopy; i++) {
+        const struct engine_mcopy *c = &e->mcopy[i];
+        memcpy(c->m, c->om, c->n * sizeof(float));
+        memcpy(c->v, c->ov, c->n * sizeof(float));
+        bytes += 2 * c->n * sizeof(float);
+    }
+    mcopy_drop(e);
+    return bytes;
 }
 
 void worker_engine_set_gate(struct worker_engine *e, worker_engine_gate_fn *fn, void *userdata) {
@@ -750,6 +788,7 @@ int worker_engine_reshape_abort(struct worker_engine *e) {
         return -EINVAL;
     drop_work(e);
     drop_pwork(e);
+    mcopy_drop(e); /* their destination goes with the new view */
     worker__view_unshare(&e->cur, &e->old);
     worker__view_done(&e->cur);
     e->cur = e->old;

@@ -90,6 +90,8 @@ struct deferbg {
     bool running;              /* th was started and not joined */
     _Atomic bool finished;     /* th is done (set by th) */
     struct mig_comm *comm;     /* the epoch's communicator (R->comm once the migration ends) */
+    struct worker_engine *eng; /* a reshaped engine whose kept moments the thread copies */
+    size_t copied;             /* bytes of those */
     struct mig_xfer *x;        /* the moment transfers, in the Migrate's order */
     float **ptrs;              /* per transfer: this rank's buffer (NULL: not ours) */
     size_t n;
@@ -460,6 +462,8 @@ static int defer_buf(void *userdata, const struct mig_xfer *x, bool send, float 
 
 static void *defer_main(void *arg) {
     struct deferbg *d = arg;
+    if (d->eng)
+        d->copied = worker_engine_copy_kept_moments(d->eng);
     d->result = mig_execute(d->comm, d->x, d->n, defer_buf, d, NULL);
     /* A failed batch leaves the epoch's streams out of step: end them all now, so that every
      * peer's call with us fails at once rather than at its no-progress timeout. */
@@ -895,6 +899,9 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
         TRY_GOTO(worker_engine_attach(R->eng, comm), r, out);
     } else if (cfg) {
         const Spottrain__V1__Configure *cf = cfg->configure;
+        /* The moments we keep but whose shard changes are copied after the boundary too. */
+        if (m->defer_moments && !restore)
+            worker_engine_reshape_moments_later(R->eng);
         TRY_GOTO(worker_engine_reshape_begin(R->eng, &lay, (int)cf->stage, (int)cf->replica,
                                              comm), r, out);
         reshaped = true;
@@ -946,11 +953,11 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
     if (nd > 0 && !cfg) {
         /* We leave: nothing to overlap with, so the second batch runs here. */
         TRY_GOTO(mig_execute(comm, xd, nd, xfer_buf, &bd, NULL), r, out);
-    } else if (nd > 0) {
+    } else if (nd > 0 || (reshaped && m->defer_moments)) {
         /* Our buffers now, while the old view is the reshape's: the commit below makes it the
          * engine's held old buffers, which the thread then reads. */
         struct deferbg *d = &R->df;
-        d->ptrs = st_calloc(nd, sizeof(*d->ptrs));
+        d->ptrs = st_calloc(nd ? nd : 1, sizeof(*d->ptrs));
         if (!d->ptrs)
             TRY_GOTO(-ENOMEM, r, out);
         for (size_t i = 0; i < nd; i++)
@@ -959,6 +966,7 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
         d->x = xd;
         d->n = nd;
         xd = NULL;
+        d->eng = reshaped ? R->eng : NULL;
         d->comm = comm;
         d->sent0 = wsent0;
         d->recv0 = wrecv0;
@@ -970,6 +978,7 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
             d->running = true;
             worker_engine_set_gate(R->eng, defer_gate, R);
         } else {
+            (void)worker_engine_copy_kept_moments(R->eng);
             worker_engine_hold_old(R->eng, false);
             r = mig_execute(comm, d->x, d->n, defer_buf, d, NULL);
             defer_free(R);

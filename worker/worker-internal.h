@@ -62,6 +62,13 @@ struct engine_work {
     double loss_sum;          /* this replica's loss sum for the step */
 };
 
+/* A range of moments a reshape keeps, to copy from the old shard to the new one. */
+struct engine_mcopy {
+    float *m, *v;             /* the new view's */
+    const float *om, *ov;     /* the old view's */
+    size_t n;
+};
+
 struct worker_engine {
     uint32_t magic;
     struct worker_train_config cfg;
@@ -85,6 +92,9 @@ struct worker_engine {
     struct engine_view dead;
     struct engine_reap *reap;
     bool hold_dead;           /* worker_engine_hold_old: dead and the spare stay */
+    bool moments_later;       /* worker_engine_reshape_moments_later, for the next begin */
+    struct engine_mcopy *mcopy; /* kept moments the begin left to copy (moments_later) */
+    int nmcopy;
     size_t work_fresh;        /* bytes the last work_make allocated itself */
     worker_engine_gate_fn *gate; /* called once before the next step's first comm or update */
     void *gate_userdata;

@@ -186,6 +186,15 @@ void worker_engine_set_gate(struct worker_engine *e, worker_engine_gate_fn *fn, 
  * instead of releasing them after the next worker_engine_ready or step; releasing lets them
  * go. A reshape_begin while held is -EBUSY. */
 void worker_engine_hold_old(struct worker_engine *e, bool hold);
+/* The next reshape_begin leaves the moments this worker keeps (the overlap of its old and
+ * new moment shards, when they are not the same range) in the old buffers for
+ * worker_engine_copy_kept_moments, instead of copying them inside the stall. */
+void worker_engine_reshape_moments_later(struct worker_engine *e);
+/* Copies what the last reshape_begin left (above): the old buffers must still be there (not
+ * aborted; committed only while held). Safe on another thread while the new epoch's first
+ * step runs up to its gate: it reads the old shards and writes the new ones, which nothing
+ * else touches before. Returns the bytes copied. */
+size_t worker_engine_copy_kept_moments(struct worker_engine *e);
 
 /* Checkpoint save: gathers the moment shards to replica 0 of each stage, which writes its
  * layers' files (PARAM, ADAM_M, ADAM_V of every tensor, full) into dir; then position

@@ -375,6 +375,8 @@ struct reshape_arg {
     int rc[2];
     struct state *out;
     bool prep;    /* test_reshape_pipeline_prepared: prepare the new position */
+    bool later;   /* test_reshape_dp_shrink: the kept moments copied after the commit */
+    size_t copied, copied_want; /* bytes worker_engine_copy_kept_moments copied, expected */
     size_t fresh; /* and what its first work buffers still allocated */
 };
 
@@ -422,6 +424,8 @@ static void *reshape_thread(void *p) {
         r = worker_engine_step(e, (uint64_t)s, NULL);
     if (r < 0)
         goto out;
+    if (a->later)
+        worker_engine_reshape_moments_later(e);
     if ((r = worker_engine_reshape_begin(e, &l1, rank == 0 ? 0 : -1, 0, NULL)) < 0)
         goto out;
     if (worker_engine_step(e, 2, NULL) != -EINVAL) { /* no step between begin and commit */
@@ -444,9 +448,9 @@ static void *reshape_thread(void *p) {
                 break;
             size_t lo, hi;
             worker_shard(b.n, 2, 1, &lo, &hi);
-            /* the kept half was copied by reshape_begin into the wider shard; the parameters,
-             * kept as they are, are the old view's own buffer */
-            if (memcmp(b.adam_m, ob.adam_m, ob.shard_hi * sizeof(float)) != 0 ||
+            /* the kept half was copied by reshape_begin into the wider shard (later: not
+             * yet); the parameters, kept as they are, are the old view's own buffer */
+            if ((memcmp(b.adam_m, ob.adam_m, ob.shard_hi * sizeof(float)) != 0) != a->later ||
                 b.shard_lo != 0 || b.shard_hi != b.n || b.adam_m == ob.adam_m ||
                 b.param != ob.param) {
                 r = -EPROTO;
@@ -457,8 +461,21 @@ static void *reshape_thread(void *p) {
                 r = mig_recv(comm, 1, b.adam_v + lo, (hi - lo) * sizeof(float));
         }
     }
+    if (a->later && rank == 0)
+        worker_engine_hold_old(e, true); /* the copy below reads the old shard */
     if (r < 0 || (r = worker_engine_reshape_commit(e)) < 0)
         goto out;
+    if (a->later && rank == 0) {
+        size_t half, lo, hi, want = 0;
+        for (int l = 0; l < nl; l++) {
+            worker_shard(kern_layer_param_count(&model, l), 2, 0, &lo, &hi);
+            half = hi - lo;
+            want += 2 * half * sizeof(float);
+        }
+        a->copied = worker_engine_copy_kept_moments(e);
+        a->copied_want = want;
+        worker_engine_hold_old(e, false);
+    }
     if (rank == 0) {
         mig_comm_free(comm);
         comm = NULL;
@@ -495,21 +512,26 @@ static int run_pair(void *(*fn)(void *), struct reshape_arg *a) {
 
 static int test_reshape_dp_shrink(void) {
     ASSERT_OK(setup_data());
-    struct state full, got;
-    state_alloc(&full), state_alloc(&got);
-    ASSERT_OK(run_job(1, 1, NULL, 4, 0, NULL, NULL, &full));
-    struct reshape_arg a;
-    memset(&a, 0, sizeof(a));
-    a.out = &got;
-    ASSERT_OK(run_pair(reshape_thread, &a));
-    size_t nd;
-    double w = state_diff(&got, &full, &nd);
-    int t = got.t;
-    state_free(&full), state_free(&got);
-    ASSERT_OK(a.rc[0]);
-    ASSERT_OK(a.rc[1]);
-    ASSERT_EQ(t, 4);
-    ASSERT_TRUE(w <= 1e-6);
+    for (int later = 0; later < 2; later++) {
+        struct state full, got;
+        state_alloc(&full), state_alloc(&got);
+        ASSERT_OK(run_job(1, 1, NULL, 4, 0, NULL, NULL, &full));
+        struct reshape_arg a;
+        memset(&a, 0, sizeof(a));
+        a.out = &got;
+        a.later = later;
+        ASSERT_OK(run_pair(reshape_thread, &a));
+        size_t nd;
+        double w = state_diff(&got, &full, &nd);
+        int t = got.t;
+        state_free(&full), state_free(&got);
+        ASSERT_OK(a.rc[0]);
+        ASSERT_OK(a.rc[1]);
+        ASSERT_EQ(t, 4);
+        ASSERT_TRUE(w <= 1e-6);
+        ASSERT_EQ(a.copied, a.copied_want); /* 0 = 0 without */
+        ASSERT_TRUE(!later || a.copied > 0);
+    }
     return 0;
 }
 
