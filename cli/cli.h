@@ -8,6 +8,7 @@
 #ifndef ST_CLI_H
 #define ST_CLI_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 
@@ -83,6 +84,14 @@ struct cli_job_ui {
     struct coord_loop_status last;
     double last_line;
     char rest[128];       /* the REST address, once started */
+    /* On a terminal, while the job runs, our stderr (and the sim's workers', which inherit
+     * it) goes through a pipe whose reader prints each line above the status block, so that
+     * no log line lands inside the block and leaves a stale copy of it (job-ui.c). */
+    pthread_mutex_t lock; /* the block and the terminal, between the driver and the reader */
+    int err_fd;           /* the terminal's stderr while captured; -1 = not captured */
+    int pipe_rd;
+    pthread_t reader;
+    _Atomic bool reader_done;
 };
 /* Fills u and the driver's ui callbacks (*ret) that print through it. */
 void cli_job_ui_init(struct cli_job_ui *u, const char *cmd, const char *prefix,

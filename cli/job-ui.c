@@ -6,10 +6,12 @@
  * `coordinator --train` and `launch` print through these functions, so a user sees the same
  * lines whichever fleet the job runs on. */
 #include <errno.h>
+#include <fcntl.h> /* F_DUPFD_CLOEXEC, O_CLOEXEC */
 #include <inttypes.h>
 #include <jansson.h> /* json_dumps: the error string quoted */
 #include <math.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -137,6 +139,7 @@ void cli_job_ckpt_store(struct coord_job_config *jc, const struct st_spec *spec)
 
 static void ui_event(const char *line, void *userdata) {
     struct cli_job_ui *u = userdata;
+    pthread_mutex_lock(&u->lock);
     if (u->tty && u->drawn) {
         printf("\033[%dA\033[J", u->drawn); /* the event goes above the status block */
         u->drawn = 0;
@@ -145,10 +148,12 @@ static void ui_event(const char *line, void *userdata) {
     fflush(stdout);
     if (u->tty && u->have_status)
         cli_job_ui_draw(u, &u->last);
+    pthread_mutex_unlock(&u->lock);
 }
 
 static void ui_progress(const struct coord_loop_status *st, void *userdata) {
     struct cli_job_ui *u = userdata;
+    pthread_mutex_lock(&u->lock);
     u->last = *st;
     u->have_status = true;
     double now = st_now();
@@ -156,6 +161,113 @@ static void ui_progress(const struct coord_loop_status *st, void *userdata) {
         cli_job_ui_draw(u, st);
         u->last_line = now;
     }
+    pthread_mutex_unlock(&u->lock);
+}
+
+/* ---- log lines above the block (a terminal) ---------------------------------------------- */
+
+/* One line (or a piece of an overlong one) that went to our stderr: erase the block, write
+ * the line to the terminal, draw the block again below it. */
+static void ui_log_line(struct cli_job_ui *u, const char *p, size_t n) {
+    pthread_mutex_lock(&u->lock);
+    if (u->drawn) {
+        printf("\033[%dA\033[J", u->drawn);
+        fflush(stdout);
+        u->drawn = 0;
+    }
+    while (n > 0) {
+        ssize_t w = write(u->err_fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            break;
+        p += w;
+        n -= (size_t)w;
+    }
+    if (u->have_status)
+        cli_job_ui_draw(u, &u->last);
+    pthread_mutex_unlock(&u->lock);
+}
+
+static void *ui_reader(void *arg) {
+    struct cli_job_ui *u = arg;
+    char buf[4096];
+    size_t have = 0;
+    for (;;) {
+        ssize_t n = read(u->pipe_rd, buf + have, sizeof(buf) - have);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        have += (size_t)n;
+        size_t start = 0;
+        for (size_t i = 0; i < have; i++) {
+            if (buf[i] == '\n') {
+                ui_log_line(u, buf + start, i + 1 - start);
+                start = i + 1;
+            }
+        }
+        if (start == 0 && have == sizeof(buf)) { /* a line longer than the buffer */
+            ui_log_line(u, buf, have);
+            have = 0;
+        } else {
+            memmove(buf, buf + start, have - start);
+            have -= start;
+        }
+    }
+    if (have > 0) {
+        buf[have < sizeof(buf) ? have : sizeof(buf) - 1] = '\n';
+        ui_log_line(u, buf, have < sizeof(buf) ? have + 1 : have);
+    }
+    atomic_store(&u->reader_done, true);
+    return NULL;
+}
+
+/* While the job runs on a terminal: fd 2 becomes a pipe that ui_reader prints above the
+ * block; workers the sim starts inherit it. Nothing changes when it cannot be set up. */
+static void ui_capture_begin(struct cli_job_ui *u) {
+    int fds[2];
+    if (!u->tty || !isatty(STDERR_FILENO) || u->err_fd >= 0 || pipe2(fds, O_CLOEXEC) < 0)
+        return;
+    int saved = fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 3);
+    fflush(stderr);
+    if (saved < 0 || dup2(fds[1], STDERR_FILENO) < 0) {
+        if (saved >= 0)
+            close(saved);
+        close(fds[0]);
+        close(fds[1]);
+        return;
+    }
+    close(fds[1]);
+    u->err_fd = saved;
+    u->pipe_rd = fds[0];
+    atomic_store(&u->reader_done, false);
+    if (pthread_create(&u->reader, NULL, ui_reader, u) != 0) {
+        dup2(saved, STDERR_FILENO);
+        close(saved);
+        close(fds[0]);
+        u->err_fd = -1;
+    }
+}
+
+/* The job is over: fd 2 is the terminal again, and the reader prints what is left in the pipe
+ * (it ends when the last writer, ours or a worker's, is gone; waited for 1 s at most, then
+ * left to finish on its own). */
+static void ui_capture_end(struct cli_job_ui *u) {
+    if (u->err_fd < 0)
+        return;
+    fflush(stderr);
+    dup2(u->err_fd, STDERR_FILENO);
+    for (int i = 0; i < 100 && !atomic_load(&u->reader_done); i++)
+        usleep(10000);
+    if (atomic_load(&u->reader_done)) {
+        pthread_join(u->reader, NULL);
+        close(u->pipe_rd);
+        close(u->err_fd);
+    } else {
+        pthread_detach(u->reader); /* it still writes to err_fd: both stay open */
+    }
+    u->err_fd = -1;
 }
 
 static void ui_started(const char *grpc, const char *rest, const char *job_id,
@@ -230,6 +342,9 @@ void cli_job_ui_finish(struct cli_job_ui *u) {
 void cli_job_ui_init(struct cli_job_ui *u, const char *cmd, const char *prefix,
                      struct coord_job_ui *ret) {
     memset(u, 0, sizeof(*u));
+    pthread_mutex_init(&u->lock, NULL);
+    u->err_fd = -1;
+    u->pipe_rd = -1;
     u->cmd = cmd;
     u->prefix = prefix;
     u->tty = isatty(STDOUT_FILENO);
@@ -303,7 +418,9 @@ int cli__job_run(struct cli_job *j) {
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
+    ui_capture_begin(&j->ui);
     int r = coord_job_run(&j->jc, &j->sum);
+    ui_capture_end(&j->ui);
     if (r < 0)
         fprintf(stderr, "spottrain %s: %s\n", j->cmd, st_strerror(r));
     return r;

@@ -209,6 +209,39 @@ def scenario_pipe():
         shutil.rmtree(d, ignore_errors=True)
 
 
+def kill_positioned(text, d):
+    """SIGKILLs the sim worker of a position of the running epoch, found through the run's
+    REST (its address is on the terminal); returns its instance id, or None."""
+    import signal
+    import urllib.request
+    m = re.search(r"rest=(http://\S+)", text)
+    if not m:
+        return None
+    try:
+        def get(path):
+            with urllib.request.urlopen(m.group(1) + path, timeout=10) as r:
+                return json.loads(r.read())
+        job, ws = get("/v1/job"), get("/v1/workers")["workers"]
+    except (OSError, ValueError):
+        return None
+    pos = [w["instance_id"] for w in ws
+           if w["state"] == "active" and w["epoch"] == job["epoch"] and w["stage"] >= 0]
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                args = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if "worker" in args and "--instance-id" in args and any(d in a for a in args):
+            inst = args[args.index("--instance-id") + 1]
+            if inst in pos:
+                os.kill(int(p), signal.SIGKILL)
+                return inst
+    return None
+
+
 def scenario_tmux():
     if not shutil.which("tmux"):
         print("tmux is not installed (scripts/install-deps installs it)")
@@ -247,6 +280,14 @@ def scenario_tmux():
                           f"history during the run (found {n})")
             check("instances alive" in later and "shape " in later and "last: " in later,
                   "the block shows shape, instances and the last event")
+        # A log line while the block is up: SIGKILL a positioned worker, and its peers' steps
+        # fail with an error they log to the run's stderr, which the sim's workers share. It
+        # must print above the block, not inside it (a stale block copy stayed behind).
+        killed = kill_positioned(pane(history=True), d)
+        check(killed is not None, f"a positioned worker was killed ({killed})")
+        logged = wait_for(lambda: (lambda t: t if " err " in t else None)(
+            pane(history=True)), 120)
+        check(logged is not None, "a worker's error line reached the terminal")
         ok = wait_for(lambda: os.path.exists(done) and open(done).read().strip(), 400, 0.5)
         check(ok == "0", f"run exits 0 in the terminal (exit {ok!r})")
         text = pane(history=True)
@@ -260,6 +301,9 @@ def scenario_tmux():
                       f"lines)")
         check(not any(l.startswith("instances alive") for l in lines),
               "no stale copies of the block")
+        errs = [l for l in lines if " err " in l]
+        check(errs and not any("step " in l and "/200  loss" in l for l in errs),
+              f"the workers' error lines are whole lines of their own ({errs[:3]})")
         check(any(l.startswith("  steps              200") for l in lines),
               "the summary reports 200 steps")
         # The first decision names the shape that started, and why it differs if it does.
