@@ -1013,7 +1013,8 @@ static int load_worker(const struct coord_worker *w, uint64_t next_command, void
         return -ENOMEM;
     wk->pub = *w;
     wk->next_command = next_command ? next_command : 1;
-    /* A restart is not the workers' fault: they get a full deadline to come back. */
+    /* A restart is not the workers' fault: they get a full deadline to come back (counted
+     * again from coord_start(), when they can first reach us). */
     wk->last_seen = st_now();
     c->workers[c->nworkers++] = wk;
     if (w->order >= c->next_order)
@@ -1122,6 +1123,14 @@ int coord_start(struct coord *c) {
     if (!c || c->magic != COORD_MAGIC || c->cq_started)
         return -EINVAL;
     TRY(coord__grpc_start(c));
+    /* The workers a restart loaded from the journal get their full deadline from now, when
+     * they can first reach us: a slow start (a big journal, a loaded machine, the job
+     * driver's set-up between coord_new and here) must not eat into it. */
+    pthread_mutex_lock(&c->lock);
+    double now = st_now();
+    for (size_t k = 0; k < c->nworkers; k++)
+        c->workers[k]->last_seen = ST_MAX(c->workers[k]->last_seen, now);
+    pthread_mutex_unlock(&c->lock);
     r = coord__rest_start(c);
     if (r < 0) {
         coord__grpc_stop(c);

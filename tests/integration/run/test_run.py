@@ -1108,7 +1108,7 @@ def test_restart():
         save = os.path.join(d, "save")
         coord = [BIN, "coordinator", "--job", job, "--train", "--listen", addr,
                  "--status-listen", rest, "--token-file", tok, "--state-dir",
-                 os.path.join(d, "state"), "--save", save]
+                 os.path.join(d, "state"), "--save", save, "--heartbeat-deadline", "20s"]
         log = open(os.path.join(d, "coord.log"), "w")
         c = subprocess.Popen(coord, stdout=log, stderr=subprocess.STDOUT)
         procs.append(c)
@@ -1140,12 +1140,14 @@ def test_restart():
             procs.append(c)
             return c
         # Mid-run: a few hundred steps in. The workers are frozen while the new coordinator
-        # starts and for longer than its resync's quiet time (0.6 x the 10 s heartbeat
+        # starts and for longer than its resync's quiet time (0.6 x the 20 s heartbeat
         # deadline), short of the deadline itself: it has heard no step from them, and must
         # not resume from the steps its journal had (it resumed at step 0 and the lease fell
-        # behind the workers, a chaos-short round hung that way). Both times count from its
-        # journal load, after its start: the freeze ends 7.5 s after the start, not after
-        # REST answers (a slow start on a loaded machine would push it past the deadline).
+        # behind the workers, a chaos-short round hung that way). Both times count from after
+        # its start (its journal load, its listening): the freeze ends 13 s after the start,
+        # not after REST answers (a slow start on a loaded machine would push it past the
+        # deadline). The 10 s default left the workers 2.5 s to come back, and under ASan on
+        # a loaded CI machine they once took longer: declared lost, a restore, not a resume.
         j = wait_for("step 300", lambda: at(300), 90)
         for w in workers.values():
             w.send_signal(signal.SIGSTOP)
@@ -1153,7 +1155,7 @@ def test_restart():
             started = time.monotonic()
             c = restart(c)
             wait_for("the restarted coordinator's REST", lambda: job_(), 30)
-            time.sleep(max(0.0, started + 7.5 - time.monotonic()))
+            time.sleep(max(0.0, started + 13.0 - time.monotonic()))
         finally:
             for w in workers.values():
                 w.send_signal(signal.SIGCONT)
@@ -1163,7 +1165,8 @@ def test_restart():
                 return what in f.read()
         # Workers train the steps already leased while it resyncs: wait for the resume itself.
         wait_for("the restarted coordinator to resume the epoch",
-                 lambda: logged("after a restart"), 90)
+                 lambda: logged("after a restart"), 90,
+                 show=lambda: open(os.path.join(d, "coord.log")).read()[-6000:])
         with open(os.path.join(d, "coord.log")) as f:
             g = re.search(r"resumed epoch \d+ \(\dx\d\) at step (\d+) after a restart", f.read())
         check(g is not None and int(g.group(1)) >= j["step"],
