@@ -244,6 +244,9 @@ int cli_worker_job_main(int argc, char **argv) {
         ret = r == -EINVAL || r == -ENOENT ? CLI_EXIT_INPUT : CLI_EXIT_FAILURE;
         goto out;
     }
+    /* A migration's order and an early handshake may wait longer than the coordinator lets
+     * a reconfiguration go without progress: it, not the worker, decides that one failed. */
+    cfg->reconfig_timeout = ST_MAX(60.0, 2.0 * cfg->spec.coordinator.reconfig_timeout);
     if ((ret = cli__worker_agent_identity(&cfg->agent, token_file, want_id)) != CLI_EXIT_OK)
         goto out;
     ret = CLI_EXIT_INPUT;

@@ -255,6 +255,8 @@ static const struct field coordinator_fields[] = {
     {"advertise", F_LISTEN, STR(coordinator.advertise), 0, 0, NULL, NULL, EMPTY_OK, NULL},
     {"heartbeat_deadline", F_DURATION, OFF(coordinator.heartbeat_deadline), 0, 0, 3600, NULL,
      NULL, MIN_EXCL, NULL},
+    {"reconfig_timeout", F_DURATION, OFF(coordinator.reconfig_timeout), 0, 0, 3600, NULL, NULL,
+     MIN_EXCL, NULL},
     {"tls", F_MAP, 0, 0, 0, 0, NULL, &tls_table, 0, NULL},
     {"events_keep", F_INT, OFF(coordinator.events_keep), 0, 100, 100000000, NULL, NULL, 0,
      NULL},
@@ -1434,6 +1436,7 @@ void st_spec_defaults(struct st_spec *spec) {
     spec->fault_tolerance.peer_copy_background = true;
     snprintf(spec->coordinator.listen, sizeof(spec->coordinator.listen), "127.0.0.1:7070");
     spec->coordinator.heartbeat_deadline = 10;
+    spec->coordinator.reconfig_timeout = 30;
     spec->coordinator.events_keep = 10000;
     snprintf(spec->status.listen, sizeof(spec->status.listen), "127.0.0.1:8080");
 }
@@ -1789,6 +1792,7 @@ char *st_spec_to_json(const struct st_spec *spec) {
     jset(coord, "listen", json_string(spec->coordinator.listen), &ok);
     jset(coord, "advertise", json_string(spec->coordinator.advertise), &ok);
     jset(coord, "heartbeat_deadline", json_real(spec->coordinator.heartbeat_deadline), &ok);
+    jset(coord, "reconfig_timeout", json_real(spec->coordinator.reconfig_timeout), &ok);
     json_t *tls = json_object();
     jset(tls, "cert", json_string(spec->coordinator.tls_cert), &ok);
     jset(tls, "key", json_string(spec->coordinator.tls_key), &ok);

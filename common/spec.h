@@ -179,6 +179,8 @@ struct st_spec_coordinator {
     char advertise[256];  /* HOST:PORT workers dial; "" = the bound address (or, in
                              Kubernetes, the Service `spottrain k8s render` makes) */
     double heartbeat_deadline; /* seconds of silence before a worker is declared lost */
+    double reconfig_timeout;   /* seconds a reconfiguration may go without progress before
+                                  it fails (default 30) */
     /* coordinator.tls: cert + key turn on TLS for gRPC and REST; client_ca also requires
      * and verifies client certificates (mutual TLS). "" = not set; files must exist. */
     char tls_cert[ST_SPEC_PATH_MAX];      /* PEM certificate chain of the server */

@@ -257,6 +257,7 @@ static int loop_config(struct job *J, const char *state_dir) {
     if (cfg->heartbeat_deadline > 0)
         lc->spec.coordinator.heartbeat_deadline = cfg->heartbeat_deadline;
     lc->steps = J->spec.training.steps;
+    lc->reconfig_timeout = J->spec.coordinator.reconfig_timeout;
     if (cfg->fleet == COORD_JOB_FLEET_SIM)
         lc->time_scale = cfg->time_scale > 0 ? cfg->time_scale : J->spec.fleet.time_scale;
     else

@@ -68,6 +68,8 @@ int mig_endpoint_port(const struct mig_endpoint *ep);
  * a live migration's boundary, and its copies with it. Safe from any thread; epochs only go
  * up. NULL-safe. */
 void mig_endpoint_abandon(struct mig_endpoint *ep, uint64_t epoch);
+/* The highest epoch mig_endpoint_abandon() was given (0: none). NULL-safe. */
+uint64_t mig_endpoint_abandoned(const struct mig_endpoint *ep);
 
 /* Closes the listener and every buffered early connection. NULL-safe; returns NULL.
  * Every communicator built on ep must be freed first. */

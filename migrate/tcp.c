@@ -321,6 +321,11 @@ void mig_endpoint_abandon(struct mig_endpoint *ep, uint64_t epoch) {
         ;
 }
 
+/* See migrate.h. */
+uint64_t mig_endpoint_abandoned(const struct mig_endpoint *ep) {
+    return ep ? atomic_load(&((struct mig_endpoint *)ep)->abandon_below) : 0;
+}
+
 /* Records and logs a refused connection. The log names the peer, never a key or a proof. */
 static void auth_fail(struct mig_endpoint *ep, const char *peer, uint64_t epoch,
                       const char *why) {

@@ -584,6 +584,19 @@ static void sleep_s(double s) {
         ;
 }
 
+/* Tests (boundary_delay): holds a worker that trained up to a migration's boundary, as a
+ * slow peer or a hung handshake would. The hold ends early when the coordinator moves on (an
+ * order of a later epoch came: it gave this one up), as such a handshake is abandoned. */
+static void hold_boundary(struct runner *R, uint64_t epoch) {
+    double until = st_now() + R->cfg.boundary_delay;
+    while (mig_endpoint_abandoned(R->ep) <= epoch) {
+        double left = until - st_now();
+        if (left <= 0)
+            break;
+        sleep_s(ST_MIN(left, 0.05));
+    }
+}
+
 /* Builds the communicator of `epoch` from peers (rank i = peers[i]); own rank by worker id.
  * secret is the epoch's data-plane secret from its Configure or Migrate: without one (a
  * coordinator that predates it) no comm is built. tls (fleet.data_plane.tls) comes from the
@@ -890,7 +903,7 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
      * hold the others back (boundary_delay) to walk the spare's long wait. */
     bool early = created && !restore;
     if (!early && !restore && R->cfg.boundary_delay > 0)
-        sleep_s(R->cfg.boundary_delay);
+        hold_boundary(R, mig->epoch);
     TRY_GOTO(comm_build(R, mig->epoch, pl.p, pl.n, secret, tls,
                         R->cfg.timeout + (early ? R->cfg.reconfig_timeout : 0), &comm, &rank),
              r, out);

@@ -53,7 +53,8 @@ struct worker_runner_config {
                                          spare) waits for its peers this much longer than
                                          timeout: they may be that far from the boundary */
     double boundary_delay;            /* tests: a worker that trained up to a migration's
-                                         boundary waits this long, seconds, before its
+                                         boundary waits this long (or until an order of a
+                                         later epoch comes), seconds, before its
                                          handshake (SPOTTRAIN_TEST_BOUNDARY_DELAY) */
     worker_notice_poll_fn *poll_notice; /* NULL = no cloud notices */
     void *notice_userdata;

@@ -741,15 +741,20 @@ def sim_worker_pids(d):
     return pids
 
 
-def journal_notices(state, like):
-    """The messages of the workers' notices the job's journal recorded that match like (SQL)."""
+def journal_events(state, kind, like):
+    """The messages of the events of kind the job's journal recorded that match like (SQL)."""
     import sqlite3
     db = sqlite3.connect(os.path.join(state, "journal", "journal.db"))
     try:
-        return [m for (m,) in db.execute("select message from events where kind = 'notice' "
-                                         "and message like ?", (like,)).fetchall()]
+        return [m for (m,) in db.execute("select message from events where kind = ? "
+                                         "and message like ?", (kind, like)).fetchall()]
     finally:
         db.close()
+
+
+def journal_notices(state, like):
+    """The messages of the workers' notices the job's journal recorded that match like (SQL)."""
+    return journal_events(state, "notice", like)
 
 
 def peer_copy_times(state):
@@ -960,6 +965,41 @@ def test_moments_cut():
               "both workers' moments of epoch 2 failed: %r" % failed)
         recs = [(r["epoch"], r["kind"], r["ok"]) for r in s["reconfigurations"]]
         check((2, "pipeline", False) in recs, "the repartition failed: %r" % recs)
+        m = s["migrations"]
+        check(m["peer-restore"]["count"] == 1, "peer restores: %r" % m["peer-restore"])
+        check(m["checkpoint-restore"]["count"] == 0,
+              "checkpoint restores: %r" % m["checkpoint-restore"])
+        check(m["fresh-start"]["count"] == 0, "fresh starts: %r" % m["fresh-start"])
+        check(s["finished"] and s["steps"] == steps, "job did not finish: %s" % s)
+        same(ref, save)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_reconfig_timeout():
+    # A reconfiguration that moves nothing fails at coordinator.reconfig_timeout: both workers
+    # of a 1x2 -> 2x1 repartition are held at its boundary (SPOTTRAIN_TEST_BOUNDARY_DELAY, as
+    # a hung handshake would hold them), so no participant reports a step or an end. The
+    # coordinator fails the epoch after the job's 2 s with the timeout's own reason and orders
+    # a peer restore; its order ends the hold (the worker gives the old epoch up, as it
+    # abandons a handshake), the job comes back from the peer copies of the boundary (a
+    # restore is not held), and ends bitwise equal to the uninterrupted run. The hold's 60 s
+    # would outlast the test: only the coordinator's timeout ends it.
+    d = tempfile.mkdtemp(prefix="st-run-")
+    try:
+        steps = 60
+        job = write_job(d, "rctimeout", steps, "seconds,N\n0,2\n",
+                        planner="dp: {min: 1, max: 2}",
+                        extra="  fault_tolerance: {peer_copy_every: 10}\n"
+                              "  coordinator: {reconfig_timeout: 2s}\n")
+        ref = reference(d, job, steps)
+        save, s = run(d, job, steps, ["--shapes", "0:1x2,20:2x1"],
+                      env={"SPOTTRAIN_TEST_BOUNDARY_DELAY": "60"})
+        events = journal_events(os.path.join(d, "state"), "loop", "epoch 2: % failed (%")
+        check(len(events) == 1 and "timed out: nothing moved for" in events[0],
+              "epoch 2 did not time out: %r" % events)
+        recs = [(r["epoch"], r["kind"], r["ok"]) for r in s["reconfigurations"]]
+        check((2, "pipeline", False) in recs, "the repartition did not fail: %r" % recs)
         m = s["migrations"]
         check(m["peer-restore"]["count"] == 1, "peer restores: %r" % m["peer-restore"])
         check(m["checkpoint-restore"]["count"] == 0,
@@ -2079,7 +2119,8 @@ TESTS = {"tls": test_tls, "auth": test_auth, "restart": test_restart, "standalon
          "pipeline": test_pipeline, "pipeline-notice": test_pipeline_notice,
          "reshard": test_reshard, "input": test_input,
          "inter-early": test_inter_early, "trace-minute": test_trace_minute,
-         "peer": test_peer, "peer-cut": test_peer_cut, "moments-cut": test_moments_cut, "zone": test_zone, "refused": test_refused,
+         "peer": test_peer, "peer-cut": test_peer_cut, "moments-cut": test_moments_cut,
+         "reconfig-timeout": test_reconfig_timeout, "zone": test_zone, "refused": test_refused,
          "mitm": test_mitm, "killed": test_killed}
 
 if __name__ == "__main__":

@@ -76,6 +76,8 @@ static const struct bad_case bad_cases[] = {
      "must be in (0, 86400], found 0 s"},
     {BASE "  coordinator: {heartbeat_deadline: 2h}\n", 1, 10, 37,
      "spec.coordinator.heartbeat_deadline", "must be in (0, 3600], found 7200 s"},
+    {BASE "  coordinator: {reconfig_timeout: 0s}\n", 1, 10, 35,
+     "spec.coordinator.reconfig_timeout", "must be in (0, 3600], found 0 s"},
     {HEAD MODEL DATA TRAIN "  fleet: {max: 4, trace: trace.csv, spot: yes}\n", 1, 9, 43,
      "spec.fleet.spot", "expected true or false, found 'yes'"},
     {HEAD MODEL DATA TRAIN "  fleet: {max: 4, trace: trace.csv, data_plane: {tls: on}}\n", 1, 9,
@@ -526,6 +528,7 @@ static int test_defaults(void) {
     ASSERT_EQ(s.checkpoint.keep, 2);
     ASSERT_STREQ(s.coordinator.listen, "127.0.0.1:7070");
     ASSERT_NEAR(s.coordinator.heartbeat_deadline, 10, 0, 0);
+    ASSERT_NEAR(s.coordinator.reconfig_timeout, 30, 0, 0);
     ASSERT_STREQ(s.status.listen, "127.0.0.1:8080");
     ASSERT_STREQ(s.status.token_file, "");
     ASSERT_STREQ(s.coordinator.tls_cert, "");
