@@ -669,14 +669,17 @@ int worker_engine_reshape_begin(struct worker_engine *e, const struct worker_lay
         struct engine_layer *N = &nv.layers[l - nv.lo];
         struct engine_layer *O = worker__view_layer(&e->cur, l);
         if (O) {
+            /* The overlap of the old and new moment shards, when the shard moved. */
             size_t a = ST_MAX(N->lo, O->lo), b = ST_MIN(N->hi, O->hi);
-            if (a < b && N->m != O->m && later) {
-                e->mcopy[e->nmcopy++] = (struct engine_mcopy){
-                    N->m + (a - N->lo), N->v + (a - N->lo), O->m + (a - O->lo),
-                    O->v + (a - O->lo), b - a};
-            } else if (a < b && N->m != O->m) {
-                memcpy(N->m + (a - N->lo), O->m + (a - O->lo), (b - a) * sizeof(float));
-                memcpy(N->v + (a - N->lo), O->v + (a - O->lo), (b - a) * sizeof(float));
+            if (a >= b || N->m == O->m)
+                continue;
+            struct engine_mcopy k = {N->m + (a - N->lo), N->v + (a - N->lo),
+                                     O->m + (a - O->lo), O->v + (a - O->lo), b - a};
+            if (later) {
+                e->mcopy[e->nmcopy++] = k;
+            } else {
+                memcpy(k.m, k.om, k.n * sizeof(float));
+                memcpy(k.v, k.ov, k.n * sizeof(float));
             }
         } else if (l == 0 && e->cur.tied0) {
             memcpy(N->param, e->cur.tied0, n0 * sizeof(float));

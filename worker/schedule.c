@@ -101,23 +101,32 @@ static int backward(struct worker_engine *e, int m, float **ret_din) {
     return 0;
 }
 
+/* Every pipeline message goes through here: a migration's second batch (the moments after
+ * the boundary) still moving on the same communicator must end first, so the gate runs
+ * before the step's first message; with pp 1 there is none, and the update's gate waits. */
+static int p2p(struct worker_engine *e, struct mig_op *ops, size_t n) {
+    TRY(worker__gate(e));
+    return mig_batch(e->cur.comm, ops, n);
+}
+
 /* Point-to-point helpers; each is a no-op at the pipeline end it does not apply to. */
 static int recv_forward(struct worker_engine *e, int m) {
     struct engine_view *v = &e->cur;
     if (v->stage == 0)
         return 0;
-    TRY(worker__gate(e));
-    return mig_recv(v->comm, worker__rank(v, v->stage - 1, v->replica),
-                    e->work->slots[m % e->work->nslots].in, act_bytes(e));
+    struct mig_op op = {worker__rank(v, v->stage - 1, v->replica), false,
+                        e->work->slots[m % e->work->nslots].in, act_bytes(e)};
+    return p2p(e, &op, 1);
 }
 
 static int send_forward(struct worker_engine *e, int m) {
     struct engine_view *v = &e->cur;
     if (v->stage == v->layout.pp - 1)
         return 0;
-    TRY(worker__gate(e));
-    return mig_send(v->comm, worker__rank(v, v->stage + 1, v->replica),
-                    e->work->slots[m % e->work->nslots].out[v->hi - v->lo - 1], act_bytes(e));
+    struct mig_op op = {worker__rank(v, v->stage + 1, v->replica), true,
+                        e->work->slots[m % e->work->nslots].out[v->hi - v->lo - 1],
+                        act_bytes(e)};
+    return p2p(e, &op, 1);
 }
 
 /* Sends micro-batch m's output forward and receives a gradient into dbuf[0] together. */
@@ -125,13 +134,12 @@ static int send_forward_recv_backward(struct worker_engine *e, int m) {
     struct engine_view *v = &e->cur;
     if (v->stage == v->layout.pp - 1)
         return 0; /* the head already left dout in dbuf[0] */
-    TRY(worker__gate(e));
     int next = worker__rank(v, v->stage + 1, v->replica);
     struct mig_op ops[2] = {
         {next, true, e->work->slots[m % e->work->nslots].out[v->hi - v->lo - 1], act_bytes(e)},
         {next, false, e->work->dbuf[0], act_bytes(e)},
     };
-    return mig_batch(v->comm, ops, 2);
+    return p2p(e, ops, 2);
 }
 
 /* Sends din backward and receives micro-batch m's input together. */
@@ -139,30 +147,29 @@ static int send_backward_recv_forward(struct worker_engine *e, float *din, int m
     struct engine_view *v = &e->cur;
     if (v->stage == 0)
         return 0;
-    TRY(worker__gate(e));
     int prev = worker__rank(v, v->stage - 1, v->replica);
     struct mig_op ops[2] = {
         {prev, true, din, act_bytes(e)},
         {prev, false, e->work->slots[m % e->work->nslots].in, act_bytes(e)},
     };
-    return mig_batch(v->comm, ops, 2);
+    return p2p(e, ops, 2);
 }
 
 static int send_backward(struct worker_engine *e, float *din) {
     struct engine_view *v = &e->cur;
     if (v->stage == 0)
         return 0;
-    TRY(worker__gate(e));
-    return mig_send(v->comm, worker__rank(v, v->stage - 1, v->replica), din, act_bytes(e));
+    struct mig_op op = {worker__rank(v, v->stage - 1, v->replica), true, din, act_bytes(e)};
+    return p2p(e, &op, 1);
 }
 
 static int recv_backward(struct worker_engine *e) {
     struct engine_view *v = &e->cur;
     if (v->stage == v->layout.pp - 1)
         return 0;
-    TRY(worker__gate(e));
-    return mig_recv(v->comm, worker__rank(v, v->stage + 1, v->replica), e->work->dbuf[0],
-                    act_bytes(e));
+    struct mig_op op = {worker__rank(v, v->stage + 1, v->replica), false, e->work->dbuf[0],
+                        act_bytes(e)};
+    return p2p(e, &op, 1);
 }
 
 /* The 1F1B schedule of one step over this replica's micro-batches. */
