@@ -941,6 +941,19 @@ def test_peer_cut():
         shutil.rmtree(d, ignore_errors=True)
 
 
+def epoch2_restored(s, steps):
+    """The summary s says: epoch 2's repartition failed, one peer restore (no disk restore, no
+    fresh start) brought the job back, and it finished its steps."""
+    recs = [(r["epoch"], r["kind"], r["ok"]) for r in s["reconfigurations"]]
+    check((2, "pipeline", False) in recs, "the repartition did not fail: %r" % recs)
+    m = s["migrations"]
+    check(m["peer-restore"]["count"] == 1, "peer restores: %r" % m["peer-restore"])
+    check(m["checkpoint-restore"]["count"] == 0,
+          "checkpoint restores: %r" % m["checkpoint-restore"])
+    check(m["fresh-start"]["count"] == 0, "fresh starts: %r" % m["fresh-start"])
+    check(s["finished"] and s["steps"] == steps, "job did not finish: %s" % s)
+
+
 def test_moments_cut():
     # Moments after the boundary (fleet.data_plane.overlap, on by default): a 1x2 -> 2x1
     # repartition moves each worker's parameters at the boundary and the optimizer moments in
@@ -963,14 +976,7 @@ def test_moments_cut():
         moments = [m for m in failed if "the optimizer moments after the boundary" in m]
         check(len(moments) == 2 and all("epoch=2 " in m for m in moments),
               "both workers' moments of epoch 2 failed: %r" % failed)
-        recs = [(r["epoch"], r["kind"], r["ok"]) for r in s["reconfigurations"]]
-        check((2, "pipeline", False) in recs, "the repartition failed: %r" % recs)
-        m = s["migrations"]
-        check(m["peer-restore"]["count"] == 1, "peer restores: %r" % m["peer-restore"])
-        check(m["checkpoint-restore"]["count"] == 0,
-              "checkpoint restores: %r" % m["checkpoint-restore"])
-        check(m["fresh-start"]["count"] == 0, "fresh starts: %r" % m["fresh-start"])
-        check(s["finished"] and s["steps"] == steps, "job did not finish: %s" % s)
+        epoch2_restored(s, steps)
         same(ref, save)
     finally:
         shutil.rmtree(d, ignore_errors=True)
@@ -998,14 +1004,7 @@ def test_reconfig_timeout():
         events = journal_events(os.path.join(d, "state"), "loop", "epoch 2: % failed (%")
         check(len(events) == 1 and "timed out: nothing moved for" in events[0],
               "epoch 2 did not time out: %r" % events)
-        recs = [(r["epoch"], r["kind"], r["ok"]) for r in s["reconfigurations"]]
-        check((2, "pipeline", False) in recs, "the repartition did not fail: %r" % recs)
-        m = s["migrations"]
-        check(m["peer-restore"]["count"] == 1, "peer restores: %r" % m["peer-restore"])
-        check(m["checkpoint-restore"]["count"] == 0,
-              "checkpoint restores: %r" % m["checkpoint-restore"])
-        check(m["fresh-start"]["count"] == 0, "fresh starts: %r" % m["fresh-start"])
-        check(s["finished"] and s["steps"] == steps, "job did not finish: %s" % s)
+        epoch2_restored(s, steps)
         same(ref, save)
     finally:
         shutil.rmtree(d, ignore_errors=True)
