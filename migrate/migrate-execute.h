@@ -53,7 +53,7 @@ int mig_execute(struct mig_comm *c, const struct mig_xfer *x, size_t n, mig_xfer
 /* Test hook (like st_alloc_fail_after): the nth mig_execute() from now (1-based, counted per
  * process) in which this rank sends has its first message's connection cut on the TCP data
  * plane after the header and part of the payload (shutdown both ways, as a failing network
- * cuts it): that call returns -ECONNRESET, its receiver sees the stream end mid-message, and
+ * cuts it); an execution that ends before its first send (cancelled) does not count: that call returns -ECONNRESET, its receiver sees the stream end mid-message, and
  * the rest of the epoch's traffic on that connection fails. 0 disarms. A worker arms it from
  * SPOTTRAIN_TEST_DATA_CUT=N so that scripts/chaos can cut a migration mid-transfer. */
 void mig_execute_cut_at(long n);

@@ -170,22 +170,29 @@ static int test_dead(void) {
 }
 
 /* The chaos suite's data-plane cut (mig_execute_cut_at) on rank 0: an execution where it only
- * receives is not counted, the first where it sends moves every byte, the second is cut
- * mid-message: both ends fail with -ECONNRESET at once (not the timeout), and the connection
- * stays broken for the rest of the epoch. */
+ * receives is not counted, nor one cancelled before its first send (on another epoch's
+ * comm: a moments batch cancelled by the next order), the first where it sends moves every
+ * byte, the second is cut mid-message: both ends fail with -ECONNRESET at once (not the
+ * timeout), and the connection stays broken for the rest of the epoch. */
 static int rank_cut(int rank, int n, struct mig_endpoint *ep, const char *const *addrs,
                     void *arg) {
     (void)arg;
-    struct mig_comm *c = NULL;
+    struct mig_comm *c = NULL, *gone = NULL;
     static struct hold h;
     fill(&h, rank);
     RCHECK_R(mig_comm_new("tcp", ep, 4, rank, n, addrs, 10.0, &c), 0);
+    RCHECK_R(mig_comm_new("tcp", ep, 5, rank, n, addrs, 10.0, &gone), 0);
     if (rank == 0)
         mig_execute_cut_at(2);
     struct mig_xfer in = {1, 0, 0, MIG_ADAM_M, 0, LN};
     struct mig_xfer out = {0, 1, 1, MIG_PARAM, 0, LN};
     struct mig_xfer cut = {0, 1, 2, MIG_ADAM_V, 0, LN};
     RCHECK_R(mig_execute(c, &in, 1, buf_cb, &h, NULL), 0);
+    if (rank == 0) {
+        mig_comm_cancel(gone);
+        RCHECK_R(mig_execute(gone, &out, 1, buf_cb, &h, NULL), -ECANCELED);
+    }
+    gone = mig_comm_free(gone);
     RCHECK_R(mig_execute(c, &out, 1, buf_cb, &h, NULL), 0);
     if (rank == 1)
         for (int i = 0; i < LN; i++)
