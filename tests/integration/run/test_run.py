@@ -1153,9 +1153,11 @@ def test_restart():
         procs.append(c)
         workers = {}
         for i in range(3):
+            # The data plane's no-progress limit (8 s by default) must outlast the freeze
+            # below: a step in flight when it began counts the freeze as a stalled peer.
             w = subprocess.Popen([BIN, "worker", "--coordinator", addr, "--token-file", tok,
                                   "--job", job, "--data-addr", "127.0.0.1:0", "--state-dir",
-                                  os.path.join(d, "w%d" % i)],
+                                  os.path.join(d, "w%d" % i), "--timeout", "30s"],
                                  stdout=subprocess.DEVNULL, stderr=log,
                                  env=dict(os.environ, SPOTTRAIN_NOTICE_SECONDS="30"))
             procs.append(w)
@@ -1185,8 +1187,9 @@ def test_restart():
         # behind the workers, a chaos-short round hung that way). Both times count from after
         # its start (its journal load, its listening): the freeze ends 13 s after the start,
         # not after REST answers (a slow start on a loaded machine would push it past the
-        # deadline). The 10 s default left the workers 2.5 s to come back, and under ASan on
-        # a loaded CI machine they once took longer: declared lost, a restore, not a resume.
+        # deadline). The freeze must also stay inside the workers' data-plane limit (--timeout
+        # above): a 7.5 s freeze against the 10 s deadline and the default 8 s limit once
+        # failed in CI under ASan (a resync that failed, a restore, not a resume).
         j = wait_for("step 300", lambda: at(300), 90)
         for w in workers.values():
             w.send_signal(signal.SIGSTOP)
