@@ -1915,8 +1915,7 @@ static void phase_resync(struct coord_loop *L, const struct wv *v, size_t nv, do
         if (!v[i].positioned)
             continue;
         npos++;
-        if (v[i].dead || v[i].failed || v[i].w.last_seen_ago > 2.0)
-            dead = v[i].dead || v[i].failed;
+        dead |= v[i].dead || v[i].failed;
         /* A step this loop has not heard in this epoch is not one: the table's is the last
          * the journal knew (0 for an epoch its workers were still entering). Resuming there
          * once left the lease behind the workers and the job without progress (chaos-short,
