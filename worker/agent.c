@@ -58,7 +58,8 @@ struct worker_agent {
 
     /* command state (lock) */
     uint64_t last_applied;    /* highest command id applied */
-    uint64_t epoch;
+    uint64_t epoch;           /* the newest epoch a Configure ordered (commands of older ones
+                               * are refused) */
     bool stop_applied;
     struct agent_ack acks[AGENT_MAX_ACKS];
     size_t nacks;
@@ -69,6 +70,7 @@ struct worker_agent {
     bool report_now;          /* send a Report without waiting for the interval (lock) */
 
     /* progress (lock) */
+    uint64_t run_epoch;       /* the epoch the runner trains in (worker_agent_progress) */
     uint64_t step, samples;
     double loss, step_seconds, stall_seconds;
 
@@ -223,8 +225,8 @@ bool worker_agent_connected(struct worker_agent *a) {
     return c;
 }
 
-void worker_agent_progress(struct worker_agent *a, uint64_t step, double loss, uint64_t samples,
-                           double step_seconds, double stall_seconds) {
+void worker_agent_progress(struct worker_agent *a, uint64_t epoch, uint64_t step, double loss,
+                           uint64_t samples, double step_seconds, double stall_seconds) {
     /* NAN is this worker's "no loss" (not the last stage); an infinite loss is a bug. */
     if (!a || a->magic != AGENT_MAGIC || isinf(loss) || !isfinite(step_seconds) ||
         !isfinite(stall_seconds) || step_seconds < 0 || stall_seconds < 0)
@@ -234,6 +236,7 @@ void worker_agent_progress(struct worker_agent *a, uint64_t step, double loss, u
      * seconds of the step it last made stay those the Report carries. */
     if (step != a->step || step_seconds > 0)
         a->step_seconds = step_seconds;
+    a->run_epoch = epoch;
     a->step = step;
     a->loss = loss;
     a->samples = samples;
@@ -641,7 +644,11 @@ static int do_report(struct worker_agent *a, grpc_channel *ch, grpc_completion_q
     memcpy(nots, a->notices, nnot * sizeof(*nots));
     a->nsending = nnot;
     a->report_now = false; /* this Report carries the progress asked for */
-    req.epoch = a->epoch;
+    /* The epoch the step is of. A restarted coordinator resumes an epoch from the steps its
+     * workers report in it: a worker that has the order of the next epoch but still trains
+     * (or is stuck) in the one before must not vouch for the new one (chaos coord-kill: a
+     * recovery's epoch resumed at the old epoch's step, and the job hung). */
+    req.epoch = a->run_epoch;
     req.step = a->step;
     req.no_loss = isnan(a->loss);
     req.loss = req.no_loss ? 0.0 : a->loss;

@@ -316,8 +316,8 @@ static void notice_latest(struct runner *R, const char *kind, const char *fmt, .
 static void progress(struct runner *R, double step_seconds, double stall) {
     /* NAN (stages before the last compute no loss) travels as no_loss = true, so the
      * coordinator never takes a 0 for the job's loss. */
-    worker_agent_progress(R->agent, R->done, R->last_loss, R->done * (uint64_t)R->tc.global_batch,
-                          step_seconds, stall);
+    worker_agent_progress(R->agent, R->epoch, R->done, R->last_loss,
+                          R->done * (uint64_t)R->tc.global_batch, step_seconds, stall);
 }
 
 /* ---- peer copies ------------------------------------------------------------------------- */

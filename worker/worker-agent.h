@@ -87,11 +87,13 @@ void worker_agent_stop(struct worker_agent *a);
 /* worker_agent_stop() then frees. NULL-safe; returns NULL. */
 struct worker_agent *worker_agent_free(struct worker_agent *a);
 
-/* Progress carried by the next Report: last completed step, its loss (NAN when this worker
- * computes none: every pipeline stage but the last; the Report then says no_loss),
- * cumulative samples committed, wall seconds of that step, and stall seconds to add. */
-void worker_agent_progress(struct worker_agent *a, uint64_t step, double loss, uint64_t samples,
-                           double step_seconds, double stall_seconds);
+/* Progress carried by the next Report: the epoch the worker runs in (0: none; not the newest
+ * epoch ordered, which it may not have entered yet), last completed step, its loss (NAN when
+ * this worker computes none: every pipeline stage but the last; the Report then says
+ * no_loss), cumulative samples committed, wall seconds of that step, and stall seconds to
+ * add. */
+void worker_agent_progress(struct worker_agent *a, uint64_t epoch, uint64_t step, double loss,
+                           uint64_t samples, double step_seconds, double stall_seconds);
 /* Asks the session thread to send the next Report now instead of at the next interval
  * (the runner calls it when it waits for the coordinator to extend its step lease). */
 void worker_agent_report_now(struct worker_agent *a);

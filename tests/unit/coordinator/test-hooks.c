@@ -15,6 +15,7 @@ struct seen {
     atomic_int configures, migrates, stops, transfers;
     atomic_int lease;         /* Migrate.lease of the last migration order */
     atomic_int configure_err; /* r of coord_configure inside the hook */
+    atomic_int step5_epoch;   /* the epoch of the first Report of step 5 (-1: none yet) */
 };
 
 static struct seen seen;
@@ -53,8 +54,9 @@ static void on_membership(struct coord *c, void *u) {
 
 static void on_report(struct coord *c, const struct coord_report *r, void *u) {
     (void)c;
-    (void)r;
     (void)u;
+    if (r->step == 5 && seen.step5_epoch < 0)
+        seen.step5_epoch = (int)r->epoch;
     seen.reports++;
 }
 
@@ -174,12 +176,16 @@ static int test_hooks_and_agent(void) {
     ASSERT_EQ(pp, 2);
     WAIT_FOR(seen.acks >= 2, "configure acks reach on_ack");
 
-    /* Progress and a notice travel in Reports. */
-    worker_agent_progress(ag[0], 5, 1.25, 40, 0.1, 0.5);
+    /* Progress and a notice travel in Reports. The Report's epoch is the one the progress
+     * names, the epoch the worker trains in, not the newest one ordered (1 here): a worker
+     * still in epoch 0 says 0. */
+    seen.step5_epoch = -1;
+    worker_agent_progress(ag[0], 0, 5, 1.25, 40, 0.1, 0.5);
     ASSERT_OK(worker_agent_notice(ag[0], "terminate", st_wall() + 120, "spot"));
     ASSERT_ERR(worker_agent_notice(ag[0], "", 0, NULL), -EINVAL);
     uint64_t step = 0;
     WAIT_FOR((coord_job_get(c, NULL, NULL, NULL, NULL, NULL, &step), step == 5), "step 5");
+    ASSERT_EQ(seen.step5_epoch, 0);
     ASSERT_TRUE(seen.reports > 0 && seen.ticks > 0);
 
     /* A migration order: one good, one the worker refuses. */
