@@ -283,6 +283,14 @@ int cli_worker_job_main(int argc, char **argv) {
         }
         cfg->boundary_delay = h;
     }
+    /* Tests: this worker's step N hangs (it keeps reporting) until the coordinator moves on. */
+    long stall;
+    if (fault_count("SPOTTRAIN_TEST_STALL_STEP", &stall) < 0) {
+        ret = CLI_EXIT_INPUT;
+        goto out;
+    }
+    if (stall > 0)
+        cfg->stall_step = (uint64_t)stall;
     /* Faults for scripts/chaos and the tests: this worker's Nth checkpoint layer write fails
      * with ENOSPC; its Nth sending migration transfer, or its Nth peer-copy exchange, is cut
      * mid-message. */

@@ -92,6 +92,7 @@ struct wv {
     bool dead, leaving, failed, positioned;
     bool reported;             /* its step is from a report of the current epoch to this loop */
     double relayed_at;         /* st_now() when it relayed a notice the provider did not see */
+    double step_seconds;       /* wall seconds of its last step (0: none reported) */
 };
 
 struct reconf {
@@ -192,6 +193,11 @@ struct coord_loop {
     double hold;
     double prov_t0;           /* st_now() when the (started) provider was set: trace time 0 */
     double failed_since;      /* a positioned worker's step failed, none known dead; 0 = no */
+    /* The running epoch's watchdog (phase_running): the positioned workers' steps summed, and
+     * st_now() that sum last changed, in epoch run_seen. */
+    uint64_t run_progress;
+    double run_alive;
+    uint64_t run_seen;
     double lost_since;        /* a positioned worker known dead, no recovery ordered; 0 = no */
     /* Which shapes may run (the planner's rules, shared with validate) and the wait for a
      * fleet that can host one. */
@@ -524,6 +530,7 @@ static int view_get(struct coord_loop *L, struct wv **ret, size_t *ret_n) {
         v[i].failed = v[i].positioned && lw &&
                       (lw->fail_epoch == L->epoch || lw->reconf_fail_epoch == L->epoch);
         v[i].reported = lw && lw->reported && lw->report_epoch == L->epoch;
+        v[i].step_seconds = lw ? lw->step_seconds : 0.0;
     }
     pthread_mutex_unlock(&L->lock);
     st_free(w);
@@ -1807,6 +1814,41 @@ static void phase_running(struct coord_loop *L, const struct wv *v, size_t nv, d
         return;
     if (dead && L->cfg.spec.fault_tolerance.peer_copy_every > 0 && !copies_heard(L, v, nv, now))
         return;
+    /* The watchdog: positioned workers, none dead, steps leased to them, and no step for
+     * reconfig_timeout (or ten of the slowest worker's steps, when longer). A worker stuck
+     * where nothing tells the loop (a lost order, a wait on an old epoch) would otherwise hold
+     * the job still for ever; the epoch fails as a dead worker's does, and the job restores. */
+    uint64_t progress = 0;
+    double slowest = 0;
+    for (size_t i = 0; i < nv; i++)
+        if (v[i].positioned) {
+            progress += v[i].step;
+            slowest = ST_MAX(slowest, v[i].step_seconds);
+        }
+    if (progress != L->run_progress || L->run_seen != L->epoch || minstep >= L->lease ||
+        L->run_alive <= 0) {
+        L->run_progress = progress;
+        L->run_alive = now;
+        L->run_seen = L->epoch;
+    } else if (!dead && npos > 0 && slowest > 0 &&
+               now - L->run_alive > ST_MAX(L->cfg.reconfig_timeout, 10 * slowest)) {
+        char why[120];
+        snprintf(why, sizeof(why), "no step for %.0f s", now - L->run_alive);
+        set_event(L, "epoch %" PRIu64 " (%dx%d): %s at step %" PRIu64 " with steps leased "
+                  "to %" PRIu64 "; restoring", L->epoch, L->dp, L->pp, why, minstep, L->lease);
+        L->run_alive = now;
+        L->fail_at = ST_MAX(L->fail_at, minstep);
+        if (++L->restore_tries > 10) {
+            set_event(L, "giving up after %d failed reconfigurations", L->restore_tries);
+            L->phase = PH_STOPPING;
+            L->stop_at = now;
+            (void)coord_stop(L->c, "too many failed reconfigurations");
+            return;
+        }
+        if (start_peer_restore(L, v, nv, now, why) < 0)
+            (void)start_restore(L, v, nv, now, why);
+        return;
+    }
     if (dead) {
         L->failed_since = 0;
         L->lost_since = 0;

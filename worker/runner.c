@@ -144,6 +144,7 @@ struct runner {
     double pc_reported;       /* st_now() a copy last asked for an immediate Report */
     uint64_t prepared;        /* epoch whose reshape the engine was asked to make ready */
     struct deferbg df;        /* a migration's moments still moving after its boundary */
+    bool stalled;             /* cfg.stall_step was held once */
 };
 
 /* ---- rendezvous ---------------------------------------------------------------------------- */
@@ -584,11 +585,12 @@ static void sleep_s(double s) {
         ;
 }
 
-/* Tests (boundary_delay): holds a worker that trained up to a migration's boundary, as a
- * slow peer or a hung handshake would. The hold ends early when the coordinator moves on (an
- * order of a later epoch came: it gave this one up), as such a handshake is abandoned. */
-static void hold_boundary(struct runner *R, uint64_t epoch) {
-    double until = st_now() + R->cfg.boundary_delay;
+/* Tests (boundary_delay, stall_step): holds this worker for `seconds`, as a slow peer, a hung
+ * handshake or a stuck step would. The hold ends early when the coordinator moves on (an
+ * order of an epoch after `epoch` came: it gave this one up), as such a handshake is
+ * abandoned. */
+static void hold_until_moved_on(struct runner *R, uint64_t epoch, double seconds) {
+    double until = st_now() + seconds;
     while (mig_endpoint_abandoned(R->ep) <= epoch) {
         double left = until - st_now();
         if (left <= 0)
@@ -903,7 +905,7 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
      * hold the others back (boundary_delay) to walk the spare's long wait. */
     bool early = created && !restore;
     if (!early && !restore && R->cfg.boundary_delay > 0)
-        hold_boundary(R, mig->epoch);
+        hold_until_moved_on(R, mig->epoch, R->cfg.boundary_delay);
     TRY_GOTO(comm_build(R, mig->epoch, pl.p, pl.n, secret, tls,
                         R->cfg.timeout + (early ? R->cfg.reconfig_timeout : 0), &comm, &rank),
              r, out);
@@ -1566,6 +1568,12 @@ static int runner_loop(struct runner *R) {
         run_checkpoints(R); /* a checkpoint at a boundary is taken before reshaping there */
         if (try_reconfigure(R))
             continue;
+        if (can_step(R) && R->cfg.stall_step > 0 && R->done + 1 == R->cfg.stall_step &&
+            !R->stalled) {
+            R->stalled = true; /* tests: this step hangs until the coordinator moves on */
+            hold_until_moved_on(R, R->epoch, 3600);
+            continue;
+        }
         if (can_step(R)) {
             double t0 = st_now(), loss = NAN;
             int r = worker_engine_step(R->eng, R->done, &loss);

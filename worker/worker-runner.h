@@ -56,6 +56,9 @@ struct worker_runner_config {
                                          boundary waits this long (or until an order of a
                                          later epoch comes), seconds, before its
                                          handshake (SPOTTRAIN_TEST_BOUNDARY_DELAY) */
+    uint64_t stall_step;              /* tests: before step N (1-based) the worker holds, once,
+                                         reporting as usual, until an order of a later epoch
+                                         comes (SPOTTRAIN_TEST_STALL_STEP); 0 = never */
     worker_notice_poll_fn *poll_notice; /* NULL = no cloud notices */
     void *notice_userdata;
     worker_state_left_fn *state_left;   /* NULL = nothing to tell */

@@ -1010,6 +1010,33 @@ def test_reconfig_timeout():
         shutil.rmtree(d, ignore_errors=True)
 
 
+def test_stuck():
+    # A running epoch in which nothing moves: the only worker's step 30 hangs
+    # (SPOTTRAIN_TEST_STALL_STEP) while it keeps reporting, so no heartbeat deadline and no
+    # data-plane timeout can tell. The coordinator's watchdog fails the epoch after the job's
+    # coordinator.reconfig_timeout (2 s) without a step and restores; the restore's order ends
+    # the hang (the worker gives the stuck epoch up), and the job ends bitwise equal to the
+    # uninterrupted run.
+    d = tempfile.mkdtemp(prefix="st-run-")
+    try:
+        steps = 60
+        job = write_job(d, "stuck", steps, "seconds,N\n0,1\n",
+                        planner="dp: 1, pp: 1, learn: false",
+                        extra="  coordinator: {reconfig_timeout: 2s}\n")
+        ref = reference(d, job, steps)
+        save, s = run(d, job, steps, env={"SPOTTRAIN_TEST_STALL_STEP": "30"})
+        events = journal_events(os.path.join(d, "state"), "loop", "epoch 1 (1x1): no step for %")
+        check(len(events) == 1 and "at step 29 with steps leased" in events[0],
+              "the watchdog did not fire once at step 29: %r" % events)
+        m = s["migrations"]
+        restores = m["checkpoint-restore"]["count"] + m["fresh-start"]["count"]
+        check(restores == 1, "one restore: %r" % m)
+        check(s["finished"] and s["steps"] == steps, "job did not finish: %s" % s)
+        same(ref, save)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def test_zone():
     # A whole zone lost at once, without notice. Three zones over five instances (the sim puts
     # instance n in zone n mod 3), pp pinned to 2: the 2x2 runs on four of them and zone-a
@@ -2122,7 +2149,7 @@ TESTS = {"tls": test_tls, "auth": test_auth, "restart": test_restart, "standalon
          "reshard": test_reshard, "input": test_input,
          "inter-early": test_inter_early, "trace-minute": test_trace_minute,
          "peer": test_peer, "peer-cut": test_peer_cut, "moments-cut": test_moments_cut,
-         "reconfig-timeout": test_reconfig_timeout, "zone": test_zone, "refused": test_refused,
+         "reconfig-timeout": test_reconfig_timeout, "stuck": test_stuck, "zone": test_zone, "refused": test_refused,
          "mitm": test_mitm, "killed": test_killed}
 
 if __name__ == "__main__":
