@@ -1613,6 +1613,20 @@ static void stall_done(struct coord_loop *L, const struct wv *v, size_t nv) {
     L->chain = L->stall_rec = -1;
 }
 
+/* One more failed try at `step` (a failed reconfiguration, a running epoch that stood still):
+ * more than ten without progress past the failing boundary stop the job. Returns true when it
+ * stopped it. */
+static bool failed_try(struct coord_loop *L, uint64_t step, double now) {
+    L->fail_at = ST_MAX(L->fail_at, step);
+    if (++L->restore_tries <= 10)
+        return false;
+    set_event(L, "giving up after %d failed reconfigurations", L->restore_tries);
+    L->phase = PH_STOPPING;
+    L->stop_at = now;
+    (void)coord_stop(L->c, "too many failed reconfigurations");
+    return true;
+}
+
 static void phase_reconf(struct coord_loop *L, const struct wv *v, size_t nv, double now) {
     size_t done = 0;
     bool failed = false;
@@ -1668,14 +1682,8 @@ static void phase_reconf(struct coord_loop *L, const struct wv *v, size_t nv, do
         L->epoch = L->rc.epoch; /* the workers left the old epoch (or will, and fail) */
         L->dp = L->rc.dp;
         L->pp = L->rc.pp;
-        L->fail_at = ST_MAX(L->fail_at, L->rc.at);
-        if (++L->restore_tries > 10) {
-            set_event(L, "giving up after %d failed reconfigurations", L->restore_tries);
-            L->phase = PH_STOPPING;
-            L->stop_at = now;
-            (void)coord_stop(L->c, "too many failed reconfigurations");
+        if (failed_try(L, L->rc.at, now))
             return;
-        }
         L->need_restore = true;
         L->phase = PH_WAIT_FIRST;
         return;
@@ -1837,14 +1845,8 @@ static void phase_running(struct coord_loop *L, const struct wv *v, size_t nv, d
         set_event(L, "epoch %" PRIu64 " (%dx%d): %s at step %" PRIu64 " with steps leased "
                   "to %" PRIu64 "; restoring", L->epoch, L->dp, L->pp, why, minstep, L->lease);
         L->run_alive = now;
-        L->fail_at = ST_MAX(L->fail_at, minstep);
-        if (++L->restore_tries > 10) {
-            set_event(L, "giving up after %d failed reconfigurations", L->restore_tries);
-            L->phase = PH_STOPPING;
-            L->stop_at = now;
-            (void)coord_stop(L->c, "too many failed reconfigurations");
+        if (failed_try(L, minstep, now))
             return;
-        }
         if (start_peer_restore(L, v, nv, now, why) < 0)
             (void)start_restore(L, v, nv, now, why);
         return;
