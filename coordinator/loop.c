@@ -1769,7 +1769,8 @@ static void grant(struct coord_loop *L, const struct wv *v, size_t nv, uint64_t 
 }
 
 static void phase_running(struct coord_loop *L, const struct wv *v, size_t nv, double now) {
-    uint64_t minstep = UINT64_MAX, maxstep = 0;
+    uint64_t minstep = UINT64_MAX, maxstep = 0, progress = 0; /* progress: the steps summed */
+    double slowest = 0; /* the slowest positioned worker's last step, seconds */
     int navail = 0, npos = 0;
     bool dead = false, leaving = false;
     for (size_t i = 0; i < nv; i++) {
@@ -1784,6 +1785,8 @@ static void phase_running(struct coord_loop *L, const struct wv *v, size_t nv, d
             leaving = true;
         minstep = ST_MIN(minstep, v[i].step);
         maxstep = ST_MAX(maxstep, v[i].step);
+        progress += v[i].step;
+        slowest = ST_MAX(slowest, v[i].step_seconds);
         if (v[i].w.stage == L->pp - 1 && v[i].w.replica == 0 && v[i].step > 0) {
             L->st.loss = v[i].loss;
             L->sum.final_loss = v[i].loss;
@@ -1826,13 +1829,6 @@ static void phase_running(struct coord_loop *L, const struct wv *v, size_t nv, d
      * reconfig_timeout (or ten of the slowest worker's steps, when longer). A worker stuck
      * where nothing tells the loop (a lost order, a wait on an old epoch) would otherwise hold
      * the job still for ever; the epoch fails as a dead worker's does, and the job restores. */
-    uint64_t progress = 0;
-    double slowest = 0;
-    for (size_t i = 0; i < nv; i++)
-        if (v[i].positioned) {
-            progress += v[i].step;
-            slowest = ST_MAX(slowest, v[i].step_seconds);
-        }
     if (progress != L->run_progress || L->run_seen != L->epoch || minstep >= L->lease ||
         L->run_alive <= 0) {
         L->run_progress = progress;

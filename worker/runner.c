@@ -1568,8 +1568,8 @@ static int runner_loop(struct runner *R) {
         run_checkpoints(R); /* a checkpoint at a boundary is taken before reshaping there */
         if (try_reconfigure(R))
             continue;
-        if (can_step(R) && R->cfg.stall_step > 0 && R->done + 1 == R->cfg.stall_step &&
-            !R->stalled) {
+        if (R->cfg.stall_step > 0 && !R->stalled && R->done + 1 == R->cfg.stall_step &&
+            can_step(R)) {
             R->stalled = true; /* tests: this step hangs until the coordinator moves on */
             hold_until_moved_on(R, R->epoch, 3600);
             continue;

@@ -211,32 +211,34 @@ def scenario_pipe():
         shutil.rmtree(d, ignore_errors=True)
 
 
-def job_step(text):
-    """The running job's step from its REST (its address is on the terminal); -1 if none."""
+def rest_get(text, path):
+    """GET path from the running job's REST (its address is on the terminal, text): the parsed
+    JSON, or None when there is no address or no answer."""
     import urllib.request
     m = re.search(r"rest=(http://\S+)", text)
+    if not m:
+        return None
     try:
-        with urllib.request.urlopen(m.group(1) + "/v1/job", timeout=10) as r:
-            return json.loads(r.read())["step"]
-    except (AttributeError, OSError, ValueError, KeyError):
-        return -1
+        with urllib.request.urlopen(m.group(1) + path, timeout=10) as r:
+            return json.loads(r.read())
+    except (OSError, ValueError):
+        return None
+
+
+def job_step(text):
+    """The running job's step from its REST; -1 if none."""
+    j = rest_get(text, "/v1/job")
+    return j["step"] if j and "step" in j else -1
 
 
 def kill_positioned(text, d):
     """SIGKILLs the sim worker of a position of the running epoch, found through the run's
     REST (its address is on the terminal); returns its instance id, or None."""
     import signal
-    import urllib.request
-    m = re.search(r"rest=(http://\S+)", text)
-    if not m:
+    job, ws = rest_get(text, "/v1/job"), rest_get(text, "/v1/workers")
+    if not job or not ws:
         return None
-    try:
-        def get(path):
-            with urllib.request.urlopen(m.group(1) + path, timeout=10) as r:
-                return json.loads(r.read())
-        job, ws = get("/v1/job"), get("/v1/workers")["workers"]
-    except (OSError, ValueError):
-        return None
+    ws = ws["workers"]
     pos = [w["instance_id"] for w in ws
            if w["state"] == "active" and w["epoch"] == job["epoch"] and w["stage"] >= 0]
     for p in os.listdir("/proc"):
