@@ -1593,9 +1593,11 @@ static void stall_done(struct coord_loop *L, const struct wv *v, size_t nv) {
     for (int i = L->chain; i < L->stall_rec; i++) {
         const struct coord_loop_record *e = &S->records[i];
         fmt_bytes(mb, sizeof(mb), e->moved_bytes);
-        set_event(L, "epoch %" PRIu64 ": %s%s %dx%d -> %dx%d at step %" PRIu64 ", %s, %s; "
+        set_event(L, "epoch %" PRIu64 ": %s%s%s %dx%d -> %dx%d at step %" PRIu64 ", %s, %s; "
                   "replaced by epoch %" PRIu64 " before its first step (because %s)", e->epoch,
-                  coord_loop_kind_name(e->kind), e->ok ? "" : " (failed)", e->from_dp,
+                  coord_loop_kind_name(e->kind),
+                  loop_kind_is_migration(e->kind) ? " migration" : "",
+                  e->ok ? "" : " (failed)", e->from_dp,
                   e->from_pp, e->to_dp, e->to_pp, e->at_step, mb,
                   e->ok ? "done" : "not done", L->epoch, e->reason);
     }

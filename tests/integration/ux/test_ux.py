@@ -107,6 +107,20 @@ def check_events(lines, summary, what):
             pat = (rf"^epoch {e}: {r['kind']}{mig} {r['from'][0]}x{r['from'][1]} -> "
                    rf"{r['to'][0]}x{r['to'][1]} at step {r['at_step']}, "
                    rf"[0-9.]+ (MB|GB|bytes), [0-9.]+ (ms|s) stall, because .+$")
+            # An epoch the next one replaced before its first step has no stall of its own
+            # (the chain's is counted once, under the epoch that ran); its line names the one
+            # that replaced it instead.
+            replaced = (rf"^epoch {e}: {r['kind']}{mig} {r['from'][0]}x{r['from'][1]} -> "
+                        rf"{r['to'][0]}x{r['to'][1]} at step {r['at_step']}, "
+                        rf"[0-9.]+ (MB|GB|bytes), done; replaced by epoch (\d+) before its "
+                        rf"first step \(because .+\)$")
+            m = re.match(replaced, mine[0]) if mine else None
+            if m:
+                later = int(m.group(2))
+                check(later > e and any(l.startswith(f"epoch {later}:") for l in lines),
+                      f"{what}: epoch {e} was replaced by a later epoch that has a line of its "
+                      f"own ({mine[:1]})")
+                continue
             check(bool(mine) and re.match(pat, mine[0]) is not None,
                   f"{what}: epoch {e}'s line names kind, shapes, step, bytes, stall and cause "
                   f"({mine[:1]})")
