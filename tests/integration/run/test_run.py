@@ -14,7 +14,8 @@ engine, can appear and then grow; `train --local --dp 2` shows it against `--dp 
               an unannounced kill (one peer restore), a notice without a spare (intra-stage,
               with dp-resharding); exactly those, no fresh start; parameters equal to the
               uninterrupted run
-  intra       forced 2x2 -> 1x2: survivors of each stage take over (intra-stage); the planner
+  intra       a 2x2 on four instances, one noticed (no --shapes): the planner shrinks live to
+              1x2, survivors of each stage take over (intra-stage, with dp resharding); it
               starts from a cost file (planner.migration_costs): its figures are the predictions
   inter       forced 2x2 -> 2x2 with a noticed worker replaced by a spare (inter-stage)
   inter-early the same with the positioned workers held 10 s at the boundary (past the data
@@ -25,7 +26,9 @@ engine, can appear and then grow; `train --local --dp 2` shows it against `--dp 
   pipeline-notice
               the same kind reached through a real notice, no --shapes: a 1x3 on three
               instances loses one with notice and repartitions live to 1x2
-  reshard     forced 1x2 -> 2x2 -> 4x1 (ZeRO-1 optimizer shards resharded when dp changes)
+  reshard     a 1x2 on two instances, two more granted by the trace (no --shapes): the planner
+              grows live to 2x2, the newcomers take copies of the stages (inter-stage) and the
+              ZeRO-1 optimizer shards are resharded for the new dp
   slow        forced 1x2 -> 2x1 -> 1x2 on a larger model (a 4-layer, 256-channel GPT): steps
               slow enough that each next shape is ordered before the running epoch's first
               step is reported; every migration still gets its own stall and parts, every
@@ -209,16 +212,10 @@ def check_parts(s):
               (r["epoch"], p, r["stall_seconds"]))
 
 
-def forced(name, shapes, trace, want, steps=30, fleet_extra="", model=TINY, shares=False,
-           costs=None):
+def forced(name, shapes, trace, want, steps=30, fleet_extra="", model=TINY, shares=False):
     d = tempfile.mkdtemp(prefix="st-run-")
     try:
-        planner = "dp: {min: 1, max: 8}"
-        if costs:  # planner.migration_costs: a cost file, relative to the spec
-            with open(os.path.join(d, "costs.json"), "w") as f:
-                json.dump(costs, f)
-            planner += ", migration_costs: costs.json"
-        job = write_job(d, name, steps, trace, model=model, planner=planner)
+        job = write_job(d, name, steps, trace, model=model)
         if fleet_extra:
             with open(job) as f:
                 text = f.read().replace("    trace: trace.csv\n",
@@ -237,15 +234,6 @@ def forced(name, shapes, trace, want, steps=30, fleet_extra="", model=TINY, shar
                   "no %s migration in %s" % (k, got))
             check(s["migrations"][k]["count"] >= 1, "summary counts no %s" % k)
         check(sum(r["planned_bytes"] for r in kinds(s)) > 0, "nothing moved")
-        if costs:
-            # Each kind's first prediction comes from the file (its fixed part; its bytes at
-            # 1 TB/s add nothing visible), not from the spec's figures (about 1 s here).
-            for k, v in costs["kinds"].items():
-                cm = s["cost_model"]["kinds"][k]
-                if cm["count"] == 1:
-                    check(abs(cm["stall_seconds_predicted"] - v["fixed_s"]) < 0.01,
-                          "%s predicted %r, the cost file says %r" % (
-                              k, cm["stall_seconds_predicted"], v["fixed_s"]))
         # Every forced shape trained its steps, so each shows in the time per shape: at least
         # a tenth of its share of the steps' wall time (its steps may be slower or faster than
         # the others', not ten times; the bug this catches left ~0 s). Only where steps outweigh the run's fixed costs
@@ -266,11 +254,53 @@ def forced(name, shapes, trace, want, steps=30, fleet_extra="", model=TINY, shar
 
 
 def test_intra():
-    # With a cost file of made-up figures (planner.migration_costs): the predictions use them.
+    # An intra-stage migration reached the way a user's job reaches one, with no --shapes: a
+    # 2x2 on four instances (pp pinned to 2, dp at most 2), a notice on a stage-0 worker leaves
+    # three, and the planner shrinks live to 1x2: each stage's survivor takes the stage over
+    # and its optimizer shard widens (dp resharding). The planner starts from a cost file of
+    # made-up figures (planner.migration_costs): its predictions are the file's.
     fixed = {"intra-stage": 5.0, "inter-stage": 6.0, "pipeline": 8.0, "dp-resharding": 7.0}
     costs = {"machine": "test", "link_gbps": 8000,
              "kinds": {k: {"fixed_s": v, "bytes_per_s": 1e12} for k, v in fixed.items()}}
-    forced("intra", "0:2x2,12:1x2", "seconds,N\n0,4\n600,4\n", ["intra-stage"], costs=costs)
+    d = tempfile.mkdtemp(prefix="st-run-")
+    r = None
+    try:
+        steps = 1500
+        with open(os.path.join(d, "costs.json"), "w") as f:
+            json.dump(costs, f)
+        job = write_job(d, "intranotice", steps, "seconds,N\n0,4\n",
+                        planner="dp: {min: 1, max: 2}, pp: 2, learn: false, "
+                                "migration_costs: costs.json", interval="1d",
+                        model="{layers: 4, hidden: 32, heads: 2, vocab: 64, seq_len: 16}")
+        ref = reference(d, job, steps)
+        r, noticed, _ = noticed_move(d, job, steps, {"dp": 2, "pp": 2}, lambda pos: pos[0][1],
+                                     "intra-stage", {"dp": 1, "pp": 2})
+        r.signal(signal.SIGKILL, noticed)
+        _, s = r.finish(loop_log=True)
+        check_bytes(s)
+        check_parts(s)
+        live = kinds(s)
+        check([c["kind"] for c in live] == ["intra-stage"] and live[0]["dp_resharding"],
+              "live migrations: %s" % [(c["kind"], c["dp_resharding"]) for c in live])
+        for k in RECOVERIES:
+            check(s["migrations"][k]["count"] == 0, "%s: %r" % (k, s["migrations"][k]))
+        check(s["migrations"]["dp-resharding"]["count"] == 1,
+              "dp-resharding: %r" % s["migrations"]["dp-resharding"])
+        # Each kind's first prediction comes from the file (its fixed part; its bytes at 1 TB/s
+        # add nothing visible), not from the spec's figures (about 1 s here).
+        for k, v in costs["kinds"].items():
+            cm = s["cost_model"]["kinds"][k]
+            if cm["count"] == 1:
+                check(abs(cm["stall_seconds_predicted"] - v["fixed_s"]) < 0.01,
+                      "%s predicted %r, the cost file says %r" % (
+                          k, cm["stall_seconds_predicted"], v["fixed_s"]))
+        check(s["cost_model"]["kinds"]["intra-stage"]["count"] == 1,
+              "cost model: %r" % s["cost_model"]["kinds"]["intra-stage"])
+        same(ref, r.save)
+    finally:
+        if r:
+            r.stop()
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def test_pipeline():
@@ -288,8 +318,71 @@ def test_slow():
 
 
 def test_reshard():
-    forced("reshard", "0:1x2,10:2x2,20:4x1", "seconds,N\n0,4\n600,4\n",
-           ["dp-resharding", "inter-stage"])
+    # Optimizer shards resharded when dp grows, reached the way a user's job reaches it, with
+    # no --shapes: a 1x2 on two instances (pp pinned to 2, dp at most 2); a trace minute in,
+    # two more are granted and the planner grows live to 2x2: the new workers take copies of
+    # the stages (inter-stage) and every ZeRO-1 shard halves (dp resharding). The positioned
+    # workers are held from epoch 1 until the move is ordered, so a quick job cannot end
+    # before the grant; the hold spans the newcomers' start, so the heartbeat deadline is 60 s
+    # (a loaded machine may start an ASan worker slowly). Exactly that migration, no restore;
+    # same bits.
+    d = tempfile.mkdtemp(prefix="st-run-")
+    r = None
+    try:
+        steps = 1500
+        job = write_job(d, "reshard", steps, "seconds,N\n0,2\n60,4\n",
+                        planner="dp: {min: 1, max: 2}, pp: 2, learn: false",
+                        model="{layers: 4, hidden: 32, heads: 2, vocab: 64, seq_len: 16}",
+                        extra="  coordinator: {heartbeat_deadline: 60s}\n")
+        ref = reference(d, job, steps)
+        r = Live(d, job, steps)
+        j = wait_for("epoch 1 training", lambda: job_at_least(r.base, 1, 1), 90)
+        check(j["shape"] == {"dp": 1, "pp": 2}, "started as 1x2: %r" % j["shape"])
+        hold_until(r, ("i-00000000000000001", "i-00000000000000002"), "the move to 2x2",
+                   lambda: job_at_least(r.base, 0, 2))
+        _, s = r.finish(loop_log=True)
+        check_bytes(s)
+        check_parts(s)
+        live = kinds(s)
+        check([(c["kind"], c["from"], c["to"], c["dp_resharding"]) for c in live] ==
+              [("inter-stage", [1, 2], [2, 2], True)],
+              "live migrations: %s" % [(c["kind"], c["from"], c["to"], c["dp_resharding"])
+                                       for c in live])
+        for k in RECOVERIES:
+            check(s["migrations"][k]["count"] == 0, "%s: %r" % (k, s["migrations"][k]))
+        m = s["migrations"]["dp-resharding"]
+        check(m["count"] == 1 and m["bytes"] > 0, "dp-resharding: %r" % m)
+        same(ref, r.save)
+    finally:
+        if r:
+            r.stop()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def noticed_move(d, job, steps, start, pick, kind, to):
+    """Starts job live and, once it trains `start` (a shape), sends a notice (SIGTERM;
+    SPOTTRAIN_NOTICE_SECONDS gives 30 s) to the positioned worker pick(positions) chooses, from
+    positions sorted as (stage, instance id); waits until the job runs `to` after a live
+    migration of `kind` (as the summary names it). Returns (the Live run, the noticed instance, GET /v1/job then)."""
+    r = Live(d, job, steps, env={"SPOTTRAIN_NOTICE_SECONDS": "30"})
+    j = wait_for("the %dx%d training" % (start["dp"], start["pp"]),
+                 lambda: job_at_least(r.base, 50, 1), 90)
+    check(j["shape"] == start, "started as %dx%d: %r" % (start["dp"], start["pp"], j["shape"]))
+    ws = json.loads(http_get(r.base, "/v1/workers"))["workers"]
+    pos = sorted((w["stage"], w["instance_id"]) for w in ws
+                 if w["state"] == "active" and w["epoch"] == 1 and w["stage"] >= 0)
+    check(len(pos) == start["dp"] * start["pp"], "%d positions: %r" % (
+        start["dp"] * start["pp"], pos))
+    noticed = pick(pos)
+    r.signal(signal.SIGTERM, noticed)
+
+    def migrated():  # REST names a kind with underscores ("intra_stage")
+        j = job_at_least(r.base, 0, 2)
+        return j if (j and j["migrations"][kind.replace("-", "_")]["count"] >= 1 and
+                     j["state"] == "running") else None
+    j = wait_for("the %s migration" % kind, migrated, 90)
+    check(j["shape"] == to, "after the notice: %r" % j["shape"])
+    return r, noticed, j
 
 
 def test_pipeline_notice():
@@ -306,29 +399,13 @@ def test_pipeline_notice():
                         planner="dp: 1, pp: {min: 1, max: 3}, learn: false", interval="1d",
                         model="{layers: 4, hidden: 32, heads: 2, vocab: 64, seq_len: 16}")
         ref = reference(d, job, steps)
-        r = Live(d, job, steps, env={"SPOTTRAIN_NOTICE_SECONDS": "30"})
-
-        def job_at(step, epoch):
-            return job_at_least(r.base, step, epoch)
-        j = wait_for("the 1x3 training", lambda: job_at(50, 1), 90)
-        check(j["shape"] == {"dp": 1, "pp": 3}, "started as 1x3: %r" % j["shape"])
-        ws = json.loads(http_get(r.base, "/v1/workers"))["workers"]
-        pos = sorted((w["stage"], w["instance_id"]) for w in ws
-                     if w["state"] == "active" and w["epoch"] == 1 and w["stage"] >= 0)
-        check(len(pos) == 3, "three positions: %r" % pos)
-        noticed = pos[1][1]  # the middle stage
-        r.signal(signal.SIGTERM, noticed)
-
-        def migrated():
-            j = job_at(0, 2)
-            return j if (j and j["migrations"]["pipeline"]["count"] >= 1 and
-                         j["state"] == "running") else None
-        j = wait_for("the pipeline migration", migrated, 90)
-        check(j["shape"] == {"dp": 1, "pp": 2}, "after the notice: %r" % j["shape"])
+        # The middle stage noticed.
+        r, noticed, _ = noticed_move(d, job, steps, {"dp": 1, "pp": 3}, lambda pos: pos[1][1],
+                                     "pipeline", {"dp": 1, "pp": 2})
 
         # The cost model's figures for it (REST and /metrics show them as the job runs).
         def modelled():
-            j = job_at(0, 2)
+            j = job_at_least(r.base, 0, 2)
             return j if j and j["cost_model"]["kinds"]["pipeline"]["count"] == 1 else None
         cm = wait_for("REST's cost model to count the migration", modelled, 30)["cost_model"]
         metrics = http_get(r.base, "/metrics")
@@ -700,16 +777,21 @@ def all_events(base):
 
 
 def hold_until_event(r, instances, what, text, timeout=60):
-    """Freeze the sim workers of those instances (SIGSTOP) from now until an event of the job
-    has `text` in its message (/v1/events), then resume them: a trace event that fires a fixed
-    wall time into the trace then always finds the job still training. Keep the wait well
-    inside the heartbeat deadline (10 s). Instances whose worker is not (or no longer) running
-    are left out: the event may have come, and moved them, before the freeze."""
+    """hold_until() an event of the job has `text` in its message (/v1/events)."""
     def seen():
         try:
             return any(text in e.get("message", "") for e in all_events(r.base)) or None
         except (OSError, ValueError):
             return None
+    hold_until(r, instances, what, seen, timeout)
+
+
+def hold_until(r, instances, what, seen, timeout=60):
+    """Freeze the sim workers of those instances (SIGSTOP) from now until seen() returns a true
+    value, then resume them: a trace event that fires a fixed wall time into the trace then
+    always finds the job still training. Keep the wait well inside the heartbeat deadline
+    (10 s unless the job sets coordinator.heartbeat_deadline). Instances whose worker is not (or no longer) running are left out: the event may
+    have come, and moved them, before the freeze."""
     pids = sim_worker_pids(r.d)
     held = [pids[n] for n in instances if n in pids]
     print("holding %s until %s" % (sorted(n for n in instances if n in pids), what))
