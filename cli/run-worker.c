@@ -291,6 +291,13 @@ int cli_worker_job_main(int argc, char **argv) {
     }
     if (stall > 0)
         cfg->stall_step = (uint64_t)stall;
+    /* Tests: a noticed worker is gone the moment its state has left (an acknowledged VM). */
+    long killed;
+    if (fault_count("SPOTTRAIN_TEST_LEAVE_KILLED", &killed) < 0) {
+        ret = CLI_EXIT_INPUT;
+        goto out;
+    }
+    cfg->leave_killed = killed > 0;
     /* Faults for scripts/chaos and the tests: this worker's Nth checkpoint layer write fails
      * with ENOSPC; its Nth sending migration transfer, or its Nth peer-copy exchange, is cut
      * mid-message. */

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <signal.h> /* raise: SPOTTRAIN_TEST_LEAVE_KILLED */
 #include <stdatomic.h>
 #include <stddef.h> /* offsetof */
 #include <stdio.h>
@@ -1022,6 +1023,11 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
     comm = NULL;
     if (!cfg)
         R->eng = worker_engine_free(R->eng); /* gave everything away: now a spare */
+    if (!cfg && R->noticed && R->cfg.leave_killed) {
+        st_log(ST_LOG_NOTICE, "runner", "Test: our state has left; gone now, before we tell "
+               "anyone (SPOTTRAIN_TEST_LEAVE_KILLED)");
+        raise(SIGKILL);
+    }
     if (!cfg && R->noticed && !R->told_left && R->cfg.state_left) {
         R->told_left = true;
         R->cfg.state_left(R->cfg.notice_userdata);

@@ -59,6 +59,10 @@ struct worker_runner_config {
     uint64_t stall_step;              /* tests: before step N (1-based) the worker holds, once,
                                          reporting as usual, until an order of a later epoch
                                          comes (SPOTTRAIN_TEST_STALL_STEP); 0 = never */
+    bool leave_killed;                /* tests: a noticed worker that leaves a live migration
+                                         SIGKILLs itself once its state is sent, before it
+                                         tells anyone, as a VM deleted the moment its worker
+                                         acknowledges (SPOTTRAIN_TEST_LEAVE_KILLED=1) */
     worker_notice_poll_fn *poll_notice; /* NULL = no cloud notices */
     void *notice_userdata;
     worker_state_left_fn *state_left;   /* NULL = nothing to tell */

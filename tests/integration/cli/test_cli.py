@@ -68,7 +68,8 @@ SPEC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".."
                     "quickstart.yaml")
 with tempfile.TemporaryDirectory(prefix="st-cli-") as d:
     for var in ("SPOTTRAIN_TEST_CKPT_ENOSPC", "SPOTTRAIN_TEST_DATA_CUT",
-                "SPOTTRAIN_TEST_PEER_CUT"):
+                "SPOTTRAIN_TEST_PEER_CUT", "SPOTTRAIN_TEST_STALL_STEP",
+                "SPOTTRAIN_TEST_LEAVE_KILLED"):
         for bad in ("x", "-1", "3k"):
             p = subprocess.run([BIN, "worker", "--coordinator", "127.0.0.1:1", "--job", SPEC,
                                 "--state-dir", d], capture_output=True, text=True, timeout=30,
