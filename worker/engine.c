@@ -714,10 +714,12 @@ size_t worker_engine_copy_kept_moments(struct worker_engine *e) {
     return bytes;
 }
 
-void worker_engine_set_gate(struct worker_engine *e, worker_engine_gate_fn *fn, void *userdata) {
+void worker_engine_set_gate(struct worker_engine *e, worker_engine_gate_fn *fn,
+                            worker_engine_layer_gate_fn *layer_fn, void *userdata) {
     if (engine_check(e) < 0)
         return;
     e->gate = fn;
+    e->layer_gate = fn ? layer_fn : NULL;
     e->gate_userdata = fn ? userdata : NULL;
 }
 
@@ -726,7 +728,12 @@ int worker__gate(struct worker_engine *e) {
     if (!fn)
         return 0;
     e->gate = NULL;
+    e->layer_gate = NULL;
     return fn(e->gate_userdata);
+}
+
+int worker__layer_gate(struct worker_engine *e, int layer) {
+    return e->layer_gate ? e->layer_gate(e->gate_userdata, layer) : 0;
 }
 
 void worker_engine_hold_old(struct worker_engine *e, bool hold) {

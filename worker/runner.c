@@ -9,6 +9,7 @@
  * is bounded (reconfig_timeout, the data plane's timeout), and a failure is reported as a
  * notice and leaves the worker waiting for the coordinator's next order — never hanging. */
 #include <errno.h>
+#include <limits.h> /* INT_MAX */
 #include <math.h>
 #include <pthread.h>
 #include <signal.h> /* raise: SPOTTRAIN_TEST_LEAVE_KILLED */
@@ -69,8 +70,8 @@ struct peerbg {
 };
 
 /* What a live migration's "reconfigured" notice says (docs/live-migration.md, the stall's
- * parts); told at the end of the migration, or, when its moments move after the boundary,
- * once they are in, with the bytes of both batches as the transport counted them. */
+ * parts); told at the end of the migration, or, when its state moves after the boundary,
+ * once it is in, with every byte of it as the transport counted them. */
 struct reconf_note {
     uint64_t epoch, step, replayed, sent, recv;
     int stage, replica;
@@ -78,28 +79,33 @@ struct reconf_note {
     size_t fresh;
 };
 
-/* Moments after the boundary (fleet.data_plane.overlap, Migrate.defer_moments): a live
- * migration's transfers of optimizer moments go in a second batch on the new epoch's
- * communicator, which a thread of its own runs while the first step's forward and backward
- * passes do; the engine's gate (worker_engine_set_gate) waits for it before the step first
- * uses the communicator or the moments. The thread touches only the comm and the buffers
- * `ptrs` names (the old position's, which the engine holds for it, and the new one's moment
- * shards); the runner thread waits for it (defer_settle) before anything else can: the gate,
- * a checkpoint, the next reconfiguration, a failure. */
+/* State after the boundary (fleet.data_plane.overlap, Migrate.defer_moments): a live
+ * migration's transfers move on the new epoch's communicator on a thread of their own while
+ * the first step computes: the parameters first, layer by layer in layer order, then the
+ * optimizer moments. Each forward pass waits at the engine's layer gate until the layer it is
+ * about to read is in (params_below); the engine's gate (worker_engine_set_gate) waits for
+ * the whole move before the step first uses the communicator or the moments. The thread
+ * touches only the comm and the buffers `ptrs` names (the old position's, which the engine
+ * holds for it, and the new one's); the runner thread waits for it (defer_settle) before
+ * anything else can: the gate, a checkpoint, the next reconfiguration, a failure. */
 struct deferbg {
     pthread_t th;
     bool running;              /* th was started and not joined */
-    _Atomic bool finished;     /* th is done (set by th) */
+    _Atomic bool finished;     /* th is done (set by th, under lock) */
     struct mig_comm *comm;     /* the epoch's communicator (R->comm once the migration ends) */
     struct worker_engine *eng; /* a reshaped engine whose kept moments the thread copies */
     size_t copied;             /* bytes of those */
-    struct mig_xfer *x;        /* the moment transfers, in the Migrate's order */
+    struct mig_xfer *x;        /* the parameters' transfers by layer, then the moments' */
     float **ptrs;              /* per transfer: this rank's buffer (NULL: not ours) */
-    size_t n;
+    size_t n, nparam;          /* transfers; x[0..nparam) are parameters */
+    int params_below;          /* every parameter of a layer below this is in (th, lock) */
     int result;
     double t0, t_end;          /* st_now() when the batch started / ended (set by th) */
     uint64_t sent0, recv0;     /* the comm's counters before the migration's first batch */
-    struct reconf_note note;   /* told when the moments are in */
+    struct reconf_note note;   /* told when everything is in */
+    /* Not cleared between migrations (defer_free): made with the runner. */
+    pthread_mutex_t lock;      /* guards params_below and finished, for cond */
+    pthread_cond_t cond;       /* params_below rose, or th finished */
 };
 
 struct runner {
@@ -432,7 +438,7 @@ static int peer_side_set(struct runner *R, uint64_t epoch, const struct worker_l
     return 0;
 }
 
-/* ---- moments after the boundary -------------------------------------------------------------- */
+/* ---- state after the boundary ---------------------------------------------------------------- */
 
 static void fail_state(struct runner *R);
 
@@ -462,17 +468,39 @@ static int defer_buf(void *userdata, const struct mig_xfer *x, bool send, float 
     return 0;
 }
 
+static void defer_announce(struct deferbg *d, int params_below, bool finished) {
+    pthread_mutex_lock(&d->lock);
+    d->params_below = params_below;
+    if (finished)
+        atomic_store(&d->finished, true);
+    pthread_cond_broadcast(&d->cond);
+    pthread_mutex_unlock(&d->lock);
+}
+
 static void *defer_main(void *arg) {
     struct deferbg *d = arg;
-    if (d->eng)
-        d->copied = worker_engine_copy_kept_moments(d->eng);
-    d->result = mig_execute(d->comm, d->x, d->n, defer_buf, d, NULL);
+    int r = 0;
+    /* The parameters, a batch per layer, each announced as soon as it is in. */
+    for (size_t i = 0, j; r >= 0 && i < d->nparam; i = j) {
+        for (j = i; j < d->nparam && d->x[j].layer == d->x[i].layer; j++)
+            ;
+        r = mig_execute(d->comm, d->x + i, j - i, defer_buf, d, NULL);
+        if (r >= 0)
+            defer_announce(d, (int)d->x[i].layer + 1, false);
+    }
+    if (r >= 0) {
+        defer_announce(d, INT_MAX, false);
+        if (d->eng)
+            d->copied = worker_engine_copy_kept_moments(d->eng);
+        r = mig_execute(d->comm, d->x + d->nparam, d->n - d->nparam, defer_buf, d, NULL);
+    }
+    d->result = r;
     /* A failed batch leaves the epoch's streams out of step: end them all now, so that every
      * peer's call with us fails at once rather than at its no-progress timeout. */
-    if (d->result < 0 && d->result != -ECANCELED)
+    if (r < 0 && r != -ECANCELED)
         (void)mig_comm_shut(d->comm);
     d->t_end = st_now();
-    atomic_store(&d->finished, true);
+    defer_announce(d, d->params_below, true);
     return NULL;
 }
 
@@ -493,7 +521,7 @@ static int defer_settle(struct runner *R) {
     pthread_join(d->th, NULL);
     int r = d->result;
     if (R->eng) {
-        worker_engine_set_gate(R->eng, NULL, NULL);
+        worker_engine_set_gate(R->eng, NULL, NULL, NULL);
         worker_engine_hold_old(R->eng, false);
     }
     if (r >= 0) {
@@ -504,7 +532,7 @@ static int defer_settle(struct runner *R) {
         d->note.deferred = d->t_end - d->t0;
         tell_reconfigured(R, &d->note);
     } else {
-        notice(R, "reconfig-failed", "epoch=%llu the optimizer moments after the boundary: %s",
+        notice(R, "reconfig-failed", "epoch=%llu the transfers after the boundary: %s",
                (unsigned long long)d->note.epoch, st_strerror(r));
     }
     defer_free(R);
@@ -518,9 +546,22 @@ static void defer_wait(struct runner *R) {
         fail_state(R);
 }
 
-/* The engine's gate (worker_engine_set_gate): the step waits here for the moments. */
+/* The engine's gate (worker_engine_set_gate): the step waits here for the whole move. */
 static int defer_gate(void *userdata) {
     return defer_settle(userdata);
+}
+
+/* The engine's layer gate: a forward pass waits here for the parameters of layer. A move
+ * that ended without them settles (a failure fails the step). */
+static int defer_layer_gate(void *userdata, int layer) {
+    struct runner *R = userdata;
+    struct deferbg *d = &R->df;
+    pthread_mutex_lock(&d->lock);
+    while (d->params_below <= layer && !atomic_load(&d->finished))
+        pthread_cond_wait(&d->cond, &d->lock);
+    bool in = d->params_below > layer;
+    pthread_mutex_unlock(&d->lock);
+    return in ? 0 : defer_settle(R);
 }
 
 /* Ends the moments in flight without a word: cancelled (the batch ends within 50 ms), joined,
@@ -533,7 +574,7 @@ static void defer_cancel(struct runner *R) {
         mig_comm_cancel(d->comm);
     pthread_join(d->th, NULL);
     if (R->eng) {
-        worker_engine_set_gate(R->eng, NULL, NULL);
+        worker_engine_set_gate(R->eng, NULL, NULL, NULL);
         worker_engine_hold_old(R->eng, false);
     }
     defer_free(R);
@@ -940,25 +981,29 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
         memcpy(to, from, (size_t)x[i].count * sizeof(float));
     }
     nx = keep;
-    /* Moments after the boundary (struct deferbg): every participant splits the list alike,
-     * the optimizer moments' transfers last, so each connection carries both batches in the
-     * same order at both ends. */
-    size_t nd = 0;
+    /* State after the boundary (struct deferbg): every participant orders the list alike,
+     * the parameters' transfers by layer (stable), then the optimizer moments' in the
+     * Migrate's order, so each connection carries them in the same order at both ends
+     * whether a participant runs them in one batch or in several. Nothing is left for the
+     * boundary itself. */
+    size_t nd = 0, nparam = 0;
     if (m->defer_moments && !restore) {
-        keep = 0;
         xd = st_calloc(nx ? nx : 1, sizeof(*xd));
         if (!xd)
             TRY_GOTO(-ENOMEM, r, out);
-        for (size_t i = 0; i < nx; i++) {
-            if (x[i].kind == MIG_ADAM_M || x[i].kind == MIG_ADAM_V) {
+        uint32_t top = 0;
+        for (size_t i = 0; i < nx; i++)
+            if (x[i].kind == MIG_PARAM && x[i].layer > top)
+                top = x[i].layer;
+        for (uint32_t l = 0; l <= top; l++)
+            for (size_t i = 0; i < nx; i++)
+                if (x[i].kind == MIG_PARAM && x[i].layer == l)
+                    xd[nd++] = x[i];
+        nparam = nd;
+        for (size_t i = 0; i < nx; i++)
+            if (x[i].kind != MIG_PARAM)
                 xd[nd++] = x[i];
-                continue;
-            }
-            x[keep] = x[i];
-            fc[keep] = fc[i];
-            keep++;
-        }
-        nx = keep;
+        nx = 0;
     }
     /* The figures are the transport's: payload bytes that crossed the wire in this epoch's
      * communicator, not the transfer list's sum. */
@@ -981,6 +1026,8 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
                 TRY_GOTO(xfer_buf(&bd, &xd[i], xd[i].src == rank, &d->ptrs[i]), r, out);
         d->x = xd;
         d->n = nd;
+        d->nparam = nparam;
+        d->params_below = 0;
         xd = NULL;
         d->eng = reshaped ? R->eng : NULL;
         d->comm = comm;
@@ -992,7 +1039,7 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
             worker_engine_hold_old(R->eng, true);
         if (pthread_create(&d->th, NULL, defer_main, d) == 0) {
             d->running = true;
-            worker_engine_set_gate(R->eng, defer_gate, R);
+            worker_engine_set_gate(R->eng, defer_gate, defer_layer_gate, R);
         } else {
             (void)worker_engine_copy_kept_moments(R->eng);
             worker_engine_hold_old(R->eng, false);
@@ -1666,6 +1713,8 @@ int worker_runner_run(const struct worker_runner_config *cfg) {
     kern_set_threads(R->cfg.threads > 0 ? R->cfg.threads : 1);
     pthread_mutex_init(&R->lock, NULL);
     pthread_cond_init(&R->cond, NULL);
+    pthread_mutex_init(&R->df.lock, NULL);
+    pthread_cond_init(&R->df.cond, NULL);
     locks = true;
     r = worker_train_config_from_spec(&R->cfg.spec, &R->tc);
     if (r < 0) {
@@ -1720,6 +1769,8 @@ out:
     if (locks) {
         pthread_mutex_destroy(&R->lock);
         pthread_cond_destroy(&R->cond);
+        pthread_mutex_destroy(&R->df.lock);
+        pthread_cond_destroy(&R->df.cond);
     }
     st_free(R);
     return r;

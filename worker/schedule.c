@@ -55,12 +55,15 @@ static int forward(struct worker_engine *e, uint64_t step, int m) {
     for (int l = v->lo; l < v->hi; l++) {
         int i = l - v->lo;
         const float *in = i == 0 ? sl->in : sl->out[i - 1];
+        TRY(worker__layer_gate(e, l)); /* a migration may still be writing its parameters */
         TRY(kern_layer_forward(mc, l, v->layers[i].param, B, sl->tokens, in, sl->out[i],
                                sl->acts[i], w->scratch));
     }
     if (v->stage == v->layout.pp - 1) {
         float dloss = 1.0f / ((float)e->cfg.global_batch * (float)mc->seq_len);
         double sum = 0.0;
+        if (v->tied0)
+            TRY(worker__layer_gate(e, 0));
         TRY(kern_head_forward_backward(mc, head_wte(e), B, sl->out[v->hi - v->lo - 1],
                                        sl->targets, dloss, w->logits, w->losses, w->grad_head,
                                        w->dbuf[0], &sum));

@@ -97,11 +97,14 @@ struct worker_engine {
     int nmcopy;
     size_t work_fresh;        /* bytes the last work_make allocated itself */
     worker_engine_gate_fn *gate; /* called once before the next step's first comm or update */
+    worker_engine_layer_gate_fn *layer_gate; /* before a forward reads a layer, until gate */
     void *gate_userdata;
 };
 
-/* engine.c: calls and clears e->gate, if any (worker_engine_set_gate). */
+/* engine.c: calls and clears e->gate and e->layer_gate, if any (worker_engine_set_gate). */
 int worker__gate(struct worker_engine *e);
+/* engine.c: calls e->layer_gate for layer, if any. */
+int worker__layer_gate(struct worker_engine *e, int layer);
 
 /* stage.c */
 /* Allocates the zeroed buffers of position (stage, replica) of layout into *v (stage -1:

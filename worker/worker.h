@@ -174,14 +174,19 @@ int worker_engine_ready(struct worker_engine *e);
  * buffers nor a preparation (worker_engine_reshape_prepare) had ready. 0 before any. */
 size_t worker_engine_work_fresh(const struct worker_engine *e);
 
-/* Moments after the boundary (docs/live-migration.md): a migration may still be moving the
- * optimizer moments of the new position (and reading the old one's) on another thread when
- * the new epoch's first step starts. The gate is called once, by the next step, before the
- * step first uses the communicator or the moments: with pp 1 after the forward and backward
- * passes, which touch neither; with a pipeline at its first send or receive. It waits for
- * that move; a negative return fails the step with it. NULL clears it. */
+/* State after the boundary (docs/live-migration.md): a migration may still be moving the
+ * parameters and optimizer moments of the new position (and reading the old one's) on another
+ * thread when the new epoch's first step starts. The gate is called once, by the next step,
+ * before the step first uses the communicator or the moments: with pp 1 after the forward and
+ * backward passes, which touch neither; with a pipeline at its first send or receive. It
+ * waits for that move; a negative return fails the step with it. The layer gate, until the
+ * gate is called or cleared, is called by every forward pass before it first reads a layer's
+ * parameters (layer 0 also before the last stage's head reads its tied copy of wte), and
+ * waits for those. NULL clears both. */
 typedef int worker_engine_gate_fn(void *userdata);
-void worker_engine_set_gate(struct worker_engine *e, worker_engine_gate_fn *fn, void *userdata);
+typedef int worker_engine_layer_gate_fn(void *userdata, int layer);
+void worker_engine_set_gate(struct worker_engine *e, worker_engine_gate_fn *fn,
+                            worker_engine_layer_gate_fn *layer_fn, void *userdata);
 /* While held, a committed reshape keeps its old buffers (the sends of such a move read them)
  * instead of releasing them after the next worker_engine_ready or step; releasing lets them
  * go. A reshape_begin while held is -EBUSY. */

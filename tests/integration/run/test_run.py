@@ -1044,12 +1044,13 @@ def epoch2_restored(s, steps):
 
 
 def test_moments_cut():
-    # Moments after the boundary (fleet.data_plane.overlap, on by default): a 1x2 -> 2x1
-    # repartition moves each worker's parameters at the boundary and the optimizer moments in
-    # a second batch while the first 2x1 step computes. Every worker's second sending batch is
-    # cut mid-message (SPOTTRAIN_TEST_DATA_CUT=2): the moments batch of that migration, on
-    # both. Each worker's first step then fails at its gate, before it updates, and says the
-    # moments did not arrive (reconfig-failed); the epoch fails, the job comes back from the
+    # State after the boundary (fleet.data_plane.overlap, on by default): a 1x2 -> 2x1
+    # repartition moves nothing at the boundary; each worker's parameters, a batch per layer,
+    # then its optimizer moments move while the first 2x1 step computes. Every worker's second
+    # sending batch is cut mid-message (SPOTTRAIN_TEST_DATA_CUT=2): a batch of that migration
+    # after the boundary, on both (each sends at least a layer's parameters and then moments).
+    # Each worker's first step then fails at a gate, before it updates, and says the transfers
+    # after the boundary failed (reconfig-failed); the epoch fails, the job comes back from the
     # peer copies of the boundary (one peer restore, no disk restore, no fresh start), trains
     # on and ends bitwise equal to the uninterrupted run. With overlap off the same cut lands
     # in a later migration's single batch, so the test pins which batch it hit.
@@ -1062,9 +1063,9 @@ def test_moments_cut():
         save, s = run(d, job, steps, ["--shapes", "0:1x2,20:2x1"],
                       env={"SPOTTRAIN_TEST_DATA_CUT": "2"})
         failed = journal_notices(os.path.join(d, "state"), "reconfig-failed %")
-        moments = [m for m in failed if "the optimizer moments after the boundary" in m]
-        check(len(moments) == 2 and all("epoch=2 " in m for m in moments),
-              "both workers' moments of epoch 2 failed: %r" % failed)
+        after = [m for m in failed if "the transfers after the boundary" in m]
+        check(len(after) == 2 and all("epoch=2 " in m for m in after),
+              "both workers' transfers after epoch 2's boundary failed: %r" % failed)
         epoch2_restored(s, steps)
         same(ref, save)
     finally:

@@ -813,16 +813,26 @@ static int test_detached(void) {
     return 0;
 }
 
-/* The gate of moments after the boundary (worker_engine_set_gate): a step calls it once,
- * before its update; its error fails the step before anything changed; a held old view makes
- * the next reshape wait (-EBUSY) until released. One rank, so the step's only use of the
- * communicator-or-moments is the update. */
+/* The gates of state after the boundary (worker_engine_set_gate): a step calls the gate
+ * once, before its update, and the layer gate before each forward reads a layer, in layer
+ * order for every micro-batch, until the gate; either's error fails the step before anything
+ * changed; a held old view makes the next reshape wait (-EBUSY) until released. One rank, so
+ * the step's only use of the communicator-or-moments is the update. */
 static int gate_calls;
 static int gate_result;
 static int count_gate(void *userdata) {
     gate_calls++;
     *(int *)userdata += 1;
     return gate_result;
+}
+
+static int layer_calls, layer_misordered, layer_result, layer_nl;
+static int count_layer_gate(void *userdata, int layer) {
+    (void)userdata;
+    if (layer != layer_calls % layer_nl)
+        layer_misordered++;
+    layer_calls++;
+    return layer_result;
 }
 
 static int test_gate(void) {
@@ -839,20 +849,32 @@ static int test_gate(void) {
     ASSERT_OK(mig_comm_new("tcp", ep, 1, 0, 1, addr, 5.0, &c1));
     ASSERT_OK(mig_comm_new("tcp", ep, 2, 0, 1, addr, 5.0, &c2));
     ASSERT_OK(worker_engine_new(&cfg, &l1, 0, 0, c1, tokens, &e));
-    int mine = 0, rc[8];
+    int mine = 0, rc[9];
     double loss;
     gate_calls = 0;
     gate_result = 0;
-    worker_engine_set_gate(e, count_gate, &mine);
+    layer_calls = layer_misordered = layer_result = 0;
+    layer_nl = nl;
+    worker_engine_set_gate(e, count_gate, count_layer_gate, &mine);
     rc[0] = worker_engine_step(e, 0, &loss);
-    rc[1] = worker_engine_step(e, 1, &loss); /* called once: the gate is gone */
+    int layer_calls_ok = layer_calls;
+    rc[1] = worker_engine_step(e, 1, &loss); /* called once: the gates are gone */
     int calls_ok = gate_calls, t_ok = worker_engine_opt_step(e);
+    int layer_calls_after = layer_calls;
     gate_result = -ECONNRESET;
-    worker_engine_set_gate(e, count_gate, &mine);
+    worker_engine_set_gate(e, count_gate, NULL, &mine);
     rc[2] = worker_engine_step(e, 2, &loss);
     int t_failed = worker_engine_opt_step(e);
-    worker_engine_set_gate(e, count_gate, &mine);
-    worker_engine_set_gate(e, NULL, &mine); /* cleared: never called */
+    /* A layer gate's error fails the step at the first layer: neither the gate nor the
+     * update ran. */
+    gate_result = 0;
+    layer_result = -ECONNRESET;
+    worker_engine_set_gate(e, count_gate, count_layer_gate, &mine);
+    rc[8] = worker_engine_step(e, 2, &loss);
+    int layer_calls_failed = layer_calls - layer_calls_after, t_layer_failed =
+        worker_engine_opt_step(e), gate_calls_layer_failed = gate_calls;
+    worker_engine_set_gate(e, count_gate, count_layer_gate, &mine);
+    worker_engine_set_gate(e, NULL, count_layer_gate, &mine); /* cleared: neither called */
     rc[3] = worker_engine_step(e, 2, &loss);
     /* Held: the old view of a committed reshape stays, and no reshape may begin. */
     rc[4] = worker_engine_reshape_begin(e, &l1, 0, 0, c2);
@@ -868,10 +890,18 @@ static int test_gate(void) {
     for (int i = 0; i < 2; i++)
         ASSERT_OK(rc[i]);
     ASSERT_EQ(calls_ok, 1);
+    ASSERT_EQ(layer_calls_ok, nl * 8); /* 8 micro-batches of 1, each through nl layers */
+    ASSERT_EQ(layer_calls_after, layer_calls_ok);
+    ASSERT_EQ(layer_misordered, 0);
     ASSERT_EQ(t_ok, 2);
     ASSERT_ERR(rc[2], -ECONNRESET);
     ASSERT_EQ(t_failed, 2); /* the update never ran */
+    ASSERT_ERR(rc[8], -ECONNRESET);
+    ASSERT_EQ(layer_calls_failed, 1);
+    ASSERT_EQ(t_layer_failed, 2);
+    ASSERT_EQ(gate_calls_layer_failed, 2);
     ASSERT_EQ(gate_calls, 2);
+    ASSERT_EQ(layer_calls, layer_calls_after + 1);
     ASSERT_EQ(mine, 2);
     ASSERT_OK(rc[3]);
     ASSERT_OK(rc[4]);
