@@ -55,8 +55,8 @@ static void on_membership(struct coord *c, void *u) {
 static void on_report(struct coord *c, const struct coord_report *r, void *u) {
     (void)c;
     (void)u;
-    if (r->step == 5 && seen.step5_epoch < 0)
-        seen.step5_epoch = (int)r->epoch;
+    if (r->step == 5 && __atomic_load_n(&seen.step5_epoch, __ATOMIC_ACQUIRE) < 0)
+        __atomic_store_n(&seen.step5_epoch, (int)r->epoch, __ATOMIC_RELEASE);
     seen.reports++;
 }
 
@@ -185,6 +185,9 @@ static int test_hooks_and_agent(void) {
     ASSERT_ERR(worker_agent_notice(ag[0], "", 0, NULL), -EINVAL);
     uint64_t step = 0;
     WAIT_FOR((coord_job_get(c, NULL, NULL, NULL, NULL, NULL, &step), step == 5), "step 5");
+    /* The job's step is the coordinator's, set before the hook runs on its thread: wait for
+     * the hook too (a loaded ASan run read -1 here). */
+    WAIT_FOR(__atomic_load_n(&seen.step5_epoch, __ATOMIC_ACQUIRE) >= 0, "on_report of step 5");
     ASSERT_EQ(seen.step5_epoch, 0);
     ASSERT_TRUE(seen.reports > 0 && seen.ticks > 0);
 
