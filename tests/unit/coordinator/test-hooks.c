@@ -33,7 +33,6 @@ static void on_membership(struct coord *c, void *u) {
     (void)u;
     struct coord_worker *ws = NULL;
     size_t n = 0, live = 0;
-    seen.membership++;
     if (coord_workers_get(c, &ws, &n) < 0)
         return;
     struct coord_assignment a[8];
@@ -50,6 +49,8 @@ static void on_membership(struct coord *c, void *u) {
     st_free(ws);
     if (live > 0)
         seen.configure_err = coord_configure(c, 1, (int)live, a, live, "tcp", 0, "hook", NULL);
+    /* Counted last, so a test that waits on it sees what the hook did (the job's shape). */
+    __atomic_fetch_add(&seen.membership, 1, __ATOMIC_RELEASE);
 }
 
 static void on_report(struct coord *c, const struct coord_report *r, void *u) {
@@ -96,9 +97,10 @@ static int on_command(struct worker_agent *a, const Spottrain__V1__Command *cmd,
         seen.configures++;
         return 0;
     case SPOTTRAIN__V1__COMMAND__BODY_MIGRATE:
-        seen.migrates++;
         seen.transfers += (int)cmd->migrate->n_transfers;
         seen.lease = (int)cmd->migrate->lease;
+        /* Counted last, so a test that waits on it sees the transfers and the lease. */
+        __atomic_fetch_add(&seen.migrates, 1, __ATOMIC_RELEASE);
         if (cmd->migrate->n_transfers == 0) {
             snprintf(err, errsz, "empty transfer list");
             return -EINVAL;
@@ -202,7 +204,8 @@ static int test_hooks_and_agent(void) {
     uint64_t cid = 0;
     ASSERT_OK(coord_migrate(c, worker_agent_id(ag[1]), &t, 1, 5, &cid));
     ASSERT_OK(coord_migrate(c, worker_agent_id(ag[1]), NULL, 0, 5, &cid));
-    WAIT_FOR(seen.migrates == 2 && seen.acks_failed == 1, "migrate applied and one refused");
+    WAIT_FOR(__atomic_load_n(&seen.migrates, __ATOMIC_ACQUIRE) == 2 && seen.acks_failed == 1,
+             "migrate applied and one refused");
     ASSERT_EQ(seen.transfers, 1);
     ASSERT_EQ(seen.lease, 0); /* coord_migrate() gives no first lease */
 
@@ -219,7 +222,8 @@ static int test_hooks_and_agent(void) {
     ASSERT_ERR(coord_migrate_peers(c, worker_agent_id(ag[1]), &t, 1, 5, cp, 2, 0, 4, &cid),
                -EINVAL);
     ASSERT_OK(coord_migrate_peers(c, worker_agent_id(ag[1]), &t, 1, 5, cp, 2, 0, 9, &cid));
-    WAIT_FOR(seen.migrates == 3, "the migration with a first lease");
+    WAIT_FOR(__atomic_load_n(&seen.migrates, __ATOMIC_ACQUIRE) == 3,
+             "the migration with a first lease");
     ASSERT_EQ(seen.lease, 9);
     ASSERT_EQ(seen.transfers, 2);
 
@@ -227,7 +231,8 @@ static int test_hooks_and_agent(void) {
     int membership_before = seen.membership;
     ag[1] = worker_agent_free(ag[1]);
     WAIT_FOR(seen.lost == 1, "on_worker_lost");
-    WAIT_FOR(seen.membership > membership_before, "on_membership after the loss");
+    WAIT_FOR(__atomic_load_n(&seen.membership, __ATOMIC_ACQUIRE) > membership_before,
+             "on_membership after the loss");
     coord_job_get(c, NULL, &epoch, &dp, &pp, NULL, NULL);
     ASSERT_EQ(pp, 1);
     WAIT_FOR(worker_agent_epoch(ag[0]) == epoch, "survivor configured in the new epoch");
