@@ -846,9 +846,10 @@ static struct peerlist order_peers(const Spottrain__V1__Command *cfg,
     return pl;
 }
 
-/* Maps the Migrate's transfers (worker ids) onto comm ranks (index in peers). */
-static int xfers_build(const Spottrain__V1__Migrate *m, struct peerlist pl, struct mig_xfer **ret,
-                       bool **ret_copy, size_t *ret_n) {
+/* Maps the Migrate's transfers (worker ids) onto comm ranks (index in peers); -EINVAL for a
+ * worker not in peers or a layer the model does not have. */
+static int xfers_build(const Spottrain__V1__Migrate *m, struct peerlist pl, int nlayers,
+                       struct mig_xfer **ret, bool **ret_copy, size_t *ret_n) {
     struct mig_xfer *x = st_calloc(m->n_transfers + 1, sizeof(*x));
     bool *fc = st_calloc(m->n_transfers + 1, sizeof(*fc));
     if (!x || !fc) {
@@ -870,7 +871,7 @@ static int xfers_build(const Spottrain__V1__Migrate *m, struct peerlist pl, stru
         x[i].offset = t->offset;
         x[i].count = t->count;
         fc[i] = t->from_peer_copy;
-        if (x[i].src < 0 || x[i].dst < 0) {
+        if (x[i].src < 0 || x[i].dst < 0 || t->layer >= (uint32_t)nlayers) {
             st_free(x);
             st_free(fc);
             return -EINVAL;
@@ -904,7 +905,7 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
 
     struct peerlist pl = order_peers(cfg, mig);
     memset(&st, 0, sizeof(st));
-    TRY_GOTO(xfers_build(m, pl, &x, &fc, &nx), r, out);
+    TRY_GOTO(xfers_build(m, pl, R->nlayers, &x, &fc, &nx), r, out);
     /* The Migrate carries the secret for send-only participants; the Configure for all. */
     const ProtobufCBinaryData *secret = &m->data_plane_secret;
     bool tls = m->data_plane_tls;
