@@ -543,12 +543,14 @@ int cli_job_write_json(const char *path, const struct coord_loop_summary *s) {
         fprintf(f, "%s\n    {\"epoch\": %" PRIu64 ", \"at_step\": %" PRIu64 ", \"kind\": \"%s\", "
                    "\"dp_resharding\": %s, \"from\": [%d, %d], \"to\": [%d, %d], "
                    "\"planned_bytes\": %" PRIu64 ", \"moved_bytes\": %" PRIu64 ", "
+                   "\"prewarmed_bytes\": %" PRIu64 ", "
                    "\"stall_seconds\": %.6f, \"steps_replayed\": %" PRIu64 ", "
                    "\"seconds\": %.6f, \"stall_parts\": {\"wait\": %.6f, \"connect\": %.6f, "
                    "\"reshape\": %.6f, \"transfer\": %.6f, \"commit\": %.6f, \"rest\": %.6f}, ",
                 i ? "," : "", r->epoch, r->at_step, coord_loop_kind_name(r->kind),
                 r->dp_reshard ? "true" : "false", r->from_dp, r->from_pp, r->to_dp, r->to_pp,
-                r->planned_bytes, r->moved_bytes, r->stall_seconds, r->steps_replayed, r->seconds,
+                r->planned_bytes, r->moved_bytes, r->prewarmed_bytes, r->stall_seconds,
+                r->steps_replayed, r->seconds,
                 r->parts.wait, r->parts.connect, r->parts.reshape, r->parts.transfer,
                 r->parts.commit, r->parts.rest);
         /* The cost model's prediction for a live migration, made when it was ordered. */

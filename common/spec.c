@@ -198,6 +198,7 @@ static const struct field fleet_fields[] = {
     {"gpu_memory", F_SIZE, OFF(fleet.gpu_memory), 0, 0, 0, NULL, NULL, 0, NULL},
     {"gpu_tflops", F_DOUBLE, OFF(fleet.gpu_tflops), 0, 0, 1e5, NULL, NULL, MIN_EXCL, NULL},
     {"net_gbps", F_DOUBLE, OFF(fleet.net_gbps), 0, 0, 1e5, NULL, NULL, MIN_EXCL, NULL},
+    {"prewarm", F_BOOL, OFF(fleet.prewarm), 0, 0, 0, NULL, NULL, 0, NULL},
     {"kubernetes", F_MAP, 0, 0, 0, 0, NULL, &kubernetes_table, 0, NULL},
     {"data_plane", F_MAP, 0, 0, 0, 0, NULL, &data_plane_table, 0, NULL},
 };
@@ -1420,6 +1421,7 @@ void st_spec_defaults(struct st_spec *spec) {
     spec->fleet.gpu_tflops = 0.05;    /* what a CPU worker of the sim sustains */
     spec->fleet.net_gbps = 10;
     spec->fleet.data_plane_overlap = true;
+    spec->fleet.prewarm = true;
     spec->planner.interval = 60;
     spec->planner.lookahead = 12;
     snprintf(spec->planner.predictor, sizeof(spec->planner.predictor), "notice");
@@ -1759,6 +1761,7 @@ char *st_spec_to_json(const struct st_spec *spec) {
     jset(fleet, "gpu_memory", json_integer((json_int_t)spec->fleet.gpu_memory), &ok);
     jset(fleet, "gpu_tflops", json_real(spec->fleet.gpu_tflops), &ok);
     jset(fleet, "net_gbps", json_real(spec->fleet.net_gbps), &ok);
+    jset(fleet, "prewarm", json_boolean(spec->fleet.prewarm), &ok);
     jset(fleet, "kubernetes", kubernetes_json(&spec->fleet.kubernetes, &ok), &ok);
     json_t *dplane = json_object();
     jset(dplane, "tls", json_boolean(spec->fleet.data_plane_tls), &ok);

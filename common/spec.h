@@ -142,6 +142,10 @@ struct st_spec_fleet {
     /* A live migration's optimizer moments move while the new epoch's first step runs its
      * forward and backward passes, not at the boundary (docs/live-migration.md); default true */
     bool data_plane_overlap;
+    /* A worker that holds no state (a spare) faults in the memory of the largest position it
+     * could be given while it waits, so that taking one costs no page faults at the
+     * boundary (worker/reserve.c); default true */
+    bool prewarm;
 };
 
 struct st_spec_planner {

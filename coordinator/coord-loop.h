@@ -104,6 +104,8 @@ struct coord_loop_record {
     int from_dp, from_pp, to_dp, to_pp;
     uint64_t planned_bytes;        /* the plan's bytes_moved */
     uint64_t moved_bytes;          /* payload bytes the workers' transport received */
+    uint64_t prewarmed_bytes;      /* memory the new engines took from their warm reserves
+                                    * (fleet.prewarm), over the positioned workers */
     double stall_seconds;          /* shared/DESIGN.md "One meaning of stall"; for a failed
                                     * epoch, until the epoch that replaced it made a step */
     double stall_predicted;        /* live migrations: the cost model's stall when ordered

@@ -52,6 +52,7 @@ struct lworker {
     uint64_t reconf_fail_epoch;
     uint64_t recv, sent;       /* bytes of that reconfiguration */
     uint64_t replayed;         /* steps its rollback to a peer copy undid */
+    uint64_t prewarmed;        /* bytes its new engine took from its warm reserve */
     double stall;
     struct coord_loop_stall_parts parts; /* of that reconfiguration; rest unused */
     uint64_t fail_epoch;       /* epoch in which a step or checkpoint failed; 0 = none */
@@ -367,6 +368,7 @@ static void hook_report(struct coord *c, const struct coord_report *r, void *use
             w->recv = kv_u64(d, "recv");
             w->sent = kv_u64(d, "sent");
             w->replayed = kv_u64(d, "replayed");
+            w->prewarmed = kv_u64(d, "prewarmed");
             w->stall = kv_f(d, "stall");
             w->parts = (struct coord_loop_stall_parts){kv_f(d, "wait"), kv_f(d, "connect"),
                                                        kv_f(d, "reshape"), kv_f(d, "transfer"),
@@ -1519,6 +1521,7 @@ static void stall_done(struct coord_loop *L, const struct wv *v, size_t nv) {
         return;
     double span = 0, span_new = 0, steps[64];
     struct coord_loop_stall_parts parts = {0}, parts_new = {0};
+    uint64_t prewarmed = 0;
     int ns = 0;
     bool all = true, old = false;
     pthread_mutex_lock(&L->lock);
@@ -1544,8 +1547,10 @@ static void stall_done(struct coord_loop *L, const struct wv *v, size_t nv) {
             was = !strcmp(L->prev_pos[p], v[i].w.id);
         /* The parts are those of the worker whose span sets the stall. */
         struct coord_loop_stall_parts wp = {0};
-        if (w->reconf_epoch == L->epoch)
+        if (w->reconf_epoch == L->epoch) {
             wp = w->parts;
+            prewarmed += w->prewarmed;
+        }
         if (was) {
             if (!old || w->first_seconds > span) {
                 span = w->first_seconds;
@@ -1574,6 +1579,7 @@ static void stall_done(struct coord_loop *L, const struct wv *v, size_t nv) {
     for (int i = L->chain; i <= L->stall_rec; i++)
         S->records[i].stall_seconds = stall;
     S->records[L->stall_rec].parts = parts;
+    S->records[L->stall_rec].prewarmed_bytes = prewarmed;
     struct coord_loop_record *rec = &S->records[L->stall_rec];
     st_log(ST_LOG_INFO, "loop", "Epoch %" PRIu64 " stall %.6f s: wait %.6f connect %.6f "
            "reshape %.6f transfer %.6f commit %.6f rest %.6f (first-step median %.6f)",

@@ -14,6 +14,7 @@
 #include "check.h" /* TRY, TRY_GOTO, TRY_KEEP */
 #include "tokens.h" /* struct st_tokens */
 #include "worker-internal.h"
+#include "worker-reserve.h" /* worker_reserve_is_open */
 
 #define SUBSYS "engine"
 
@@ -747,6 +748,35 @@ void worker_engine_hold_old(struct worker_engine *e, bool hold) {
 
 size_t worker_engine_work_fresh(const struct worker_engine *e) {
     return engine_check(e) == 0 ? e->work_fresh : 0;
+}
+
+int worker_engine_position_bytes(const struct worker_train_config *cfg,
+                                 const struct worker_layout *layout, int stage, int replica,
+                                 uint64_t *ret) {
+    if (!cfg || !ret || stage < 0 || kern_config_check(&cfg->model) < 0 || cfg->micro_batch <= 0)
+        return -EINVAL;
+    TRY(check_layout_position(cfg, layout, stage, replica));
+    if (worker_reserve_is_open())
+        return -EBUSY;
+    struct worker_engine e; /* work buffers read e->cfg only */
+    memset(&e, 0, sizeof(e));
+    e.cfg = *cfg;
+    struct engine_view v;
+    struct engine_work *w = NULL;
+    TRY(worker__view_init(&v, cfg, layout, stage, replica, NULL, NULL));
+    uint64_t b = 0;
+    for (int i = 0; i < v.hi - v.lo; i++)
+        b += (v.layers[i].n + 2 * ST_MAX(v.layers[i].hi - v.layers[i].lo, 1)) * sizeof(float);
+    if (v.tied0)
+        b += kern_layer_param_count(&cfg->model, 0) * sizeof(float);
+    int r = worker__work_new(&e, &v, false, NULL, 0, &w);
+    if (r == 0)
+        b += w->made;
+    worker__work_free(w, v.hi - v.lo);
+    worker__view_done(&v);
+    if (r == 0)
+        *ret = b;
+    return r;
 }
 
 int worker_engine_ready(struct worker_engine *e) {

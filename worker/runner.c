@@ -27,6 +27,7 @@
 #include "migrate-execute.h"
 #include "worker.h"
 #include "worker-peer.h" /* peer copies */
+#include "worker-reserve.h" /* fleet.prewarm */
 #include "worker-runner.h"
 
 #define RUNNER_MAX_QUEUE 4096
@@ -77,6 +78,7 @@ struct reconf_note {
     int stage, replica;
     double seconds, stall, wait, connect, reshape, transfer, commit, deferred;
     size_t fresh;
+    size_t prewarmed; /* bytes a new engine took from the warm reserve (fleet.prewarm) */
 };
 
 /* State after the boundary (fleet.data_plane.overlap, Migrate.defer_moments): a live
@@ -451,11 +453,11 @@ static void tell_reconfigured(struct runner *R, const struct reconf_note *n) {
      * boundary (deferred), overlapped with the first step. */
     notice(R, "reconfigured", "epoch=%llu mode=migrate step=%llu stage=%d replica=%d sent=%llu "
            "recv=%llu replayed=%llu seconds=%.6f stall=%.6f wait=%.6f connect=%.6f "
-           "reshape=%.6f transfer=%.6f commit=%.6f fresh=%zu deferred=%.6f",
+           "reshape=%.6f transfer=%.6f commit=%.6f fresh=%zu deferred=%.6f prewarmed=%zu",
            (unsigned long long)n->epoch, (unsigned long long)n->step, n->stage, n->replica,
            (unsigned long long)n->sent, (unsigned long long)n->recv,
            (unsigned long long)n->replayed, n->seconds, n->stall, n->wait, n->connect,
-           n->reshape, n->transfer, n->commit, n->fresh, n->deferred);
+           n->reshape, n->transfer, n->commit, n->fresh, n->deferred, n->prewarmed);
 }
 
 static int defer_buf(void *userdata, const struct mig_xfer *x, bool send, float **ret) {
@@ -727,6 +729,59 @@ static int layout_build(struct runner *R, int dp, int pp, const int *split, int 
 }
 
 /* mode=init / mode=restore: a fresh engine on the Configure's peers. */
+/* ---- the warm reserve (fleet.prewarm) ------------------------------------------------------ */
+
+/* MemAvailable of /proc/meminfo in bytes; 0 when unknown. */
+static uint64_t mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    unsigned long long kb = 0;
+    char line[128];
+    while (f && fgets(line, sizeof(line), f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
+/* A worker without state faults in, on a thread of its own, the memory of the
+ * largest position it could be given (the whole model on one worker: every other position's
+ * state is a part of it, and its work buffers hold as many activations as any stage's in
+ * flight), at most half the memory the host has available, so that taking a position costs
+ * no page faults at the boundary. The engine made next carves its buffers from it. */
+static void reserve_open(struct runner *R) {
+    if (!R->cfg.spec.fleet.prewarm || R->eng)
+        return;
+    int lo[2] = {0, R->nlayers};
+    struct worker_layout lay;
+    uint64_t need = 0;
+    if (worker_layout_init(&lay, 1, 1, lo, R->nlayers) < 0 ||
+        worker_engine_position_bytes(&R->tc, &lay, 0, 0, &need) < 0)
+        return; /* a position a worker cannot take alone: no reserve, nothing lost */
+    need += need / 64 + ((uint64_t)1 << 20); /* each buffer is rounded up to pages */
+    uint64_t avail = mem_available();
+    if (avail > 0 && need > avail / 2)
+        need = avail / 2;
+    if (need > SIZE_MAX || worker_reserve_open((size_t)need) < 0)
+        return;
+    st_log(ST_LOG_INFO, "runner", "Warm reserve: faulting in %.1f MiB for the next engine",
+           (double)need / (1 << 20));
+}
+
+/* Ends the reserve once an engine is made from it (or none will be): unmaps what it did not
+ * give. Returns the bytes it gave (0: none was open). */
+static size_t reserve_close(void) {
+    if (!worker_reserve_is_open())
+        return 0;
+    worker_reserve_close();
+    struct worker_reserve_stats st;
+    worker_reserve_stats(&st);
+    st_log(ST_LOG_INFO, "runner", "Warm reserve: %.1f of %.1f MiB faulted in ahead, %.1f MiB "
+           "given to the engine", (double)st.faulted / (1 << 20), (double)st.bytes / (1 << 20),
+           (double)st.given / (1 << 20));
+    return st.given;
+}
+
 static int apply_fresh(struct runner *R, const Spottrain__V1__Command *cmd, const char *mode,
                        const int *split, int nsplit, const char *dir) {
     const Spottrain__V1__Configure *cf = cmd->configure;
@@ -746,6 +801,7 @@ static int apply_fresh(struct runner *R, const Spottrain__V1__Command *cmd, cons
                         cf->data_plane_tls, R->cfg.timeout, &comm, &rank), r, out);
     TRY_GOTO(worker_engine_new(&R->tc, &lay, (int)cf->stage, (int)cf->replica, comm, R->tokens,
                                &eng), r, out);
+    reserve_close();
     uint64_t step = 0;
     if (!strcmp(mode, "restore")) {
         TRY_GOTO(worker_engine_load(eng, dir, &step), r, out);
@@ -778,6 +834,7 @@ static int apply_fresh(struct runner *R, const Spottrain__V1__Command *cmd, cons
            "seconds=%.6f stall=%.6f", (unsigned long long)cmd->epoch, mode,
            (unsigned long long)step, cf->stage, cf->replica, st_now() - t0, st_now() - t0);
 out:
+    reserve_close();
     worker_engine_free(eng);
     mig_comm_free(comm);
     return r;
@@ -900,6 +957,7 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
     struct mig_exec_stats st;
     uint64_t wsent0 = 0, wrecv0 = 0, wsent = 0, wrecv = 0;
     bool reshaped = false, created = false;
+    size_t prewarmed = 0;
     int rank, r;
     double t0 = st_now();
 
@@ -935,6 +993,7 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
             else
                 TRY_GOTO(worker_engine_set_opt_step(R->eng, (int)m->at_step), r, out);
             TRY_GOTO(worker_engine_ready(R->eng), r, out);
+            prewarmed = reserve_close();
         }
     } else if (restore ? !pg : !R->eng || R->failed) {
         /* Nothing to send from: only a send-only participant that holds state is asked. */
@@ -1069,8 +1128,11 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
     R->comm = mig_comm_free(R->comm);
     R->comm = comm; /* a send-only worker keeps it open too: its peers may still be reading */
     comm = NULL;
-    if (!cfg)
+    if (!cfg) {
         R->eng = worker_engine_free(R->eng); /* gave everything away: now a spare */
+        if (!R->noticed)
+            reserve_open(R); /* a spare that may be given a position again */
+    }
     if (!cfg && R->noticed && R->cfg.leave_killed) {
         st_log(ST_LOG_NOTICE, "runner", "Test: our state has left; gone now, before we tell "
                "anyone (SPOTTRAIN_TEST_LEAVE_KILLED)");
@@ -1108,6 +1170,7 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
         .transfer = t_xfer - t_reshape,
         .commit = t_end - t_xfer,
         .fresh = fresh,
+        .prewarmed = prewarmed,
     };
     if (R->df.running)
         R->df.note = note; /* told with the moments' bytes once they are in */
@@ -1121,6 +1184,7 @@ out:
             worker_engine_reshape_abort(R->eng);
         if (created)
             R->eng = worker_engine_free(R->eng);
+        reserve_close();
         /* The epoch is broken. Whatever we applied of it goes with the engine: what survives
          * is on disk and in our peer copies, and the restore that follows starts from those. */
         fail_state(R);
@@ -1743,6 +1807,7 @@ int worker_runner_run(const struct worker_runner_config *cfg) {
              R->cfg.advertise_addr[0] ? R->cfg.advertise_addr : mig_endpoint_addr(R->ep));
     struct worker_agent_ops ops = {on_command, R};
     TRY_GOTO(worker_agent_new(&R->cfg.agent, &ops, &R->agent), r, out);
+    reserve_open(R); /* before the agent starts: the first order may follow at once */
     TRY_GOTO(worker_agent_start(R->agent), r, out);
     st_log(ST_LOG_INFO, "runner", "Worker %s: data plane %s (advertised as %s), coordinator %s",
            worker_agent_id(R->agent), mig_endpoint_addr(R->ep), R->cfg.agent.data_addr,
@@ -1755,6 +1820,7 @@ int worker_runner_run(const struct worker_runner_config *cfg) {
             ;
     }
 out:
+    reserve_close();
     bg_join(R);
     peer_side_drop(R); /* before the store and the agent: it may keep and tell */
     worker__peer_store_done(&R->peers);

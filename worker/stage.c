@@ -9,6 +9,7 @@
 
 #include "check.h" /* TRY, TRY_GOTO */
 #include "worker-internal.h"
+#include "worker-reserve.h" /* the engine's large buffers */
 
 void worker_shard(size_t n, int dp, int r, size_t *ret_lo, size_t *ret_hi) {
     uint64_t lo, hi;
@@ -34,19 +35,19 @@ struct engine_layer *worker__view_layer(struct engine_view *v, int layer) {
 void worker__view_done(struct engine_view *v) {
     if (v->layers) {
         for (int i = 0; i < v->hi - v->lo; i++) {
-            st_free(v->layers[i].param);
-            st_free(v->layers[i].m);
-            st_free(v->layers[i].v);
+            worker__big_free(v->layers[i].param);
+            worker__big_free(v->layers[i].m);
+            worker__big_free(v->layers[i].v);
         }
-        st_free(v->layers);
+        worker__big_free(v->layers);
     }
-    st_free(v->tied0);
+    worker__big_free(v->tied0);
     memset(v, 0, sizeof(*v));
 }
 
 /* A buffer of n floats: share's when it has one (n > 0), else a fresh zeroed one. */
 static float *take(float *share, size_t n) {
-    return share && n > 0 ? share : st_calloc(ST_MAX(n, 1), sizeof(float));
+    return share && n > 0 ? share : worker__big_alloc(ST_MAX(n, 1) * sizeof(float), true);
 }
 
 /* Allocates (zeroed) the buffers of position (stage, replica), or borrows share's; stage -1
@@ -155,53 +156,53 @@ struct engine_work *worker__work_free(struct engine_work *w, int nowned) {
     if (w->slots) {
         for (int s = 0; s < w->nslots; s++) {
             struct engine_slot *sl = &w->slots[s];
-            st_free(sl->tokens);
-            st_free(sl->targets);
-            st_free(sl->in);
+            worker__big_free(sl->tokens);
+            worker__big_free(sl->targets);
+            worker__big_free(sl->in);
             for (int i = 0; i < nowned; i++) {
                 if (sl->acts)
-                    st_free(sl->acts[i]);
+                    worker__big_free(sl->acts[i]);
                 if (sl->out)
-                    st_free(sl->out[i]);
+                    worker__big_free(sl->out[i]);
             }
-            st_free(sl->acts);
-            st_free(sl->out);
+            worker__big_free(sl->acts);
+            worker__big_free(sl->out);
         }
-        st_free(w->slots);
+        worker__big_free(w->slots);
     }
     for (int i = 0; i < nowned; i++) {
         if (w->grad)
-            st_free(w->grad[i]);
+            worker__big_free(w->grad[i]);
         if (w->acc)
-            st_free(w->acc[i]);
+            worker__big_free(w->acc[i]);
     }
-    st_free(w->grad);
-    st_free(w->acc);
-    st_free(w->grad_head);
-    st_free(w->acc_head);
-    st_free(w->recv_head);
-    st_free(w->dbuf[0]);
-    st_free(w->dbuf[1]);
-    st_free(w->scratch);
-    st_free(w->logits);
-    st_free(w->losses);
-    st_free(w->gshard);
-    st_free(w->norm_parts);
-    st_free(w->sample);
-    st_free(w);
+    worker__big_free(w->grad);
+    worker__big_free(w->acc);
+    worker__big_free(w->grad_head);
+    worker__big_free(w->acc_head);
+    worker__big_free(w->recv_head);
+    worker__big_free(w->dbuf[0]);
+    worker__big_free(w->dbuf[1]);
+    worker__big_free(w->scratch);
+    worker__big_free(w->logits);
+    worker__big_free(w->losses);
+    worker__big_free(w->gshard);
+    worker__big_free(w->norm_parts);
+    worker__big_free(w->sample);
+    worker__big_free(w);
     return NULL;
 }
 
 /* Allocations of work buffers, every page written when t. */
 static void *wmalloc(size_t bytes, bool t) {
-    void *p = st_malloc(bytes);
+    void *p = worker__big_alloc(bytes, false);
     if (t)
         touch(p, bytes);
     return p;
 }
 
 static void *wcalloc(size_t n, size_t size, bool t) {
-    void *p = st_calloc(n, size);
+    void *p = n && size > SIZE_MAX / n ? NULL : worker__big_alloc(n * size, true);
     if (t)
         touch(p, n * size);
     return p;

@@ -174,6 +174,15 @@ int worker_engine_ready(struct worker_engine *e);
  * buffers nor a preparation (worker_engine_reshape_prepare) had ready. 0 before any. */
 size_t worker_engine_work_fresh(const struct worker_engine *e);
 
+/* The bytes an engine of position (stage, replica) of layout allocates for its state and a
+ * step's work buffers (what making it writes, page by page), into *ret. Measured by making
+ * them without writing a page (fresh anonymous memory costs nothing until written), so it
+ * follows the engine's own sizes. 0; -EINVAL for a position the config cannot train;
+ * -EBUSY while the warm reserve is open (the measure would carve it); -ENOMEM. */
+int worker_engine_position_bytes(const struct worker_train_config *cfg,
+                                 const struct worker_layout *layout, int stage, int replica,
+                                 uint64_t *ret);
+
 /* State after the boundary (docs/live-migration.md): a migration may still be moving the
  * parameters and optimizer moments of the new position (and reading the old one's) on another
  * thread when the new epoch's first step starts. The gate is called once, by the next step,

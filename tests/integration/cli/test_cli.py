@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The spottrain command surface: --help everywhere, exit 2 on bad input, version, help."""
 import os
+import shutil
 import subprocess
 import sys
 
@@ -100,6 +101,21 @@ with tempfile.TemporaryDirectory(prefix="st-cli-") as d:
                        env=dict(os.environ, **{var: str(gone.pid)}))
     check(p.returncode == 1 and f"the process that started me (pid {gone.pid}) is gone"
           in p.stderr, f"worker whose parent is gone exits 1 ({p.returncode}: {p.stderr!r})")
+
+# The GPU machine's scripts: --help, and device-check without the pack device-pack makes
+# says so and exits 2 (a copy of it in a tree that has none).
+SRC = os.environ["SPOTTRAIN_SRCDIR"]
+for script in ("device-pack", "device-check"):
+    p = subprocess.run([os.path.join(SRC, "scripts", script), "--help"], capture_output=True,
+                       text=True, timeout=30)
+    check(p.returncode == 0 and "Usage: scripts/" + script in p.stdout, f"{script} --help")
+with tempfile.TemporaryDirectory() as d:
+    os.mkdir(os.path.join(d, "scripts"))
+    shutil.copy(os.path.join(SRC, "scripts", "device-check"), os.path.join(d, "scripts"))
+    p = subprocess.run([os.path.join(d, "scripts", "device-check")], capture_output=True,
+                       text=True, timeout=30)
+    check(p.returncode == 2 and "no .devpack (run scripts/device-pack)" in p.stderr,
+          f"device-check without a pack exits 2 ({p.returncode}: {p.stderr!r})")
 
 print(f"{len(failures) == 0 and 'all' or len(failures)} {'passed' if not failures else 'failed'}")
 sys.exit(1 if failures else 0)

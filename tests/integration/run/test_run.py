@@ -106,7 +106,7 @@ spec:
     time_scale: {scale}
     notice: {notice}
     unannounced: {unannounced}
-  planner: {{interval: {interval}, {planner}}}
+{fleet_extra}  planner: {{interval: {interval}, {planner}}}
   checkpoint: {{interval: {ckpt}, keep: 2}}
 """
 
@@ -131,14 +131,14 @@ TINY = "{layers: 2, hidden: 32, heads: 2, vocab: 64, seq_len: 16}"
 
 def write_job(d, name, steps, trace, scale=0.02, notice="120s", unannounced=0,
               planner="dp: {min: 1, max: 8}", ckpt="600s", extra="", model=TINY,
-              interval="60s"):
+              interval="60s", fleet_extra=""):
     with open(os.path.join(d, "trace.csv"), "w") as f:
         f.write(trace)
     path = os.path.join(d, "job.yaml")
     with open(path, "w") as f:
         f.write(SPEC.format(name=name, steps=steps, scale=scale, notice=notice,
                             unannounced=unannounced, planner=planner, ckpt=ckpt,
-                            model=model, interval=interval) + extra)
+                            model=model, interval=interval, fleet_extra=fleet_extra) + extra)
     return path
 
 
@@ -460,20 +460,23 @@ def test_pipeline_notice():
         shutil.rmtree(d, ignore_errors=True)
 
 
-def spare_takes_over(name, nodes, removed, planner, steps, env=None, notice="1200s"):
+def spare_takes_over(name, nodes, removed, planner, steps, env=None, notice="1200s",
+                     prewarm=True):
     """A spare takes a noticed node's position: `nodes` instances named node1.., node
     `removed` noticed a trace minute in (notice 1200 s: 12 s of wall time to migrate; with
     120 s a loaded machine did not finish before the kill and the epoch failed). Named events:
     positions go to instances in launch order. The positioned workers are held from epoch 1
     until the notice (0.6 s of wall time into the trace), so a quick job cannot end before it.
-    Checks exactly one live migration, inter-stage, no restore and the same bits; returns the
-    summary."""
+    Checks exactly one live migration, inter-stage, no restore and the same bits, and that the
+    spare made its engine from its warm reserve (fleet.prewarm) or, with prewarm False, did
+    not; returns the summary."""
     d = tempfile.mkdtemp(prefix="st-run-")
     r = None
     try:
         trace = ("".join("0,add,node%d\n" % i for i in range(1, nodes + 1)) +
                  "60000,remove,node%d\n" % removed)
-        job = write_job(d, name, steps, trace, scale=0.01, notice=notice, planner=planner)
+        job = write_job(d, name, steps, trace, scale=0.01, notice=notice, planner=planner,
+                        fleet_extra="" if prewarm else "    prewarm: false\n")
         ref = reference(d, job, steps)
         r = Live(d, job, steps, env=env)
         # Training (its first step done): the trace clock starts once epoch 1 is running,
@@ -493,6 +496,13 @@ def spare_takes_over(name, nodes, removed, planner, steps, env=None, notice="120
             check(s["migrations"][k]["count"] == 0, "%s: %r" % (k, s["migrations"][k]))
         check(s["checkpoint_restores"] == 0, "a restore was needed")
         same(ref, save)
+        # The spare made its engine from its warm reserve (the positioned workers reshaped
+        # theirs): the summary counts the bytes the new engines took from their reserves.
+        warm = kinds(s)[0]["prewarmed_bytes"]
+        if prewarm:
+            check(warm > 0, "prewarmed_bytes %d: the spare made its engine cold" % warm)
+        else:
+            check(warm == 0, "prewarmed_bytes %d with fleet.prewarm false" % warm)
         return s
     finally:
         if r:
@@ -516,8 +526,11 @@ def test_inter_early():
     # A 1x2 on node1, node2 with node3 spare; node2 noticed.
     # Its notice is 36 s of wall time: the 12 s the others get would leave the 10 s hold
     # about 1.5 s before the kill on a loaded machine.
+    # Without the warm reserve (fleet.prewarm: false): the spare makes its memory from its
+    # order, as before the reserve.
     s = spare_takes_over("early", 3, 2, "dp: 1, pp: 2, learn: false", 1500,
-                         env={"SPOTTRAIN_TEST_BOUNDARY_DELAY": "10"}, notice="3600s")
+                         env={"SPOTTRAIN_TEST_BOUNDARY_DELAY": "10"}, notice="3600s",
+                         prewarm=False)
     # The positioned workers' hold counts in the stall: it is at least the hold.
     stall = kinds(s)[0]["stall_seconds"]
     check(stall >= 9.0, "stall %.3f s with a 10 s hold" % stall)

@@ -510,6 +510,7 @@ static int test_defaults(void) {
     ASSERT_NEAR(s.fleet.unannounced, 0, 0, 0);
     ASSERT_FALSE(s.fleet.data_plane_tls);
     ASSERT_TRUE(s.fleet.data_plane_overlap);
+    ASSERT_TRUE(s.fleet.prewarm);
     ASSERT_NEAR(s.fleet.spot_price, 0.918, 0, 1e-12);
     ASSERT_NEAR(s.fleet.on_demand_price, 3.06, 0, 1e-12);
     ASSERT_EQ(s.fleet.gpu_memory, 16ull << 30);
@@ -884,7 +885,7 @@ static int test_cli_validate(void) {
 static int test_tls_fields(void) {
     setup();
     static const char yaml[] = HEAD MODEL DATA TRAIN
-        "  fleet: {max: 4, trace: trace.csv, data_plane: {tls: true, overlap: false}}\n"
+        "  fleet: {max: 4, trace: trace.csv, prewarm: false, data_plane: {tls: true, overlap: false}}\n"
         "  coordinator:\n    events_keep: 500\n"
         "    tls: {cert: token, key: token, client_ca: token}\n";
     struct st_spec s;
@@ -894,6 +895,7 @@ static int test_tls_fields(void) {
     ASSERT_EQ(s.coordinator.events_keep, 500);
     ASSERT_TRUE(s.fleet.data_plane_tls);
     ASSERT_FALSE(s.fleet.data_plane_overlap);
+    ASSERT_FALSE(s.fleet.prewarm);
     ASSERT_TRUE(s.coordinator.tls_cert[0] == '/');
     ASSERT_CONTAINS(s.coordinator.tls_cert, "/tests/unit/common/specs/token");
     ASSERT_CONTAINS(s.coordinator.tls_key, "/specs/token");
