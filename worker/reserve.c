@@ -18,7 +18,9 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -209,6 +211,45 @@ bool worker__reserve_release(void *ptr) {
     }
     pthread_mutex_unlock(&rs.lock);
     return ours;
+}
+
+/* The first unsigned number in file root/rel; false when it is missing or says "max". */
+static bool read_u64(const char *root, const char *rel, const char *prefix, uint64_t *ret) {
+    char path[512], line[256];
+    snprintf(path, sizeof(path), "%s%s", root, rel);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    bool ok = false;
+    size_t np = prefix ? strlen(prefix) : 0;
+    while (!ok && fgets(line, sizeof(line), f)) {
+        if (np && strncmp(line, prefix, np) != 0)
+            continue;
+        char *end;
+        unsigned long long v = strtoull(line + np, &end, 10);
+        ok = end != line + np;
+        if (ok)
+            *ret = (uint64_t)v;
+        if (!np)
+            break;
+    }
+    fclose(f);
+    return ok;
+}
+
+uint64_t worker_reserve_headroom(const char *root) {
+    if (!root)
+        root = "";
+    uint64_t kb = 0, lim = 0, use = 0, room = UINT64_MAX;
+    if (read_u64(root, "/proc/meminfo", "MemAvailable:", &kb))
+        room = kb * 1024;
+    /* A container's limit (cgroup v2, then v1): what is left under it. */
+    if ((read_u64(root, "/sys/fs/cgroup/memory.max", NULL, &lim) &&
+         read_u64(root, "/sys/fs/cgroup/memory.current", NULL, &use)) ||
+        (read_u64(root, "/sys/fs/cgroup/memory/memory.limit_in_bytes", NULL, &lim) &&
+         read_u64(root, "/sys/fs/cgroup/memory/memory.usage_in_bytes", NULL, &use)))
+        room = ST_MIN(room, lim > use ? lim - use : 0);
+    return room;
 }
 
 void *worker__big_alloc(size_t bytes, bool zero) {

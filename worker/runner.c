@@ -728,27 +728,14 @@ static int layout_build(struct runner *R, int dp, int pp, const int *split, int 
     return layout_ring(ret, cf);
 }
 
-/* mode=init / mode=restore: a fresh engine on the Configure's peers. */
 /* ---- the warm reserve (fleet.prewarm) ------------------------------------------------------ */
-
-/* MemAvailable of /proc/meminfo in bytes; 0 when unknown. */
-static uint64_t mem_available(void) {
-    FILE *f = fopen("/proc/meminfo", "r");
-    unsigned long long kb = 0;
-    char line[128];
-    while (f && fgets(line, sizeof(line), f))
-        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
-            break;
-    if (f)
-        fclose(f);
-    return (uint64_t)kb * 1024;
-}
 
 /* A worker without state faults in, on a thread of its own, the memory of the
  * largest position it could be given (the whole model on one worker: every other position's
  * state is a part of it, and its work buffers hold as many activations as any stage's in
- * flight), at most half the memory the host has available, so that taking a position costs
- * no page faults at the boundary. The engine made next carves its buffers from it. */
+ * flight), at most half the memory the host (or the container's limit) leaves, so that
+ * taking a position costs no page faults at the boundary. The engine made next carves its
+ * buffers from it. */
 static void reserve_open(struct runner *R) {
     if (!R->cfg.spec.fleet.prewarm || R->eng)
         return;
@@ -759,11 +746,9 @@ static void reserve_open(struct runner *R) {
         worker_engine_position_bytes(&R->tc, &lay, 0, 0, &need) < 0)
         return; /* a position a worker cannot take alone: no reserve, nothing lost */
     need += need / 64 + ((uint64_t)1 << 20); /* each buffer is rounded up to pages */
-    uint64_t avail = mem_available();
-    if (avail > 0 && need > avail / 2)
-        need = avail / 2;
-    if (need > SIZE_MAX || worker_reserve_open((size_t)need) < 0)
-        return;
+    need = ST_MIN(need, worker_reserve_headroom(NULL) / 2);
+    if (need < WORKER_RESERVE_MIN || need > SIZE_MAX || worker_reserve_open((size_t)need) < 0)
+        return; /* no room for one (a host or container near its limit) */
     st_log(ST_LOG_INFO, "runner", "Warm reserve: faulting in %.1f MiB for the next engine",
            (double)need / (1 << 20));
 }
@@ -782,6 +767,7 @@ static size_t reserve_close(void) {
     return st.given;
 }
 
+/* mode=init / mode=restore: a fresh engine on the Configure's peers. */
 static int apply_fresh(struct runner *R, const Spottrain__V1__Command *cmd, const char *mode,
                        const int *split, int nsplit, const char *dir) {
     const Spottrain__V1__Configure *cf = cmd->configure;

@@ -6,6 +6,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 /* Buffers smaller than this come from the heap, never from the reserve. */
 #define WORKER_RESERVE_MIN ((size_t)64 << 10)
@@ -24,6 +25,12 @@ int worker_reserve_open(size_t bytes);
 void worker_reserve_close(void);
 bool worker_reserve_is_open(void);
 void worker_reserve_stats(struct worker_reserve_stats *ret);
+
+/* Bytes of memory this process may still take: MemAvailable of root/proc/meminfo, and no more
+ * than a container's memory limit leaves (root/sys/fs/cgroup: v2 memory.max less
+ * memory.current, else v1 memory.limit_in_bytes less memory.usage_in_bytes; "max" is no
+ * limit). root NULL or "" is the machine's own. UINT64_MAX when nothing says. */
+uint64_t worker_reserve_headroom(const char *root);
 
 /* A page-aligned, zeroed buffer of at least `bytes` from the open reserve, or NULL (none
  * open, too small a request, no room left). Stops the filling. */

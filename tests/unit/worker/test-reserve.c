@@ -3,8 +3,10 @@
  * buffers from it, as many bytes as worker_engine_position_bytes says. */
 #include <errno.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common.h"
@@ -168,4 +170,58 @@ static int test_engine_from_reserve(void) {
     return 0;
 }
 
-TEST_MAIN(TEST(test_take_and_release), TEST(test_reopen), TEST(test_engine_from_reserve))
+static int put(const char *root, const char *rel, const char *text) {
+    char path[512];
+    snprintf(path, sizeof(path), "%s%s", root, rel);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return -errno;
+    fputs(text, f);
+    return fclose(f) == 0 ? 0 : -EIO;
+}
+
+static int mkdirs(const char *root, const char *rel) {
+    char path[512];
+    snprintf(path, sizeof(path), "%s%s", root, rel);
+    for (char *p = path + strlen(root) + 1; *p; p++)
+        if (*p == '/') {
+            *p = '\0';
+            mkdir(path, 0755);
+            *p = '/';
+        }
+    return mkdir(path, 0755) == 0 || errno == EEXIST ? 0 : -errno;
+}
+
+/* What the reserve may take: the host's MemAvailable, or less under a container's limit
+ * (cgroup v2, else v1); nothing known is no limit. */
+static int test_headroom(void) {
+    char root[] = "/tmp/st-headroom-XXXXXX";
+    ASSERT_TRUE(mkdtemp(root) != NULL);
+    ASSERT_EQ(worker_reserve_headroom(root), UINT64_MAX); /* nothing says */
+    ASSERT_OK(mkdirs(root, "/proc"));
+    ASSERT_OK(put(root, "/proc/meminfo", "MemTotal:       24000000 kB\n"
+                  "MemFree:         1000 kB\nMemAvailable:    2000000 kB\n"));
+    ASSERT_EQ(worker_reserve_headroom(root), 2000000ull * 1024);
+    /* cgroup v1: 1 GiB limit, 256 MiB used. */
+    ASSERT_OK(mkdirs(root, "/sys/fs/cgroup/memory"));
+    ASSERT_OK(put(root, "/sys/fs/cgroup/memory/memory.limit_in_bytes", "1073741824\n"));
+    ASSERT_OK(put(root, "/sys/fs/cgroup/memory/memory.usage_in_bytes", "268435456\n"));
+    ASSERT_EQ(worker_reserve_headroom(root), 805306368ull);
+    /* cgroup v2 where it gives a limit: "max" gives none, so v1's holds. */
+    ASSERT_OK(put(root, "/sys/fs/cgroup/memory.max", "max\n"));
+    ASSERT_OK(put(root, "/sys/fs/cgroup/memory.current", "100\n"));
+    ASSERT_EQ(worker_reserve_headroom(root), 805306368ull);
+    ASSERT_OK(put(root, "/sys/fs/cgroup/memory.max", "536870912\n"));
+    ASSERT_EQ(worker_reserve_headroom(root), 536870812ull);
+    /* Over its limit already: no room at all. */
+    ASSERT_OK(put(root, "/sys/fs/cgroup/memory.current", "600000000\n"));
+    ASSERT_EQ(worker_reserve_headroom(root), 0);
+    char cmd[600];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
+    ASSERT_EQ(system(cmd), 0);
+    ASSERT_TRUE(worker_reserve_headroom(NULL) > 0); /* this machine's */
+    return 0;
+}
+
+TEST_MAIN(TEST(test_take_and_release), TEST(test_reopen), TEST(test_engine_from_reserve),
+          TEST(test_headroom))
