@@ -3,10 +3,11 @@
  * reference, on device pointers.
  *
  * The one idea: every reduction has a fixed order. Sums that several (b, t) positions feed
- * (embedding rows, LayerNorm and bias parameter gradients, key/value gradients) are computed
- * by one thread per output element looping over the inputs in order, never by atomics, so a
- * run is bitwise reproducible and the embedding backward even matches the CPU bit for bit.
- * Matrix products go through cuBLAS in fp32 (no TF32). */
+ * are never made with atomics: embedding rows by one thread per output element looping over the
+ * inputs in order (the embedding backward matches the CPU bit for bit), LayerNorm and bias
+ * parameter gradients by chunks of rows summed in order and then the chunks in order, the
+ * rest (attention's products among them) by cuBLAS in fp32 (no TF32), deterministic for a
+ * given card. So a run is bitwise reproducible. */
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <errno.h>
