@@ -63,6 +63,14 @@ extern "C" int kern_cuda_init(void) {
     return 0;
 }
 
+/* The cuBLAS handle, made on first use by an op; false (the error noted) when it cannot be. */
+static bool blas_ready(void) {
+    if (cublas_ready || kern_cuda_init() == 0)
+        return true;
+    note_error(-EIO);
+    return false;
+}
+
 extern "C" void kern_cuda_done(void) {
     if (cublas_ready)
         cublasDestroy(cublas_handle);
@@ -350,10 +358,8 @@ extern "C" void kern_cuda_matmul_forward(float *out, const float *inp, const flo
                                          const float *bias, int B, int T, int C, int OC) {
     const float one = 1.0f, zero = 0.0f;
     int N = B * T;
-    if (!cublas_ready && kern_cuda_init() < 0) {
-        note_error(-EIO);
+    if (!blas_ready())
         return;
-    }
     /* out^T (OC x N) = weight (row-major OC x C, i.e. column-major C x OC)^T @ inp^T */
     if (cublasSgemm(cublas_handle, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &one, weight, C, inp, C,
                     &zero, out, OC) != CUBLAS_STATUS_SUCCESS)
@@ -367,10 +373,8 @@ extern "C" void kern_cuda_matmul_backward(float *dinp, float *dweight, float *db
                                           const float *weight, int B, int T, int C, int OC) {
     const float one = 1.0f;
     int N = B * T;
-    if (!cublas_ready && kern_cuda_init() < 0) {
-        note_error(-EIO);
+    if (!blas_ready())
         return;
-    }
     /* dinp (N x C) += dout (N x OC) @ weight (OC x C) */
     if (dinp && cublasSgemm(cublas_handle, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &one, weight, C,
                             dout, OC, &one, dinp, C) != CUBLAS_STATUS_SUCCESS)
@@ -457,10 +461,8 @@ __global__ static void attention_dpreatt_kernel(float *dpreatt, const float *dat
 
 extern "C" void kern_cuda_attention_forward(float *out, float *preatt, float *att,
                                             const float *inp, int B, int T, int C, int NH) {
-    if (!cublas_ready && kern_cuda_init() < 0) {
-        note_error(-EIO);
+    if (!blas_ready())
         return;
-    }
     int hs = C / NH, C3 = 3 * C;
     long long TT = (long long)T * T;
     float scale = 1.0f / sqrtf((float)hs);
@@ -483,10 +485,8 @@ extern "C" void kern_cuda_attention_forward(float *out, float *preatt, float *at
 extern "C" void kern_cuda_attention_backward(float *dinp, float *dpreatt, float *datt,
                                              const float *dout, const float *inp,
                                              const float *att, int B, int T, int C, int NH) {
-    if (!cublas_ready && kern_cuda_init() < 0) {
-        note_error(-EIO);
+    if (!blas_ready())
         return;
-    }
     int hs = C / NH, C3 = 3 * C;
     long long TT = (long long)T * T;
     float scale = 1.0f / sqrtf((float)hs);

@@ -787,7 +787,6 @@ static int apply_fresh(struct runner *R, const Spottrain__V1__Command *cmd, cons
                         cf->data_plane_tls, R->cfg.timeout, &comm, &rank), r, out);
     TRY_GOTO(worker_engine_new(&R->tc, &lay, (int)cf->stage, (int)cf->replica, comm, R->tokens,
                                &eng), r, out);
-    reserve_close();
     uint64_t step = 0;
     if (!strcmp(mode, "restore")) {
         TRY_GOTO(worker_engine_load(eng, dir, &step), r, out);
@@ -820,7 +819,7 @@ static int apply_fresh(struct runner *R, const Spottrain__V1__Command *cmd, cons
            "seconds=%.6f stall=%.6f", (unsigned long long)cmd->epoch, mode,
            (unsigned long long)step, cf->stage, cf->replica, st_now() - t0, st_now() - t0);
 out:
-    reserve_close();
+    reserve_close(); /* the engine is made from it, or none will be */
     worker_engine_free(eng);
     mig_comm_free(comm);
     return r;
