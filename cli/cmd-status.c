@@ -32,6 +32,7 @@ struct endpoint {
     bool https;
     char base[300];              /* https: "https://HOST:PORT" as given, for libcurl */
     const char *ca, *cert, *key; /* https: PEM files; NULL = system CAs / no client cert */
+    double timeout;              /* seconds one GET may take, connect included (--timeout) */
 };
 
 static int parse_endpoint(const char *url, struct endpoint *ep) {
@@ -125,7 +126,7 @@ static int https_get(const struct endpoint *ep, const char *path, const char *to
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, curl_sink);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
-    curl_easy_setopt(h, CURLOPT_TIMEOUT, 10L);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)(ep->timeout * 1e3));
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "https");
     if (ep->ca)
@@ -175,12 +176,15 @@ static int http_get(const struct endpoint *ep, const char *path, const char *tok
         fd = socket(x->ai_family, x->ai_socktype | SOCK_CLOEXEC, x->ai_protocol);
         if (fd < 0)
             continue;
-        struct timeval tv = {5, 0};
+        /* Each wait (connect, send, every read) is bounded by --timeout: a coordinator whose
+         * disk stalls its journal for seconds is slow, not gone. */
+        struct timeval tv = {(time_t)ep->timeout,
+                             (suseconds_t)((ep->timeout - (double)(time_t)ep->timeout) * 1e6)};
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
         setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
         if (connect(fd, x->ai_addr, x->ai_addrlen) == 0)
             break;
-        r = -errno;
+        r = errno == EINPROGRESS || errno == EAGAIN ? -ETIMEDOUT : -errno;
         close(fd);
         fd = -1;
     }
@@ -221,7 +225,7 @@ static int http_get(const struct endpoint *ep, const char *path, const char *tok
         }
         ssize_t k = read(fd, buf + len, cap - len - 1);
         if (k < 0) {
-            r = -errno;
+            r = errno == EAGAIN || errno == EWOULDBLOCK ? -ETIMEDOUT : -errno;
             st_free(buf);
             close(fd);
             return r;
@@ -610,6 +614,16 @@ static void print_watch(json_t *job, json_t *hist, json_t *events, bool tty) {
     fflush(stdout);
 }
 
+/* The line for a GET that failed with r (negative errno). */
+static void read_failed(const struct endpoint *ep, int r) {
+    if (r == -ETIMEDOUT)
+        fprintf(stderr, "spottrain status: cannot read %s:%s: no answer within %g s "
+                "(--timeout)\n", ep->host, ep->port, ep->timeout);
+    else
+        fprintf(stderr, "spottrain status: cannot read %s:%s: %s\n", ep->host, ep->port,
+                st_strerror(r));
+}
+
 /* One --watch frame; returns 0 or negative errno (message printed). */
 static int show_watch(const struct endpoint *ep, const char *token, bool tty) {
     json_t *job = NULL, *hist = NULL, *events = NULL;
@@ -621,8 +635,7 @@ static int show_watch(const struct endpoint *ep, const char *token, bool tty) {
     if (r < 0) {
         if (tty)
             printf("\033[H\033[J");
-        fprintf(stderr, "spottrain status: cannot read %s:%s: %s\n", ep->host, ep->port,
-                st_strerror(r));
+        read_failed(ep, r);
     } else {
         if (tty)
             printf("\033[H");
@@ -645,8 +658,7 @@ static int show(const struct endpoint *ep, const char *token, bool as_json) {
         r = get_json(ep, "/v1/events?since=0&limit=1000", token, &events);
     }
     if (r < 0) {
-        fprintf(stderr, "spottrain status: cannot read %s:%s: %s\n", ep->host, ep->port,
-                st_strerror(r));
+        read_failed(ep, r);
     } else if (as_json) {
         json_t *all = json_pack("{s:O, s:O, s:O}", "job", job, "workers",
                                 json_object_get(workers, "workers"), "events",
@@ -683,12 +695,13 @@ int cli_cmd_status(int argc, char **argv) {
         {"tls-ca", required_argument, NULL, 'A'},
         {"tls-cert", required_argument, NULL, 'C'},
         {"tls-key", required_argument, NULL, 'K'},
+        {"timeout", required_argument, NULL, 'T'},
         {NULL, 0, NULL, 0},
     };
     const char *url = "http://127.0.0.1:8080", *token_file = NULL;
     const char *tls_ca = NULL, *tls_cert = NULL, *tls_key = NULL;
     bool as_json = false, watch = false;
-    double interval = 2.0;
+    double interval = 2.0, timeout = 30.0;
     int opt;
     optind = 1;
     opterr = 0;
@@ -702,6 +715,14 @@ int cli_cmd_status(int argc, char **argv) {
             interval = strtod(optarg, &end);
             if (end == optarg || *end || !(interval >= 0.1 && interval <= 3600))
                 return cli_usage_error("status", "invalid --interval '%s' (seconds, 0.1..3600)",
+                                       optarg);
+            break;
+        }
+        case 'T': {
+            char *end;
+            timeout = strtod(optarg, &end);
+            if (end == optarg || *end || !(timeout >= 0.1 && timeout <= 3600))
+                return cli_usage_error("status", "invalid --timeout '%s' (seconds, 0.1..3600)",
                                        optarg);
             break;
         }
@@ -730,6 +751,7 @@ int cli_cmd_status(int argc, char **argv) {
             return cli_usage_error("status", "cannot read %s '%s': %s", tls_flag[i],
                                    tls_files[i], st_strerror(-errno));
     ep.ca = tls_ca;
+    ep.timeout = timeout;
     ep.cert = tls_cert;
     ep.key = tls_key;
     char token[256];

@@ -199,8 +199,18 @@ int coord__journal_begin(struct coord_journal *j) {
     return exec(j, "BEGIN IMMEDIATE");
 }
 
+/* A commit waits for the disk (synchronous=FULL) while the caller holds the coordinator lock,
+ * so REST and gRPC wait with it: a slow one is said, with the file it waited on. */
+#define JOURNAL_SLOW_COMMIT_S 1.0
+
 int coord__journal_commit(struct coord_journal *j) {
-    return exec(j, "COMMIT");
+    double t0 = st_now();
+    int r = exec(j, "COMMIT");
+    double dt = st_now() - t0;
+    if (dt > JOURNAL_SLOW_COMMIT_S)
+        st_log(ST_LOG_WARN, "journal", "Journal '%s': a commit waited %.1f s for the disk; "
+               "requests waited with it", j->path, dt);
+    return r;
 }
 
 void coord__journal_rollback(struct coord_journal *j) {

@@ -12,6 +12,7 @@ import json
 import os
 import select
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -574,6 +575,19 @@ def scenario_cli():
     check(r.returncode == 2 and "ftp://x" in r.stderr, "status bad endpoint: exit 2")
     r = run(["status", "--endpoint", "http://127.0.0.1:%d" % free_port()])
     check(r.returncode == 1 and "cannot read" in r.stderr, "status, nobody listening: exit 1")
+    # A coordinator that takes the connection and never answers (the kernel's backlog
+    # accepts it): the wait ends at --timeout with a line that names it.
+    mute = socket.socket()
+    mute.bind(("127.0.0.1", 0))
+    mute.listen(4)
+    r = run(["status", "--endpoint", "http://127.0.0.1:%d" % mute.getsockname()[1],
+             "--timeout", "0.5"])
+    mute.close()
+    check(r.returncode == 1 and "no answer within 0.5 s (--timeout)" in r.stderr,
+          "status, a peer that never answers: exit 1 at --timeout: %r" % r.stderr)
+    for bad in ("0", "abc", "-1", "4000"):
+        r = run(["status", "--timeout", bad])
+        check(r.returncode == 2 and "--timeout" in r.stderr, "status --timeout %s: exit 2" % bad)
     for cmd in ("coordinator", "worker", "status"):
         r = run([cmd, "--help"])
         check(r.returncode == 0 and r.stdout.startswith("Usage: spottrain " + cmd),

@@ -4,6 +4,7 @@
 #include <sqlite3.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "coord-internal.h"
@@ -371,6 +372,164 @@ static int test_tls_config(void) {
     return 0;
 }
 
+/* A disk whose every sync takes SLOW_SYNC_S: an SQLite VFS that wraps the default one and
+ * sleeps in xSync, so the journal's commit waits the way it does on a loaded, throttled disk. */
+#define SLOW_SYNC_S 1.2
+
+struct slow_file {
+    sqlite3_file base; /* pMethods = &slow_io */
+    sqlite3_file *real; /* the default VFS's file, allocated right after this struct */
+};
+
+static sqlite3_vfs slow_vfs, *real_vfs;
+static sqlite3_io_methods slow_io;
+static int slow_syncs;
+static bool slow_armed; /* only the commit under test waits */
+
+static int slow_close(sqlite3_file *f) {
+    struct slow_file *sf = (struct slow_file *)f;
+    return sf->real->pMethods ? sf->real->pMethods->xClose(sf->real) : SQLITE_OK;
+}
+static int slow_read(sqlite3_file *f, void *b, int n, sqlite3_int64 off) {
+    struct slow_file *sf = (struct slow_file *)f;
+    return sf->real->pMethods->xRead(sf->real, b, n, off);
+}
+static int slow_write(sqlite3_file *f, const void *b, int n, sqlite3_int64 off) {
+    struct slow_file *sf = (struct slow_file *)f;
+    return sf->real->pMethods->xWrite(sf->real, b, n, off);
+}
+static int slow_truncate(sqlite3_file *f, sqlite3_int64 size) {
+    struct slow_file *sf = (struct slow_file *)f;
+    return sf->real->pMethods->xTruncate(sf->real, size);
+}
+static int slow_sync(sqlite3_file *f, int flags) {
+    struct slow_file *sf = (struct slow_file *)f;
+    if (slow_armed) {
+        struct timespec ts = {1, (long)((SLOW_SYNC_S - 1.0) * 1e9)};
+        nanosleep(&ts, NULL);
+        slow_syncs++;
+    }
+    return sf->real->pMethods->xSync(sf->real, flags);
+}
+static int slow_size(sqlite3_file *f, sqlite3_int64 *size) {
+    struct slow_file *sf = (struct slow_file *)f;
+    return sf->real->pMethods->xFileSize(sf->real, size);
+}
+static int slow_lock(sqlite3_file *f, int l) {
+    struct slow_file *sf = (struct slow_file *)f;
+    return sf->real->pMethods->xLock(sf->real, l);
+}
+static int slow_unlock(sqlite3_file *f, int l) {
+    struct slow_file *sf = (struct slow_file *)f;
+    return sf->real->pMethods->xUnlock(sf->real, l);
+}
+static int slow_check_lock(sqlite3_file *f, int *out) {
+    struct slow_file *sf = (struct slow_file *)f;
+    return sf->real->pMethods->xCheckReservedLock(sf->real, out);
+}
+static int slow_fcntl(sqlite3_file *f, int op, void *arg) {
+    struct slow_file *sf = (struct slow_file *)f;
+    return sf->real->pMethods->xFileControl(sf->real, op, arg);
+}
+static int slow_sector(sqlite3_file *f) {
+    struct slow_file *sf = (struct slow_file *)f;
+    return sf->real->pMethods->xSectorSize(sf->real);
+}
+static int slow_devchar(sqlite3_file *f) {
+    struct slow_file *sf = (struct slow_file *)f;
+    return sf->real->pMethods->xDeviceCharacteristics(sf->real);
+}
+static int slow_shm_map(sqlite3_file *f, int pg, int sz, int extend, void volatile **pp) {
+    struct slow_file *sf = (struct slow_file *)f;
+    return sf->real->pMethods->xShmMap(sf->real, pg, sz, extend, pp);
+}
+static int slow_shm_lock(sqlite3_file *f, int off, int n, int flags) {
+    struct slow_file *sf = (struct slow_file *)f;
+    return sf->real->pMethods->xShmLock(sf->real, off, n, flags);
+}
+static void slow_shm_barrier(sqlite3_file *f) {
+    struct slow_file *sf = (struct slow_file *)f;
+    sf->real->pMethods->xShmBarrier(sf->real);
+}
+static int slow_shm_unmap(sqlite3_file *f, int del) {
+    struct slow_file *sf = (struct slow_file *)f;
+    return sf->real->pMethods->xShmUnmap(sf->real, del);
+}
+
+static int slow_open(sqlite3_vfs *vfs, const char *name, sqlite3_file *f, int flags,
+                     int *out_flags) {
+    (void)vfs;
+    struct slow_file *sf = (struct slow_file *)f;
+    sf->real = (sqlite3_file *)(sf + 1);
+    int rc = real_vfs->xOpen(real_vfs, name, sf->real, flags, out_flags);
+    sf->base.pMethods = rc == SQLITE_OK ? &slow_io : NULL;
+    return rc;
+}
+
+/* Commits on a slow disk succeed, and each one that waited past a second says so on stderr
+ * with the journal's path: the line to look for when REST answers late. */
+static int test_slow_disk(void) {
+    real_vfs = sqlite3_vfs_find(NULL);
+    ASSERT_TRUE(real_vfs != NULL);
+    slow_io = (sqlite3_io_methods){2,          slow_close,     slow_read,        slow_write,
+                                   slow_truncate, slow_sync,   slow_size,        slow_lock,
+                                   slow_unlock, slow_check_lock, slow_fcntl,     slow_sector,
+                                   slow_devchar, slow_shm_map, slow_shm_lock,    slow_shm_barrier,
+                                   slow_shm_unmap, NULL,        NULL};
+    slow_vfs = *real_vfs;
+    slow_vfs.zName = "slow-sync";
+    slow_vfs.szOsFile = (int)sizeof(struct slow_file) + real_vfs->szOsFile;
+    slow_vfs.xOpen = slow_open;
+    slow_vfs.pNext = NULL;
+    ASSERT_EQ(sqlite3_vfs_register(&slow_vfs, 1), SQLITE_OK);
+
+    char *d = tmpdir();
+    char errpath[128];
+    snprintf(errpath, sizeof(errpath), "%s/stderr", d);
+    fflush(stderr);
+    int saved = dup(STDERR_FILENO);
+    FILE *capture = fopen(errpath, "w");
+    ASSERT_TRUE(saved >= 0 && capture);
+    dup2(fileno(capture), STDERR_FILENO);
+
+    struct coord_journal *j = NULL;
+    int r = coord__journal_open(d, &j);
+    struct coord_job_row job;
+    memset(&job, 0, sizeof(job));
+    st_uuid_new(job.id);
+    snprintf(job.name, sizeof(job.name), "slow");
+    job.state = COORD_JOB_RUNNING;
+    if (r >= 0)
+        r = coord__journal_begin(j);
+    if (r >= 0)
+        r = coord__journal_job_save(j, &job);
+    slow_armed = true;
+    if (r >= 0)
+        r = coord__journal_commit(j);
+    slow_armed = false;
+    int syncs = slow_syncs;
+    coord__journal_close(j);
+
+    fflush(stderr);
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+    fclose(capture);
+    sqlite3_vfs_unregister(&slow_vfs);
+    ASSERT_OK(r);
+    ASSERT_GE(syncs, 1);
+    char *text = NULL;
+    size_t len = 0;
+    ASSERT_OK(st_read_file(errpath, 1 << 16, &text, &len));
+    char want[256];
+    snprintf(want, sizeof(want), "Journal '%s/", d);
+    ASSERT_CONTAINS(text, want);
+    ASSERT_CONTAINS(text, "a commit waited");
+    ASSERT_CONTAINS(text, "s for the disk; requests waited with it");
+    st_free(text);
+    rm_rf(d);
+    return 0;
+}
+
 TEST_MAIN(TEST(test_create_reopen), TEST(test_corrupt), TEST(test_foreign),
           TEST(test_unusable_dir), TEST(test_coord_api), TEST(test_events_retention),
-          TEST(test_tls_config))
+          TEST(test_tls_config), TEST(test_slow_disk))
