@@ -267,7 +267,7 @@ def t_spot_price(d, url):
     j = wait_until(job, "GET /v1/job with the live spot price")
     check(j["spot_price_per_hour"] == price, "GET /v1/job spot_price_per_hour is the zone's "
           "live price: %r" % j["spot_price_per_hour"])
-    with urllib.request.urlopen(base + "/metrics", timeout=5) as r:
+    with urllib.request.urlopen(base + "/metrics", timeout=30) as r:
         m = r.read().decode()
     check("\nspottrain_spot_price_dollars_per_hour %.6f\n" % price in m,
           "/metrics spottrain_spot_price_dollars_per_hour is the live price")

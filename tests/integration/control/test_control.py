@@ -123,7 +123,7 @@ class Coord:
 
     def get(self, path, headers=None):
         req = urllib.request.Request("http://" + self.rest + path, headers=headers or {})
-        with urllib.request.urlopen(req, timeout=5) as r:
+        with urllib.request.urlopen(req, timeout=30) as r:
             body = r.read().decode()
             return json.loads(body) if path != "/metrics" else body
 
@@ -132,7 +132,7 @@ class Coord:
         req = urllib.request.Request("http://" + self.rest + path, data=b"", headers=h,
                                      method="POST")
         try:
-            with urllib.request.urlopen(req, timeout=5) as r:
+            with urllib.request.urlopen(req, timeout=30) as r:
                 return r.status, json.loads(r.read().decode())
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read().decode())
@@ -600,7 +600,7 @@ def scenario_rest_errors():
         req = urllib.request.Request("http://" + c.rest + path, data=body, method=method,
                                      headers=headers or {})
         try:
-            with urllib.request.urlopen(req, timeout=5) as r:
+            with urllib.request.urlopen(req, timeout=30) as r:
                 return r.status, r.read().decode(), r.headers
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode(), e.headers

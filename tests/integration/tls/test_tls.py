@@ -104,7 +104,7 @@ class TlsCoord:
         """(status, JSON body) of GET https://REST/path."""
         req = urllib.request.Request("https://" + self.rest + path)
         try:
-            with urllib.request.urlopen(req, timeout=5, context=self.ctx(client)) as r:
+            with urllib.request.urlopen(req, timeout=30, context=self.ctx(client)) as r:
                 return r.status, json.loads(r.read().decode())
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read().decode())
