@@ -685,6 +685,16 @@ static void on_watch_signal(int sig) {
     watch_stop = 1;
 }
 
+/* A number of seconds in 0.1..3600 (--interval, --timeout); 0 or -EINVAL. */
+static int parse_seconds(const char *s, double *ret) {
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || *end || !(v >= 0.1 && v <= 3600))
+        return -EINVAL;
+    *ret = v;
+    return 0;
+}
+
 int cli_cmd_status(int argc, char **argv) {
     static const struct option opts[] = {
         {"endpoint", required_argument, NULL, 'e'},
@@ -710,22 +720,16 @@ int cli_cmd_status(int argc, char **argv) {
         case 'e': url = optarg; break;
         case 'j': as_json = true; break;
         case 'w': watch = true; break;
-        case 'i': {
-            char *end;
-            interval = strtod(optarg, &end);
-            if (end == optarg || *end || !(interval >= 0.1 && interval <= 3600))
+        case 'i':
+            if (parse_seconds(optarg, &interval) < 0)
                 return cli_usage_error("status", "invalid --interval '%s' (seconds, 0.1..3600)",
                                        optarg);
             break;
-        }
-        case 'T': {
-            char *end;
-            timeout = strtod(optarg, &end);
-            if (end == optarg || *end || !(timeout >= 0.1 && timeout <= 3600))
+        case 'T':
+            if (parse_seconds(optarg, &timeout) < 0)
                 return cli_usage_error("status", "invalid --timeout '%s' (seconds, 0.1..3600)",
                                        optarg);
             break;
-        }
         case 't': token_file = optarg; break;
         case 'A': tls_ca = optarg; break;
         case 'C': tls_cert = optarg; break;
