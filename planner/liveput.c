@@ -25,11 +25,21 @@ void plan_options_init(struct plan_options *o) {
     memset(o, 0, sizeof(*o));
     o->lookahead = 12;
     o->predictor = PLAN_PRED_NOTICE;
-    o->hysteresis = 0.003;
-    o->defer = 0.003;
+    o->hysteresis = NAN; /* by the cost model: plan__margin */
+    o->defer = NAN;
     o->defer_max = 3;
     o->count_window = 0;
     o->announced = 2;
+}
+
+/* plan__margin: a margin left NAN follows what a migration costs. Against restarts of
+ * 30-40 s whose length the profile only estimates, a change must gain PLAN_MARGIN_RESTART;
+ * against live migrations measured on the data plane (plan_cost_use_measured) a wrong move costs seconds,
+ * and a smaller margin lets the plan take the gains the larger one left (scripts/bench planner:
+ * 0.003 -> 0.001 gained 0.0003-0.0015 of ideal on all five of Parcae's models at 10 and 25
+ * Gb/s; 0.0005 and 0 gained no more). */
+double plan__margin(const struct plan_cost *c, double set) {
+    return !isnan(set) ? set : c->measured ? PLAN_MARGIN_MEASURED : PLAN_MARGIN_RESTART;
 }
 
 static bool shape_ok(const struct plan_cost *c, const struct plan_options *o, int dp, int pp) {
@@ -471,8 +481,8 @@ int plan_decide(const struct plan_cost *cost, const struct plan_situation *s,
         snprintf(d.reason, sizeof(d.reason), "no shape fits %d instances%s", N0,
                  o->on_demand_fallback ? "; on-demand fallback wanted" : "");
     } else if (stay >= 0 && stay != best &&
-               ((keepv != -INFINITY && bestv <= keepv * (1 + o->hysteresis)) ||
-                (quiet < o->defer_max && bestv <= stayv * (1 + o->defer)))) {
+               ((keepv != -INFINITY && bestv <= keepv * (1 + plan__margin(cost, o->hysteresis))) ||
+                (quiet < o->defer_max && bestv <= stayv * (1 + plan__margin(cost, o->defer))))) {
         d.shape = cand[stay];
         d.expected_samples = stayv;
         d.kind = s->n_out > 0 ? PLAN_KIND_INTRA : PLAN_KIND_NONE;

@@ -48,4 +48,11 @@ static inline double plan__stage_bytes(double pmax, int lmax, double act_layer, 
 /* splitmix64 step. */
 uint64_t plan__rng_next(uint64_t *state);
 
+/* The margins a change must beat (plan_options.hysteresis, .defer): `set` unless it is NAN,
+ * else PLAN_MARGIN_RESTART against restart costs and PLAN_MARGIN_MEASURED against live
+ * migrations charged with measured costs (liveput.c says why). */
+#define PLAN_MARGIN_RESTART 0.003
+#define PLAN_MARGIN_MEASURED 0.001
+double plan__margin(const struct plan_cost *c, double set);
+
 #endif

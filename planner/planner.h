@@ -332,9 +332,10 @@ struct plan_options {
     int dp_min, dp_max;
     int spares;               /* instances kept out of the shape as spares */
     bool on_demand_fallback;  /* when no spot shape fits, ask for on-demand instances */
-    double hysteresis;        /* a change must gain this fraction over staying (default 0.003) */
+    double hysteresis;        /* a change must gain this fraction over staying (default NAN:
+                               * 0.003 against restarts, 0.001 against measured live costs) */
     double defer;             /* and beat "stay now, best plan later" by this fraction: a
-                               * change that can wait, waits (default 0.003) */
+                               * change that can wait, waits (default NAN, as hysteresis) */
     int defer_max;            /* defer only within this many intervals of the last count
                                * change, so "later" cannot become "never" (default 3) */
     double tail;              /* intervals after the window credited at each final shape's

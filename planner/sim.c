@@ -42,9 +42,9 @@ void plan_sim_options_init(struct plan_sim_options *o) {
     o->lookahead = 12;
     o->predictor = PLAN_PRED_NOTICE;
     o->cost_samples = 256;
-    o->hysteresis = 0.003;
+    o->hysteresis = NAN; /* plan_options' default: by the cost model */
     o->tail = 0;
-    o->defer = 0.003;
+    o->defer = NAN;
     o->defer_max = 3;
     o->spot_price = 0.918;     /* p3.2xlarge spot, $/h (us-east-1, 2023) */
 }

@@ -1,9 +1,11 @@
 /* test-measured.c: migration cost files (plan_measured_costs_parse) and charging migrations
  * with them (plan_cost_use_measured) instead of Parcae's restarts, down to the millisecond on a
  * small hand-made model, and their effect on a whole simulated trace. */
+#include <math.h>
 #include <string.h>
 
 #include "helpers.h"
+#include "planner-internal.h" /* plan__margin */
 #include "test.h"
 
 /* Five layers of 100..500 parameters: pp = 2 splits them [0,3) [3,5) (600 and 900 params),
@@ -355,5 +357,27 @@ static int test_fit_start_costs(void) {
     return 0;
 }
 
+/* The margins a change must beat: left NAN by plan_options_init, they follow the cost model
+ * (restart-based until measured costs are in use); a margin that was set stays set. */
+static int test_margins(void) {
+    struct plan_cost *c = small_cost();
+    struct plan_measured_costs m;
+    struct plan_options o;
+    struct st_error e;
+    ASSERT_TRUE(c != NULL);
+    plan_options_init(&o);
+    ASSERT_TRUE(isnan(o.hysteresis) && isnan(o.defer));
+    ASSERT_NEAR(plan__margin(c, o.hysteresis), PLAN_MARGIN_RESTART, 0, 0);
+    ASSERT_NEAR(plan__margin(c, 0.02), 0.02, 0, 0);
+    ASSERT_OK(parse(COSTS, &m, &e));
+    ASSERT_OK(plan_cost_use_measured(c, &m, 0));
+    ASSERT_NEAR(plan__margin(c, o.defer), PLAN_MARGIN_MEASURED, 0, 0);
+    ASSERT_NEAR(plan__margin(c, 0), 0, 0, 0);
+    ASSERT_TRUE(PLAN_MARGIN_MEASURED < PLAN_MARGIN_RESTART);
+    plan_cost_free(c);
+    return 0;
+}
+
 TEST_MAIN(TEST(test_parse), TEST(test_parse_errors), TEST(test_charging),
-          TEST(test_trace_fraction), TEST(test_fit), TEST(test_fit_start_costs))
+          TEST(test_trace_fraction), TEST(test_fit), TEST(test_fit_start_costs),
+          TEST(test_margins))
