@@ -106,6 +106,7 @@ struct coord {
     bool shutting_down;
     bool shut;
     double last_tick, last_flush;
+    double deaf_counted; /* coord__journal_waited() as the last tick credited it */
     char grpc_addr[COORD_ADDR_MAX];
 
     /* REST */

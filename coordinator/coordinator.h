@@ -243,6 +243,13 @@ int coord_configure_epoch(struct coord *c, int dp, int pp, const struct coord_as
 int coord_migrate(struct coord *c, const char *worker_id, const struct coord_transfer *t,
                   size_t n, uint64_t at_step, uint64_t *ret_command_id);
 
+/* A step lease for several workers at once: the transfer-less Migrate (at_step) that
+ * coord_migrate(c, id, NULL, 0, at_step, NULL) sends, to each of ids[0..n), journaled in one
+ * transaction (one wait for the disk instead of n) and delivered after it. Ids the table does
+ * not hold are skipped. Returns the number of workers addressed, or negative errno (nothing
+ * sent: -EINVAL bad arguments, -ESHUTDOWN the job takes no commands, the journal's error). */
+int coord_grant_lease(struct coord *c, const char *const *ids, size_t n, uint64_t at_step);
+
 /* A member of a migration's communicator (Migrate.peers): rank = index in the list. stage -1
  * marks a worker that only sends (it holds state but gets no position). */
 struct coord_peer {
@@ -272,7 +279,9 @@ int coord_checkpoint(struct coord *c, const char *dir, uint64_t at_step);
 int coord_stop(struct coord *c, const char *reason);
 
 /* Records an event (kind: short word, message: free text; worker_id may be NULL) in the
- * journal; it shows in /v1/events. Returns the event's sequence number or negative errno. */
+ * journal; it shows in /v1/events at once and is on disk after the next commit or tick (a
+ * crash may lose the last tick's events). Returns the event's sequence number or negative
+ * errno. */
 int64_t coord_event(struct coord *c, const char *kind, const char *worker_id, const char *fmt,
                     ...) ST_PRINTF(4, 5);
 

@@ -18,6 +18,10 @@ struct coord_journal {
     sqlite3 *db;
     char path[ST_SPEC_PATH_MAX + 32];
     int64_t events_keep; /* newest events kept; 0 = all */
+    bool later;          /* a transaction ended with commit_later is still open */
+    bool savepoint;      /* a transaction runs as SAVEPOINT tx inside it */
+    double later_since;  /* st_now() of the oldest write the open one holds */
+    double waited;       /* seconds all commits so far waited (coord__journal_waited) */
 };
 
 static const char schema[] =
@@ -190,32 +194,86 @@ out:
 void coord__journal_close(struct coord_journal *j) {
     if (!j)
         return;
+    (void)coord__journal_flush(j, 0);
     if (j->db)
         sqlite3_close(j->db);
     st_free(j);
 }
 
+/* Inside a transaction left open by commit_later, a new one is a savepoint of it: its
+ * rollback undoes only its own writes, its commit commits both. */
 int coord__journal_begin(struct coord_journal *j) {
-    return exec(j, "BEGIN IMMEDIATE");
+    if (!j->later)
+        return exec(j, "BEGIN IMMEDIATE");
+    TRY(exec(j, "SAVEPOINT tx"));
+    j->savepoint = true;
+    return 0;
 }
 
 /* A commit waits for the disk (synchronous=FULL) while the caller holds the coordinator lock,
  * so REST and gRPC wait with it: a slow one is said, with the file it waited on. */
 #define JOURNAL_SLOW_COMMIT_S 1.0
 
-int coord__journal_commit(struct coord_journal *j) {
+static int commit_now(struct coord_journal *j) {
     double t0 = st_now();
     int r = exec(j, "COMMIT");
     double dt = st_now() - t0;
+    j->waited += dt;
     if (dt > JOURNAL_SLOW_COMMIT_S)
         st_log(ST_LOG_WARN, "journal", "Journal '%s': a commit waited %.1f s for the disk; "
                "requests waited with it", j->path, dt);
+    if (r < 0 && !sqlite3_get_autocommit(j->db))
+        (void)sqlite3_exec(j->db, "ROLLBACK", NULL, NULL, NULL);
+    return r;
+}
+
+int coord__journal_commit(struct coord_journal *j) {
+    if (j->savepoint) {
+        j->savepoint = false;
+        TRY(exec(j, "RELEASE tx"));
+    }
+    j->later = false;
+    return commit_now(j);
+}
+
+double coord__journal_waited(const struct coord_journal *j) {
+    return j ? j->waited : 0;
+}
+
+int coord__journal_commit_later(struct coord_journal *j) {
+    if (j->savepoint) {
+        j->savepoint = false;
+        return exec(j, "RELEASE tx");
+    }
+    if (!j->later) {
+        j->later = true;
+        j->later_since = st_now();
+    }
+    return 0;
+}
+
+int coord__journal_flush(struct coord_journal *j, double max_age) {
+    if (!j || !j->later || st_now() - j->later_since < max_age)
+        return 0;
+    j->later = false;
+    int r = commit_now(j);
+    if (r < 0)
+        st_log(ST_LOG_WARN, "journal", "Journal '%s': writes kept for a later commit were "
+               "lost (%s); their commands will be delivered again", j->path, st_strerror(r));
     return r;
 }
 
 void coord__journal_rollback(struct coord_journal *j) {
-    if (sqlite3_get_autocommit(j->db))
+    if (j->savepoint) {
+        j->savepoint = false;
+        int rc = sqlite3_exec(j->db, "ROLLBACK TO tx; RELEASE tx", NULL, NULL, NULL);
+        if (rc != SQLITE_OK)
+            st_log(ST_LOG_WARN, "journal", "Journal '%s': rollback failed: %s, ignoring",
+                   j->path, sqlite3_errmsg(j->db));
         return;
+    }
+    if (j->later || sqlite3_get_autocommit(j->db))
+        return; /* nothing of the caller's is open (its begin failed) */
     int rc = sqlite3_exec(j->db, "ROLLBACK", NULL, NULL, NULL);
     if (rc != SQLITE_OK)
         st_log(ST_LOG_WARN, "journal", "Journal '%s': rollback failed: %s, ignoring", j->path,

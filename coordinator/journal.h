@@ -4,7 +4,9 @@
  * version), job (one row), workers (uuid kept across restarts), epochs, commands (per worker,
  * increasing id, packed protobuf body, ack), events (increasing seq). Writes that belong
  * together go in one transaction (coord__journal_begin/commit). synchronous=FULL: a commit
- * survives kill -9 and power loss. Not thread-safe: the coordinator lock serialises callers. */
+ * survives kill -9 and power loss; acknowledgements wait for the next commit or a flush
+ * (coord__journal_commit_later), so a grant acked by N workers costs one wait for the disk,
+ * not N. Not thread-safe: the coordinator lock serialises callers. */
 #ifndef ST_COORD_JOURNAL_H
 #define ST_COORD_JOURNAL_H
 
@@ -57,8 +59,19 @@ void coord__journal_close(struct coord_journal *j);
 
 int coord__journal_begin(struct coord_journal *j);
 int coord__journal_commit(struct coord_journal *j);
+/* Ends a transaction without waiting for the disk: its writes stay in an open transaction
+ * that the next commit (or coord__journal_flush) makes durable with its own. Only for writes
+ * whose loss in a crash costs nothing but a repeat: acknowledgements (a command whose ack was
+ * lost is delivered again, and workers skip a command id they applied). A later transaction's
+ * rollback leaves them in place. */
+int coord__journal_commit_later(struct coord_journal *j);
+/* Commits what commit_later kept, if the oldest of it is max_age seconds old or more.
+ * 0 or negative errno (logged: the kept writes are lost). */
+int coord__journal_flush(struct coord_journal *j, double max_age);
 /* Never fails from the caller's view; logs. */
 void coord__journal_rollback(struct coord_journal *j);
+/* Seconds every commit so far spent waiting for the disk, summed. */
+double coord__journal_waited(const struct coord_journal *j);
 
 /* -ENOENT when the journal has no job yet. */
 int coord__journal_job_load(struct coord_journal *j, struct coord_job_row *ret_row);

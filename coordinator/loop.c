@@ -1786,10 +1786,21 @@ static void who(struct coord_loop *L, const struct wv *v, size_t nv, bool lost,
         snprintf(buf + k, size - k, " %s %s", n > 1 ? "were" : "was", verb);
 }
 
+/* Extends every positioned worker's lease to `to`, in one journal transaction. */
 static void grant(struct coord_loop *L, const struct wv *v, size_t nv, uint64_t to) {
-    for (size_t i = 0; i < nv; i++)
-        if (v[i].positioned && !v[i].dead)
+    const char **ids = st_calloc(nv + 1, sizeof(*ids));
+    size_t n = 0;
+    for (size_t i = 0; i < nv; i++) {
+        if (!v[i].positioned || v[i].dead)
+            continue;
+        if (ids)
+            ids[n++] = v[i].w.id;
+        else /* no memory for the list: one transaction each, as before */
             (void)coord_migrate(L->c, v[i].w.id, NULL, 0, to, NULL);
+    }
+    if (ids)
+        (void)coord_grant_lease(L->c, ids, n, to);
+    st_free(ids);
     L->lease = to;
 }
 

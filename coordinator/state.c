@@ -154,9 +154,18 @@ int64_t coord_event(struct coord *c, const char *kind, const char *worker_id, co
         return -EINVAL;
     va_list ap;
     pthread_mutex_lock(&c->lock);
-    va_start(ap, fmt);
-    int64_t r = event_v(c, kind, worker_id, fmt, ap);
-    va_end(ap);
+    /* An event stands alone: it waits for the next commit or the tick's flush (a crash may
+     * lose the last tick's events, never a command or a state change). */
+    int64_t r = coord__journal_begin(c->journal);
+    if (r >= 0) {
+        va_start(ap, fmt);
+        r = event_v(c, kind, worker_id, fmt, ap);
+        va_end(ap);
+        if (r >= 0 && coord__journal_commit_later(c->journal) < 0)
+            r = -EIO;
+        if (r < 0)
+            coord__journal_rollback(c->journal);
+    }
     pthread_mutex_unlock(&c->lock);
     return r;
 }
@@ -444,6 +453,19 @@ int coord_configure_epoch(struct coord *c, int dp, int pp, const struct coord_as
     return r;
 }
 
+/* Journals Migrate mg as wk's next command (inside the caller's transaction) and keeps it
+ * for delivery after the commit; the caller bumps wk->next_command once committed. */
+static int issue_migrate(struct coord *c, struct coord_wk *wk, Spottrain__V1__Migrate *mg,
+                         struct outbox *o) {
+    Spottrain__V1__Command cmd = SPOTTRAIN__V1__COMMAND__INIT;
+    cmd.id = wk->next_command;
+    cmd.epoch = c->job.epoch;
+    cmd.body_case = SPOTTRAIN__V1__COMMAND__BODY_MIGRATE;
+    cmd.migrate = mg;
+    TRY(issue(c, wk, "migrate", &cmd, o));
+    return coord__journal_worker_save(c->journal, &wk->pub, cmd.id + 1);
+}
+
 int coord_migrate(struct coord *c, const char *worker_id, const struct coord_transfer *t,
                   size_t n, uint64_t at_step, uint64_t *ret_command_id) {
     return coord_migrate_peers(c, worker_id, t, n, at_step, NULL, 0, 0, 0, ret_command_id);
@@ -528,21 +550,16 @@ int coord_migrate_peers(struct coord *c, const char *worker_id, const struct coo
     mg.peers = pp;
     mg.peer_copy_epoch = copy_epoch;
     mg.lease = first_lease;
-    Spottrain__V1__Command cmd = SPOTTRAIN__V1__COMMAND__INIT;
-    cmd.id = wk->next_command;
-    cmd.epoch = c->job.epoch;
-    cmd.body_case = SPOTTRAIN__V1__COMMAND__BODY_MIGRATE;
-    cmd.migrate = &mg;
+    uint64_t id = wk->next_command;
     TRY_GOTO(coord__journal_begin(c->journal), r, out);
     in_tx = true;
-    TRY_GOTO(issue(c, wk, "migrate", &cmd, &o), r, out);
-    TRY_GOTO(coord__journal_worker_save(c->journal, &wk->pub, cmd.id + 1), r, out);
+    TRY_GOTO(issue_migrate(c, wk, &mg, &o), r, out);
     TRY_GOTO(coord__journal_commit(c->journal), r, out);
     in_tx = false;
     wk->next_command++;
     outbox_deliver(c, &o);
     if (ret_command_id)
-        *ret_command_id = cmd.id;
+        *ret_command_id = id;
 out:
     if (in_tx)
         coord__journal_rollback(c->journal);
@@ -552,6 +569,56 @@ out:
     st_free(trp);
     st_free(pv);
     st_free(pp);
+    return r;
+}
+
+/* See coordinator.h. The loop grants every positioned worker a lease several times a second;
+ * one transaction for all of them keeps the journal's fsyncs (and the lock REST waits on) to
+ * one per grant. */
+int coord_grant_lease(struct coord *c, const char *const *ids, size_t n, uint64_t at_step) {
+    struct outbox o = {0};
+    struct coord_wk **sent = NULL;
+    size_t nsent = 0;
+    int r = 0;
+    bool in_tx = false;
+    if (!c || c->magic != COORD_MAGIC || (n > 0 && !ids))
+        return -EINVAL;
+    if (n == 0)
+        return 0;
+    sent = st_calloc(n, sizeof(*sent));
+    if (!sent)
+        return -ENOMEM;
+    pthread_mutex_lock(&c->lock);
+    if (!job_accepts_commands(c)) {
+        r = -ESHUTDOWN;
+        goto out;
+    }
+    TRY_GOTO(coord__journal_begin(c->journal), r, out);
+    in_tx = true;
+    for (size_t i = 0; i < n; i++) {
+        struct coord_wk *wk = ids[i] ? coord__worker_find(c, ids[i]) : NULL;
+        bool dup = false;
+        for (size_t k = 0; k < nsent && !dup; k++)
+            dup = sent[k] == wk;
+        if (!wk || dup)
+            continue;
+        Spottrain__V1__Migrate mg = SPOTTRAIN__V1__MIGRATE__INIT;
+        mg.at_step = at_step;
+        TRY_GOTO(issue_migrate(c, wk, &mg, &o), r, out);
+        sent[nsent++] = wk;
+    }
+    TRY_GOTO(coord__journal_commit(c->journal), r, out);
+    in_tx = false;
+    for (size_t k = 0; k < nsent; k++)
+        sent[k]->next_command++;
+    outbox_deliver(c, &o);
+    r = (int)nsent;
+out:
+    if (in_tx)
+        coord__journal_rollback(c->journal);
+    pthread_mutex_unlock(&c->lock);
+    outbox_done(&o);
+    st_free(sent);
     return r;
 }
 
@@ -810,6 +877,7 @@ int coord__apply_report(struct coord *c, const Spottrain__V1__ReportRequest *req
     TRY(coord__journal_begin(c->journal));
     uint64_t acked = wk->pub.acked_command;
     bool stopped = false;
+    size_t failed = 0;
     for (size_t i = 0; i < req->n_acks && r >= 0; i++) {
         const Spottrain__V1__CommandAck *a = req->acks[i];
         if (a->id >= wk->next_command)
@@ -819,9 +887,11 @@ int coord__apply_report(struct coord *c, const Spottrain__V1__ReportRequest *req
         if (r > 0) {
             if (a->id > acked)
                 acked = a->id;
-            if (!a->ok)
+            if (!a->ok) {
+                failed++;
                 r = coord__event_locked(c, "command_failed", wk->pub.id, "command %llu: %s",
                                         (unsigned long long)a->id, a->error) < 0 ? -EIO : 1;
+            }
         }
     }
     uint64_t dp_refused = 0;
@@ -842,8 +912,12 @@ int coord__apply_report(struct coord *c, const Spottrain__V1__ReportRequest *req
         row.state = COORD_WORKER_STOPPED;
     if (r >= 0)
         r = coord__journal_worker_save(c->journal, &row, wk->next_command);
+    /* Acks and notices wait for the next commit or the tick's flush: an ack lost in a crash
+     * only has its command delivered again, which the worker skips by its id, and a notice is
+     * an event for people to read. A failed command or a stop is committed now. */
+    bool later = !stopped && failed == 0;
     if (r >= 0)
-        r = coord__journal_commit(c->journal);
+        r = later ? coord__journal_commit_later(c->journal) : coord__journal_commit(c->journal);
     if (r < 0) {
         coord__journal_rollback(c->journal);
         return r;
@@ -956,6 +1030,15 @@ static void builtin_policy(struct coord *c) {
 
 void coord__tick(struct coord *c, double now) {
     double deadline = coord__deadline(c);
+    /* While a commit waits for the disk the lock is held and no Report is heard: that silence
+     * is the coordinator's, not the workers'. Each worker's clock moves on by it, so a disk
+     * that stalls for seconds (a loaded machine's, a throttled cloud volume) does not get
+     * live workers declared lost. */
+    double waited = coord__journal_waited(c->journal), deaf = waited - c->deaf_counted;
+    c->deaf_counted = waited;
+    if (deaf > 0)
+        for (size_t k = 0; k < c->nworkers; k++)
+            c->workers[k]->last_seen = ST_MIN(now, c->workers[k]->last_seen + deaf);
     for (size_t k = 0; k < c->nworkers; k++) {
         struct coord_wk *wk = c->workers[k];
         if (!is_live(wk->pub.state) || now - wk->last_seen <= deadline)
@@ -990,10 +1073,18 @@ void coord__tick(struct coord *c, double now) {
         }
     }
     if (c->job_dirty && now - c->last_flush >= 1.0) {
-        if (coord__journal_job_save(c->journal, &c->job) >= 0)
-            c->job_dirty = false;
+        /* Progress (step, loss): committed by the flush below, with the tick's acks. */
+        if (coord__journal_begin(c->journal) >= 0) {
+            if (coord__journal_job_save(c->journal, &c->job) >= 0 &&
+                coord__journal_commit_later(c->journal) >= 0)
+                c->job_dirty = false;
+            else
+                coord__journal_rollback(c->journal);
+        }
         c->last_flush = now;
     }
+    /* The acks of the last tick (and anything written since), durable in one commit. */
+    (void)coord__journal_flush(c->journal, 0);
 }
 
 /* ---- lifecycle -------------------------------------------------------------------------- */

@@ -7,6 +7,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "check.h" /* TRY */
 #include "coord-internal.h"
 #include "journal.h"
 #include "test.h"
@@ -222,6 +223,15 @@ static int test_coord_api(void) {
     t.count = 0;
     ASSERT_ERR(coord_migrate(c, a, &t, 1, 7, &cid), -EINVAL);
     ASSERT_EQ(coord_checkpoint(c, "/tmp/ck", 8), 2);
+    /* A lease for both at once: one command each, an unknown id and a repeat skipped. */
+    int64_t ncmd = coord__journal_command_count(c->journal);
+    const char *ids[4] = {a, x, b, a};
+    ASSERT_EQ(coord_grant_lease(c, ids, 4, 9), 2);
+    ASSERT_EQ(coord__journal_command_count(c->journal), ncmd + 2);
+    ASSERT_EQ(coord_grant_lease(c, ids, 0, 9), 0);
+    ASSERT_ERR(coord_grant_lease(c, NULL, 2, 9), -EINVAL);
+    ASSERT_OK(coord_migrate(c, a, NULL, 0, 10, &cid)); /* configure, migrate, checkpoint, lease */
+    ASSERT_EQ(cid, 5);
     ASSERT_TRUE(coord_event(c, "custom", NULL, "hello %d", 1) > 0);
     ASSERT_ERR(coord_plan_detail_set(c, "[1]"), -EINVAL);
     ASSERT_OK(coord_plan_detail_set(c, "{\"why\": 1}"));
@@ -247,6 +257,7 @@ static int test_coord_api(void) {
     coord_job_get(c, NULL, NULL, NULL, NULL, &js, NULL);
     ASSERT_EQ(js, COORD_JOB_STOPPING);
     ASSERT_ERR(coord_configure(c, 1, 2, as, 2, NULL, 0, "late", &epoch), -ESHUTDOWN);
+    ASSERT_ERR(coord_grant_lease(c, ids, 4, 11), -ESHUTDOWN);
     c = coord_free(c);
     snprintf(spec.name, sizeof(spec.name), "other");
     ASSERT_ERR(coord_new(&cfg, NULL, &c), -EEXIST);
@@ -384,7 +395,9 @@ struct slow_file {
 static sqlite3_vfs slow_vfs, *real_vfs;
 static sqlite3_io_methods slow_io;
 static int slow_syncs;
-static bool slow_armed; /* only the commit under test waits */
+static bool slow_armed; /* only the syncs under test count (and wait, with slow_wait) */
+static bool slow_wait;
+static bool slow_fail; /* the sync reports an I/O error (a disk that failed) */
 
 static int slow_close(sqlite3_file *f) {
     struct slow_file *sf = (struct slow_file *)f;
@@ -406,8 +419,11 @@ static int slow_sync(sqlite3_file *f, int flags) {
     struct slow_file *sf = (struct slow_file *)f;
     if (slow_armed) {
         struct timespec ts = {1, (long)((SLOW_SYNC_S - 1.0) * 1e9)};
-        nanosleep(&ts, NULL);
+        if (slow_wait)
+            nanosleep(&ts, NULL);
         slow_syncs++;
+        if (slow_fail)
+            return SQLITE_IOERR_FSYNC;
     }
     return sf->real->pMethods->xSync(sf->real, flags);
 }
@@ -466,9 +482,32 @@ static int slow_open(sqlite3_vfs *vfs, const char *name, sqlite3_file *f, int fl
     return rc;
 }
 
-/* Commits on a slow disk succeed, and each one that waited past a second says so on stderr
- * with the journal's path: the line to look for when REST answers late. */
-static int test_slow_disk(void) {
+/* stderr into DIR/stderr between capture_begin and capture_end (what st_log writes). */
+struct capture {
+    char path[128];
+    int saved;
+    FILE *f;
+};
+
+static int capture_begin(const char *dir, struct capture *cap) {
+    snprintf(cap->path, sizeof(cap->path), "%s/stderr", dir);
+    fflush(stderr);
+    cap->saved = dup(STDERR_FILENO);
+    cap->f = fopen(cap->path, "w");
+    ASSERT_TRUE(cap->saved >= 0 && cap->f);
+    dup2(fileno(cap->f), STDERR_FILENO);
+    return 0;
+}
+
+static void capture_end(struct capture *cap) {
+    fflush(stderr);
+    dup2(cap->saved, STDERR_FILENO);
+    close(cap->saved);
+    fclose(cap->f);
+}
+
+/* Makes the counting VFS SQLite's default (for journals opened from now on). */
+static int slow_vfs_on(void) {
     real_vfs = sqlite3_vfs_find(NULL);
     ASSERT_TRUE(real_vfs != NULL);
     slow_io = (sqlite3_io_methods){2,          slow_close,     slow_read,        slow_write,
@@ -482,15 +521,17 @@ static int test_slow_disk(void) {
     slow_vfs.xOpen = slow_open;
     slow_vfs.pNext = NULL;
     ASSERT_EQ(sqlite3_vfs_register(&slow_vfs, 1), SQLITE_OK);
+    slow_syncs = 0;
+    return 0;
+}
 
+/* Commits on a slow disk succeed, and each one that waited past a second says so on stderr
+ * with the journal's path: the line to look for when REST answers late. */
+static int test_slow_disk(void) {
+    ASSERT_OK(slow_vfs_on());
     char *d = tmpdir();
-    char errpath[128];
-    snprintf(errpath, sizeof(errpath), "%s/stderr", d);
-    fflush(stderr);
-    int saved = dup(STDERR_FILENO);
-    FILE *capture = fopen(errpath, "w");
-    ASSERT_TRUE(saved >= 0 && capture);
-    dup2(fileno(capture), STDERR_FILENO);
+    struct capture cap;
+    ASSERT_OK(capture_begin(d, &cap));
 
     struct coord_journal *j = NULL;
     int r = coord__journal_open(d, &j);
@@ -503,23 +544,20 @@ static int test_slow_disk(void) {
         r = coord__journal_begin(j);
     if (r >= 0)
         r = coord__journal_job_save(j, &job);
-    slow_armed = true;
+    slow_armed = slow_wait = true;
     if (r >= 0)
         r = coord__journal_commit(j);
-    slow_armed = false;
+    slow_armed = slow_wait = false;
     int syncs = slow_syncs;
     coord__journal_close(j);
 
-    fflush(stderr);
-    dup2(saved, STDERR_FILENO);
-    close(saved);
-    fclose(capture);
+    capture_end(&cap);
     sqlite3_vfs_unregister(&slow_vfs);
     ASSERT_OK(r);
     ASSERT_GE(syncs, 1);
     char *text = NULL;
     size_t len = 0;
-    ASSERT_OK(st_read_file(errpath, 1 << 16, &text, &len));
+    ASSERT_OK(st_read_file(cap.path, 1 << 16, &text, &len));
     char want[256];
     snprintf(want, sizeof(want), "Journal '%s/", d);
     ASSERT_CONTAINS(text, want);
@@ -530,6 +568,191 @@ static int test_slow_disk(void) {
     return 0;
 }
 
+/* A coordinator on dir with no listeners (REST off, gRPC not started) for a 4-layer model;
+ * deadline 0 = the spec's heartbeat deadline. spec must outlive it. */
+static int small_coord(const char *dir, const char *name, double deadline, struct st_spec *spec,
+                       struct coord **ret) {
+    st_spec_defaults(spec);
+    snprintf(spec->name, sizeof(spec->name), "%s", name);
+    spec->model.layers = 4;
+    struct coord_config cfg;
+    coord_config_init(&cfg);
+    cfg.spec = spec;
+    cfg.heartbeat_deadline = deadline;
+    snprintf(cfg.state_dir, sizeof(cfg.state_dir), "%s", dir);
+    snprintf(cfg.listen, sizeof(cfg.listen), "127.0.0.1:0");
+    snprintf(cfg.status_listen, sizeof(cfg.status_listen), "-");
+    return coord_new(&cfg, NULL, ret);
+}
+
+/* A lease granted to every positioned worker waits for the disk once, not once per worker
+ * (the loop grants several times a second, and each wait holds the lock REST needs). */
+static int test_lease_one_sync(void) {
+    ASSERT_OK(slow_vfs_on());
+    char *d = tmpdir();
+    struct st_spec spec;
+    struct coord *c = NULL;
+    ASSERT_OK(small_coord(d, "lease", 0, &spec, &c));
+    char id[3][ST_UUID_STR_LEN];
+    struct coord_assignment as[3];
+    memset(as, 0, sizeof(as));
+    const char *ids[3];
+    for (int i = 0; i < 3; i++) {
+        st_uuid_new(id[i]);
+        ASSERT_OK(join(c, id[i]));
+        snprintf(as[i].worker_id, sizeof(as[i].worker_id), "%s", id[i]);
+        as[i].replica = i;
+        as[i].layer_end = 4;
+        ids[i] = id[i];
+    }
+    ASSERT_OK(coord_configure(c, 3, 1, as, 3, "tcp", 0, "test", NULL));
+    slow_armed = true;
+    ASSERT_EQ(coord_grant_lease(c, ids, 3, 8), 3);
+    int batched = slow_syncs;
+    slow_syncs = 0;
+    for (int i = 0; i < 3; i++)
+        ASSERT_OK(coord_migrate(c, ids[i], NULL, 0, 16, NULL));
+    int each = slow_syncs;
+    slow_armed = false;
+    c = coord_free(c);
+    sqlite3_vfs_unregister(&slow_vfs);
+    ASSERT_EQ(batched, 1);
+    ASSERT_EQ(each, 3);
+    rm_rf(d);
+    return 0;
+}
+
+/* Events in journal.db as another connection (a reader after a crash) sees them. */
+static int64_t durable_events(const char *dir) {
+    char path[256];
+    snprintf(path, sizeof(path), "%s/%s", dir, COORD_JOURNAL_FILE);
+    sqlite3 *db = NULL;
+    sqlite3_stmt *st = NULL;
+    int64_t n = -1;
+    if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK &&
+        sqlite3_prepare_v2(db, "SELECT count(*) FROM events", -1, &st, NULL) == SQLITE_OK &&
+        sqlite3_step(st) == SQLITE_ROW)
+        n = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    return n;
+}
+
+static int add_event(struct coord_journal *j, bool later) {
+    TRY(coord__journal_begin(j));
+    int64_t seq = coord__journal_event_add(j, 1.0, "t", NULL, "m");
+    if (seq < 0) {
+        coord__journal_rollback(j);
+        return (int)seq;
+    }
+    return later ? coord__journal_commit_later(j) : coord__journal_commit(j);
+}
+
+/* commit_later: writes that wait for the next commit or flush, in one wait for the disk;
+ * a transaction inside them rolls back alone; close commits them; a flush the disk refuses
+ * loses them (said) and leaves the journal usable. */
+static int test_commit_later(void) {
+    ASSERT_OK(slow_vfs_on());
+    char *d = tmpdir();
+    struct coord_journal *j = NULL;
+    ASSERT_OK(coord__journal_open(d, &j));
+    int64_t base = coord__journal_event_count(j);
+    slow_armed = true;
+    for (int i = 0; i < 5; i++)
+        ASSERT_OK(add_event(j, true));
+    ASSERT_EQ(slow_syncs, 0);
+    ASSERT_EQ(coord__journal_event_count(j), base + 5); /* this connection sees them */
+    ASSERT_EQ(durable_events(d), base);                  /* no other does yet */
+    ASSERT_OK(coord__journal_flush(j, 3600));            /* not old enough */
+    ASSERT_EQ(durable_events(d), base);
+    ASSERT_OK(coord__journal_flush(j, 0));
+    ASSERT_EQ(slow_syncs, 1);
+    ASSERT_EQ(durable_events(d), base + 5);
+    ASSERT_OK(coord__journal_flush(j, 0)); /* nothing kept: no commit */
+    ASSERT_EQ(slow_syncs, 1);
+    /* A transaction begun inside kept writes and rolled back takes only its own. */
+    ASSERT_OK(add_event(j, true));
+    ASSERT_OK(coord__journal_begin(j));
+    ASSERT_TRUE(coord__journal_event_add(j, 2.0, "t", NULL, "undone") > 0);
+    coord__journal_rollback(j);
+    ASSERT_EQ(coord__journal_event_count(j), base + 6);
+    /* A plain commit makes the kept writes durable with its own. */
+    ASSERT_OK(add_event(j, false));
+    ASSERT_EQ(slow_syncs, 2);
+    ASSERT_EQ(durable_events(d), base + 7);
+    /* Close commits what is kept. */
+    ASSERT_OK(add_event(j, true));
+    coord__journal_close(j);
+    j = NULL;
+    ASSERT_EQ(durable_events(d), base + 8);
+    /* A disk that refuses the flush: the kept writes are gone, said once, and the journal
+     * goes on. */
+    ASSERT_OK(coord__journal_open(d, &j));
+    ASSERT_OK(add_event(j, true));
+    struct capture cap;
+    ASSERT_OK(capture_begin(d, &cap));
+    slow_fail = true;
+    int r = coord__journal_flush(j, 0);
+    slow_fail = false;
+    capture_end(&cap);
+    ASSERT_TRUE(r < 0);
+    ASSERT_EQ(coord__journal_event_count(j), base + 8);
+    ASSERT_OK(add_event(j, false));
+    ASSERT_EQ(durable_events(d), base + 9);
+    slow_armed = false;
+    coord__journal_close(j);
+    sqlite3_vfs_unregister(&slow_vfs);
+    char *text = NULL;
+    size_t len = 0;
+    ASSERT_OK(st_read_file(cap.path, 1 << 16, &text, &len));
+    ASSERT_CONTAINS(text, "writes kept for a later commit were lost");
+    ASSERT_CONTAINS(text, "their commands will be delivered again");
+    st_free(text);
+    rm_rf(d);
+    return 0;
+}
+
+/* A commit that waits for the disk longer than the heartbeat deadline (the lock held, no
+ * Report heard meanwhile) does not get a live worker declared lost; silence beyond it does. */
+static int test_deaf_while_committing(void) {
+    ASSERT_OK(slow_vfs_on());
+    char *d = tmpdir();
+    struct st_spec spec;
+    struct coord *c = NULL;
+    const double deadline = 1.0; /* shorter than one SLOW_SYNC_S commit */
+    ASSERT_OK(small_coord(d, "deaf", deadline, &spec, &c));
+    char id[ST_UUID_STR_LEN];
+    st_uuid_new(id);
+    ASSERT_OK(join(c, id));
+    pthread_mutex_lock(&c->lock);
+    coord__tick(c, st_now()); /* credits the commits of the set-up */
+    pthread_mutex_unlock(&c->lock);
+    slow_armed = slow_wait = true;
+    ASSERT_TRUE(coord_event(c, "custom", NULL, "kept for the next commit") > 0);
+    /* Nobody is active to take it: the commit carries the kept event, and waits. */
+    ASSERT_EQ(coord_checkpoint(c, "/tmp/ck", 4), 0);
+    slow_armed = slow_wait = false;
+    pthread_mutex_lock(&c->lock);
+    struct coord_wk *wk = coord__worker_find(c, id);
+    double after_commit = st_now();
+    ASSERT_TRUE(wk != NULL);
+    ASSERT_TRUE(after_commit - wk->last_seen > deadline); /* silent that long */
+    coord__tick(c, after_commit);
+    enum coord_worker_state kept = wk->pub.state;
+    coord__tick(c, after_commit + 2 * deadline); /* then silent for real */
+    enum coord_worker_state later = wk->pub.state;
+    pthread_mutex_unlock(&c->lock);
+    c = coord_free(c);
+    sqlite3_vfs_unregister(&slow_vfs);
+    ASSERT_EQ(slow_syncs, 1);
+    ASSERT_NE(kept, COORD_WORKER_LOST); /* joined, or active by now (the built-in policy) */
+    ASSERT_EQ(later, COORD_WORKER_LOST);
+    rm_rf(d);
+    return 0;
+}
+
 TEST_MAIN(TEST(test_create_reopen), TEST(test_corrupt), TEST(test_foreign),
           TEST(test_unusable_dir), TEST(test_coord_api), TEST(test_events_retention),
-          TEST(test_tls_config), TEST(test_slow_disk))
+          TEST(test_tls_config), TEST(test_slow_disk),
+          TEST(test_lease_one_sync), TEST(test_commit_later),
+          TEST(test_deaf_while_committing))
