@@ -34,10 +34,10 @@ void plan_options_init(struct plan_options *o) {
 
 /* plan__margin: a margin left NAN follows what a migration costs. Against restarts of
  * 30-40 s whose length the profile only estimates, a change must gain PLAN_MARGIN_RESTART;
- * against live migrations measured on the data plane (plan_cost_use_measured) a wrong move costs seconds,
- * and a smaller margin lets the plan take the gains the larger one left (scripts/bench planner:
- * 0.003 -> 0.001 gained 0.0003-0.0015 of ideal on all five of Parcae's models at 10 and 25
- * Gb/s; 0.0005 and 0 gained no more). */
+ * against live migrations measured on the data plane (plan_cost_use_measured) a wrong move
+ * costs seconds, and a smaller margin lets the plan take the gains the larger one left
+ * (scripts/bench planner: 0.003 -> 0.001 gained 0.0003-0.0015 of ideal on all five of
+ * Parcae's models at 10 and 25 Gb/s; 0.0005 and 0 gained no more). */
 double plan__margin(const struct plan_cost *c, double set) {
     return !isnan(set) ? set : c->measured ? PLAN_MARGIN_MEASURED : PLAN_MARGIN_RESTART;
 }
