@@ -298,6 +298,14 @@ int cli_worker_job_main(int argc, char **argv) {
         goto out;
     }
     cfg->leave_killed = killed > 0;
+    /* Benches: the state after a migration's boundary shares the communicator (no move
+     * channel), to measure what the channel buys. */
+    long shared;
+    if (fault_count("SPOTTRAIN_TEST_SHARED_MOVE", &shared) < 0) {
+        ret = CLI_EXIT_INPUT;
+        goto out;
+    }
+    cfg->shared_move = shared > 0;
     /* Faults for scripts/chaos and the tests: this worker's Nth checkpoint layer write fails
      * with ENOSPC; its Nth sending migration transfer, or its Nth peer-copy exchange, is cut
      * mid-message. */

@@ -57,8 +57,9 @@ int mig__comm_new_ops(const struct mig_transport_ops *ops, struct mig_endpoint *
     c->magic = MIG__COMM_MAGIC;
     c->ops = ops;
     c->ep = ep;
-    c->epoch = epoch & ~MIG_EPOCH_SIDE;
+    c->epoch = epoch & ~(MIG_EPOCH_SIDE | MIG_EPOCH_MOVE);
     c->side = (epoch & MIG_EPOCH_SIDE) != 0;
+    c->move = (epoch & MIG_EPOCH_MOVE) != 0;
     c->rank = rank;
     c->nranks = nranks;
     c->timeout_s = timeout_s;
@@ -74,7 +75,9 @@ int mig__comm_new_ops(const struct mig_transport_ops *ops, struct mig_endpoint *
         return r;
     }
     st_log(ST_LOG_DEBUG, "migrate", "rank %d/%d: %s comm of epoch %llu%s ready", rank, nranks,
-           ops->name, (unsigned long long)c->epoch, c->side ? " (side channel)" : "");
+           ops->name, (unsigned long long)c->epoch, c->side   ? " (side channel)"
+           : c->move ? " (move channel)"
+                     : "");
     *ret = c;
     return 0;
 }
@@ -88,7 +91,9 @@ int mig_comm_new_auth(const char *transport, struct mig_endpoint *ep, uint64_t e
         return -EINVAL;
     if (!ops)
         return strcmp(transport, "nccl") == 0 ? -EOPNOTSUPP : -EINVAL;
-    if ((epoch & MIG_EPOCH_SIDE) && ops != &mig__tcp_ops)
+    if ((epoch & MIG_EPOCH_SIDE) && (epoch & MIG_EPOCH_MOVE))
+        return -EINVAL;
+    if ((epoch & (MIG_EPOCH_SIDE | MIG_EPOCH_MOVE)) && ops != &mig__tcp_ops)
         return -EOPNOTSUPP;
     return mig__comm_new_ops(ops, ep, epoch, rank, nranks, peer_addrs, auth, timeout_s, ret);
 }

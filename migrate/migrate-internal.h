@@ -43,8 +43,9 @@ struct mig_comm {
     uint64_t magic; /* MIG__COMM_MAGIC while alive */
     const struct mig_transport_ops *ops;
     struct mig_endpoint *ep; /* borrowed */
-    uint64_t epoch;    /* without MIG_EPOCH_SIDE */
+    uint64_t epoch;    /* without MIG_EPOCH_SIDE or MIG_EPOCH_MOVE */
     bool side;         /* the epoch's side channel (MIG_EPOCH_SIDE) */
+    bool move;         /* the epoch's move channel (MIG_EPOCH_MOVE) */
     _Atomic bool cancelled; /* mig_comm_cancel(): batches give up */
     int rank, nranks;
     double timeout_s;  /* seconds without progress before -ETIMEDOUT */

@@ -105,6 +105,12 @@ int mig_comm_new(const char *transport, struct mig_endpoint *ep, uint64_t epoch,
  * endpoint's thread. "tcp" only (-EOPNOTSUPP otherwise); mig_comm_epoch() answers without the
  * bit. The worker's peer copies run on it (docs/live-migration.md). */
 #define MIG_EPOCH_SIDE (1ull << 63)
+/* The same for the epoch's move channel, a third communicator of the epoch (never OR'd with
+ * MIG_EPOCH_SIDE: -EINVAL): a live migration's state moves on it after the boundary, while the
+ * new epoch's first step sends its pipeline messages on the main communicator. Built like the
+ * main one, at the boundary and by the thread that builds that (it is abandoned with its
+ * epoch, mig_endpoint_abandon); driven by any one thread after. "tcp" only. */
+#define MIG_EPOCH_MOVE (1ull << 62)
 
 #define MIG_KEY_BYTES 32  /* the data-plane secret of one epoch */
 #define MIG_JOB_ID_MAX 64 /* job id bound into the proofs, NUL included */

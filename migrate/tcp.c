@@ -68,6 +68,8 @@
 #define HELLO_KEYED 1u          /* flags: the dialler holds a secret (messages carry MACs) */
 #define HELLO_TLS 2u            /* flags: the connection continues as TLS 1.3 (PSK) */
 #define HELLO_SIDE 4u           /* flags: a connection of the epoch's side channel */
+#define HELLO_MOVE 8u           /* flags: a connection of the epoch's move channel */
+#define HELLO_CHANNEL (HELLO_SIDE | HELLO_MOVE)
 #define TLS_PSK_ID "spottrain-dp-v2" /* the external PSK's identity; the key is per connection */
 #define CHUNK_BYTES (4u << 20)  /* at most this much per send()/recv() call */
 /* The same on a keyed comm: the MAC then reads what the socket call just copied while the
@@ -296,10 +298,10 @@ struct mig_endpoint {
     char addr[MIG_ADDR_MAX];
     uint64_t min_epoch; /* epochs below this are stale (highest epoch built so far) */
     bool any_epoch;     /* false until the first comm */
-    uint64_t built_epoch; /* newest epoch whose comm came up; valid when built */
-    bool built;
-    uint64_t built_side;  /* the same for side channels (MIG_EPOCH_SIDE); valid when side_built */
-    bool side_built;
+    /* Per channel (chan(): main, side, move), the newest epoch whose comm came up; valid when
+     * built[ch]. */
+    uint64_t built_epoch[3];
+    bool built[3];
     struct pending pend[MAX_PENDING];
     size_t npend;
     struct mig_auth_failure fail[MIG_AUTH_FAILURES_KEPT]; /* ring, oldest at fail_head */
@@ -503,6 +505,21 @@ static void listener_progress(struct mig_endpoint *ep) {
     }
 }
 
+/* The channel of a comm, and the one a hello's flags name: 0 main, 1 side, 2 move; -1 for a
+ * hello that names two. */
+static int chan(const struct mig_comm *c) {
+    return c->side ? 1 : c->move ? 2 : 0;
+}
+
+static int hello_chan(uint32_t flags) {
+    switch (flags & HELLO_CHANNEL) {
+    case 0: return 0;
+    case HELLO_SIDE: return 1;
+    case HELLO_MOVE: return 2;
+    default: return -1;
+    }
+}
+
 /* Between epochs: complete hellos for an epoch already built cannot be genuine (every peer of
  * an epoch connects while its comm is built), stale ones are answered, later ones wait. */
 static void pending_sort_idle(struct mig_endpoint *ep) {
@@ -513,9 +530,12 @@ static void pending_sort_idle(struct mig_endpoint *ep) {
             continue;
         }
         uint64_t epoch = get64(p->hello + 8);
-        bool side = (get32(p->hello + 28) & HELLO_SIDE) != 0;
-        bool built = side ? ep->side_built : ep->built;
-        if (built && epoch <= (side ? ep->built_side : ep->built_epoch) &&
+        int ch = hello_chan(get32(p->hello + 28));
+        if (ch < 0) {
+            pending_refuse(ep, i, -EPROTO, "hello names two channels");
+            continue;
+        }
+        if (ep->built[ch] && epoch <= ep->built_epoch[ch] &&
             epoch >= ep->min_epoch) {
             pending_refuse(ep, i, -EACCES, "hello for an epoch already built");
             continue;
@@ -813,7 +833,7 @@ struct outgoing {
 /* The hello's flags for c: what every connection of the epoch must agree on. */
 static uint32_t hello_flags(const struct mig_comm *c) {
     return (c->keyed ? HELLO_KEYED : 0u) | (c->tls ? HELLO_TLS : 0u) |
-           (c->side ? HELLO_SIDE : 0u);
+           (c->side ? HELLO_SIDE : 0u) | (c->move ? HELLO_MOVE : 0u);
 }
 
 static int out_start(struct outgoing *o) {
@@ -1022,6 +1042,10 @@ static int pending_scan(struct mig_comm *c, struct tcp_comm *tc) {
             continue;
         }
         uint64_t epoch = get64(p->hello + 8);
+        if (hello_chan(get32(p->hello + 28)) < 0) {
+            pending_refuse(ep, i, -EPROTO, "hello names two channels");
+            continue;
+        }
         if (epoch < c->epoch) {
             st_log(ST_LOG_INFO, "migrate", "rank %d: rejecting rank %u of stale epoch %llu "
                    "(now %llu)", c->rank, get32(p->hello + 16), (unsigned long long)epoch,
@@ -1029,7 +1053,7 @@ static int pending_scan(struct mig_comm *c, struct tcp_comm *tc) {
             pending_refuse(ep, i, -ESTALE, NULL);
             continue;
         }
-        if (epoch > c->epoch || ((get32(p->hello + 28) & HELLO_SIDE) != 0) != c->side) {
+        if (epoch > c->epoch || hello_chan(get32(p->hello + 28)) != chan(c)) {
             i++; /* for a later mig_comm_new, or the epoch's other channel */
             continue;
         }
@@ -1115,7 +1139,8 @@ static int tcp_init(struct mig_comm *c, const char *const *peer_addrs) {
             r = -ECANCELED;
             goto out;
         }
-        /* Not a side channel: its epoch still runs when a live migration is ordered ahead. */
+        /* Not a side channel: its epoch still runs when a live migration is ordered ahead
+         * (a move channel is built at its epoch's boundary, like the main one). */
         if (!c->side && c->epoch < atomic_load(&ep->abandon_below)) {
             st_log(ST_LOG_WARN, "migrate", "rank %d: epoch %llu: abandoned while connecting (the "
                    "coordinator moved on to epoch %llu)", c->rank, (unsigned long long)c->epoch,
@@ -1184,13 +1209,8 @@ static int tcp_init(struct mig_comm *c, const char *const *peer_addrs) {
     }
     if (c->tls)
         TRY_GOTO(tls_start(c, tc, pfd), r, out);
-    if (c->side) {
-        ep->side_built = true;
-        ep->built_side = c->epoch;
-    } else {
-        ep->built = true;
-        ep->built_epoch = c->epoch;
-    }
+    ep->built[chan(c)] = true;
+    ep->built_epoch[chan(c)] = c->epoch;
 out:
     if (ep && c->nranks > 1)
         /* Challenged connections of this epoch that never proved themselves: strangers, or

@@ -149,5 +149,8 @@ int plan_cost_from_spec(const struct st_spec *spec, struct plan_cost **ret) {
         return -EOPNOTSUPP; /* profiled models are simulated, not trained */
     struct plan_model_desc d;
     plan__desc_from_spec(spec, &d);
-    return plan_cost_analytic(&d, ret);
+    int r = plan_cost_analytic(&d, ret);
+    if (r >= 0)
+        (*ret)->meas_at_boundary = !spec->fleet.data_plane_overlap;
+    return r;
 }

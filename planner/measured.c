@@ -126,28 +126,49 @@ int plan_cost_use_measured(struct plan_cost *c, const struct plan_measured_costs
     return 0;
 }
 
-static double xfer_ms(const struct plan_cost *c, enum plan_meas_kind k, double params) {
-    return params * c->state_bytes_per_param / c->meas_bytes_per_ms[k];
+/* What a migration's transfers add to its stall, ms: weights of `params` parameters and
+ * optimizer moments of `moment_params` at kind k's rate, plus `reshard` ms of re-cut moments.
+ * The state moves after the boundary while the new shape's first step runs
+ * (docs/live-migration.md, "State after the boundary"; into a pipeline on a channel of its
+ * own): a forward pass waits for each layer's weights, the update for the moments. So the step
+ * waits for the weights, charged whole (a bound: the forward computes the first layers while
+ * later ones arrive), and for what of the moments outlasts the step. Not modelled: the step's
+ * own pipeline messages share the link meanwhile. At the boundary, all of it stalls. */
+static double moved_ms(const struct plan_cost *c, enum plan_meas_kind k, int dp, int pp,
+                       double params, double moment_params, double reshard) {
+    double weights = params * (c->state_bytes_per_param - OPT_BYTES_PER_PARAM);
+    double w_ms = weights / c->meas_bytes_per_ms[k];
+    double m_ms = moment_params * OPT_BYTES_PER_PARAM / c->meas_bytes_per_ms[k] + reshard;
+    if (c->meas_at_boundary)
+        return w_ms + m_ms;
+    double thr = plan_cost_throughput(c, dp, pp);
+    double step_ms = thr > 0 ? 1000.0 * c->global_batch / thr : 0;
+    return w_ms + ST_MAX(0.0, m_ms - step_ms);
 }
 
 /* A dp change re-cuts every stage's ZeRO-1 optimizer shards: each replica receives at most
- * its new shard of the largest stage. */
+ * its new shard of the largest stage; the transfer's ms (the kind's fixed part apart). */
 static double reshard_ms(const struct plan_cost *c, int D, int dp, int pp) {
     if (dp == D || dp < 1)
         return 0;
     double bytes = c->maxpart_params[pp] * OPT_BYTES_PER_PARAM / dp;
-    return c->meas_fixed_ms[PLAN_MEAS_DP_RESHARD] +
-           bytes / c->meas_bytes_per_ms[PLAN_MEAS_DP_RESHARD];
+    return bytes / c->meas_bytes_per_ms[PLAN_MEAS_DP_RESHARD];
+}
+
+static double reshard_fixed_ms(const struct plan_cost *c, int D, int dp) {
+    return dp == D || dp < 1 ? 0 : c->meas_fixed_ms[PLAN_MEAS_DP_RESHARD];
 }
 
 double plan__measured_intra_ms(const struct plan_cost *c, int D, int dp, int pp) {
-    return c->meas_fixed_ms[PLAN_MEAS_INTRA] + reshard_ms(c, D, dp, pp);
+    return c->meas_fixed_ms[PLAN_MEAS_INTRA] + reshard_fixed_ms(c, D, dp) +
+           moved_ms(c, PLAN_MEAS_INTRA, dp, pp, 0, 0, reshard_ms(c, D, dp, pp));
 }
 
 double plan__measured_inter_ms(const struct plan_cost *c, int D, int dp, int pp,
                                double stage_params) {
-    return c->meas_fixed_ms[PLAN_MEAS_INTER] + xfer_ms(c, PLAN_MEAS_INTER, stage_params) +
-           reshard_ms(c, D, dp, pp);
+    return c->meas_fixed_ms[PLAN_MEAS_INTER] + reshard_fixed_ms(c, D, dp) +
+           moved_ms(c, PLAN_MEAS_INTER, dp, pp, stage_params, stage_params,
+                    reshard_ms(c, D, dp, pp));
 }
 
 /* Each new stage fetches the layers its best surviving old stage lacks; receivers work in
@@ -177,8 +198,8 @@ double plan__measured_repartition_ms(const struct plan_cost *c, int D, int P, co
     } else {
         need = c->maxpart_params[pp];
     }
-    double ms = c->meas_fixed_ms[PLAN_MEAS_PIPELINE] + xfer_ms(c, PLAN_MEAS_PIPELINE, need);
     if (dp > 1)
-        ms += xfer_ms(c, PLAN_MEAS_PIPELINE, c->maxpart_params[pp]);
-    return ms;
+        need += c->maxpart_params[pp];
+    return c->meas_fixed_ms[PLAN_MEAS_PIPELINE] +
+           moved_ms(c, PLAN_MEAS_PIPELINE, dp, pp, need, need, 0);
 }

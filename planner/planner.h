@@ -129,6 +129,9 @@ struct plan_cost {
     bool measured;
     double meas_fixed_ms[4];     /* per enum plan_meas_kind, ms */
     double meas_bytes_per_ms[4]; /* per enum plan_meas_kind, bytes/ms over the target link */
+    bool meas_at_boundary;       /* a migration moves its state at the boundary, all of it in
+                                    its stall (fleet.data_plane.overlap false); else after it,
+                                    beside the first step (docs/planner.md) */
 };
 
 /* Reads Parcae's profile JSON as is (anchors/parcae-cost-profiles.json). `model` picks one

@@ -722,6 +722,13 @@ void worker_engine_set_gate(struct worker_engine *e, worker_engine_gate_fn *fn,
     e->gate = fn;
     e->layer_gate = fn ? layer_fn : NULL;
     e->gate_userdata = fn ? userdata : NULL;
+    e->gate_messages = true;
+}
+
+void worker_engine_gate_messages(struct worker_engine *e, bool wait) {
+    if (engine_check(e) < 0)
+        return;
+    e->gate_messages = wait;
 }
 
 int worker__gate(struct worker_engine *e) {

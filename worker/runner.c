@@ -77,6 +77,7 @@ struct reconf_note {
     uint64_t epoch, step, replayed, sent, recv;
     int stage, replica;
     double seconds, stall, wait, connect, reshape, transfer, commit, deferred;
+    double waited; /* of deferred, seconds training waited for it (gates, the join) */
     size_t fresh;
     size_t prewarmed; /* bytes a new engine took from the warm reserve (fleet.prewarm) */
 };
@@ -94,7 +95,7 @@ struct deferbg {
     pthread_t th;
     bool running;              /* th was started and not joined */
     _Atomic bool finished;     /* th is done (set by th, under lock) */
-    struct mig_comm *comm;     /* the epoch's communicator (R->comm once the migration ends) */
+    struct mig_comm *comm;     /* what the move runs on: R->move, or else R->comm */
     struct worker_engine *eng; /* a reshaped engine whose kept moments the thread copies */
     size_t copied;             /* bytes of those */
     struct mig_xfer *x;        /* the parameters' transfers by layer, then the moments' */
@@ -103,7 +104,8 @@ struct deferbg {
     int params_below;          /* every parameter of a layer below this is in (th, lock) */
     int result;
     double t0, t_end;          /* st_now() when the batch started / ended (set by th) */
-    uint64_t sent0, recv0;     /* the comm's counters before the migration's first batch */
+    double waited;             /* seconds the runner thread waited for it (runner thread) */
+    uint64_t sent0, recv0;     /* comm's counters when the thread started */
     struct reconf_note note;   /* told when everything is in */
     /* Not cleared between migrations (defer_free): made with the runner. */
     pthread_mutex_t lock;      /* guards params_below and finished, for cond */
@@ -126,6 +128,7 @@ struct runner {
     /* runner-thread state */
     uint64_t epoch;           /* epoch in force (0 = none) */
     struct mig_comm *comm;
+    struct mig_comm *move;    /* the epoch's move channel, when its migration built one */
     struct worker_engine *eng;
     uint64_t done;            /* steps completed */
     uint64_t lease;           /* may run steps < lease */
@@ -449,15 +452,18 @@ static void tell_reconfigured(struct runner *R, const struct reconf_note *n) {
      * boundary for the order, the communicator's handshake (it ends when the slowest peer
      * reached the boundary too), the engine's reshape (or the making of a new one, before the
      * handshake), the transfers, the commit; the bytes of work buffers the commit had to
-     * allocate (fresh: none prepared them); and the seconds the moments moved after the
-     * boundary (deferred), overlapped with the first step. */
+     * allocate (fresh: none prepared them); and the seconds the state moved after the
+     * boundary (deferred), overlapped with the first step, of which training waited for it
+     * (waited: at the layer gates and the update's gate, or at the first pipeline message
+     * when the move shares the communicator). */
     notice(R, "reconfigured", "epoch=%llu mode=migrate step=%llu stage=%d replica=%d sent=%llu "
            "recv=%llu replayed=%llu seconds=%.6f stall=%.6f wait=%.6f connect=%.6f "
-           "reshape=%.6f transfer=%.6f commit=%.6f fresh=%zu deferred=%.6f prewarmed=%zu",
+           "reshape=%.6f transfer=%.6f commit=%.6f fresh=%zu deferred=%.6f waited=%.6f "
+           "prewarmed=%zu",
            (unsigned long long)n->epoch, (unsigned long long)n->step, n->stage, n->replica,
            (unsigned long long)n->sent, (unsigned long long)n->recv,
            (unsigned long long)n->replayed, n->seconds, n->stall, n->wait, n->connect,
-           n->reshape, n->transfer, n->commit, n->fresh, n->deferred, n->prewarmed);
+           n->reshape, n->transfer, n->commit, n->fresh, n->deferred, n->waited, n->prewarmed);
 }
 
 static int defer_buf(void *userdata, const struct mig_xfer *x, bool send, float **ret) {
@@ -520,7 +526,9 @@ static int defer_settle(struct runner *R) {
     struct deferbg *d = &R->df;
     if (!d->running)
         return 0;
+    double t = st_now();
     pthread_join(d->th, NULL);
+    d->waited += st_now() - t;
     int r = d->result;
     if (R->eng) {
         worker_engine_set_gate(R->eng, NULL, NULL, NULL);
@@ -529,13 +537,15 @@ static int defer_settle(struct runner *R) {
     if (r >= 0) {
         uint64_t sent = 0, recv = 0;
         mig_comm_stats(d->comm, &sent, &recv);
-        d->note.sent = sent - d->sent0;
-        d->note.recv = recv - d->recv0;
+        d->note.sent += sent - d->sent0;
+        d->note.recv += recv - d->recv0;
         d->note.deferred = d->t_end - d->t0;
+        d->note.waited = d->waited;
         tell_reconfigured(R, &d->note);
     } else {
-        notice(R, "reconfig-failed", "epoch=%llu the transfers after the boundary: %s",
-               (unsigned long long)d->note.epoch, st_strerror(r));
+        notice(R, "reconfig-failed", "epoch=%llu the transfers after the boundary%s: %s",
+               (unsigned long long)d->note.epoch, d->comm == R->move ? " (move channel)" : "",
+               st_strerror(r));
     }
     defer_free(R);
     return r;
@@ -558,11 +568,13 @@ static int defer_gate(void *userdata) {
 static int defer_layer_gate(void *userdata, int layer) {
     struct runner *R = userdata;
     struct deferbg *d = &R->df;
+    double t = st_now();
     pthread_mutex_lock(&d->lock);
     while (d->params_below <= layer && !atomic_load(&d->finished))
         pthread_cond_wait(&d->cond, &d->lock);
     bool in = d->params_below > layer;
     pthread_mutex_unlock(&d->lock);
+    d->waited += st_now() - t;
     return in ? 0 : defer_settle(R);
 }
 
@@ -589,6 +601,7 @@ static void drop_state(struct runner *R) {
     peer_side_drop(R);
     R->eng = worker_engine_free(R->eng);
     R->comm = mig_comm_free(R->comm);
+    R->move = mig_comm_free(R->move);
 }
 
 /* After a failed step or reconfiguration: closes our connections (the peers fail fast too)
@@ -599,6 +612,7 @@ static void fail_state(struct runner *R) {
     peer_side_drop(R);
     R->failed = true;
     R->comm = mig_comm_free(R->comm);
+    R->move = mig_comm_free(R->move);
     R->eng = worker_engine_free(R->eng);
 }
 
@@ -805,6 +819,7 @@ static int apply_fresh(struct runner *R, const Spottrain__V1__Command *cmd, cons
     TRY_GOTO(peer_side_set(R, cmd->epoch, &lay, (int)cf->stage, (int)cf->replica, cf->peers,
                            cf->n_peers, &cf->data_plane_secret, cf->data_plane_tls), r, out);
     R->eng = eng;
+    R->move = mig_comm_free(R->move);
     R->comm = comm;
     eng = NULL;
     comm = NULL;
@@ -925,6 +940,27 @@ static int xfers_build(const Spottrain__V1__Migrate *m, struct peerlist pl, int 
     return 0;
 }
 
+/* Payload bytes a and b (NULL: none) sent and received so far, together. */
+static void comm_bytes(struct mig_comm *a, struct mig_comm *b, uint64_t *sent, uint64_t *recv) {
+    uint64_t s = 0, r = 0;
+    *sent = *recv = 0;
+    mig_comm_stats(a, sent, recv);
+    if (b) {
+        mig_comm_stats(b, &s, &r);
+        *sent += s;
+        *recv += r;
+    }
+}
+
+/* Whether the migration's new epoch is a pipeline: a position of a stage after the first
+ * among its peers (send-only participants have stage 0xffffffff). */
+static bool into_pipeline(struct peerlist pl) {
+    for (size_t i = 0; i < pl.n; i++)
+        if (pl.p[i]->stage != UINT32_MAX && pl.p[i]->stage > 0)
+            return true;
+    return false;
+}
+
 /* mode=migrate at the boundary: reshape (or create) the engine on the migration's comm, move
  * the transfers, commit. cfg is NULL for a send-only participant. A peer restore
  * (Migrate.peer_copy_epoch) creates the engine and fills it from pg, our generation of the
@@ -934,7 +970,7 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
                          const struct worker_peer_gen *pg) {
     const Spottrain__V1__Migrate *m = mig->migrate;
     bool restore = m->peer_copy_epoch > 0;
-    struct mig_comm *comm = NULL;
+    struct mig_comm *comm = NULL, *move = NULL;
     struct mig_xfer *x = NULL, *xd = NULL;
     bool *fc = NULL;
     size_t nx = 0;
@@ -996,6 +1032,16 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
     TRY_GOTO(comm_build(R, mig->epoch, pl.p, pl.n, secret, tls,
                         R->cfg.timeout + (early ? R->cfg.reconfig_timeout : 0), &comm, &rank),
              r, out);
+    /* Into a pipeline, the new epoch's first step sends its messages on the communicator while
+     * the state still moves after the boundary: the move gets a channel of its own, so the
+     * step waits only for what it reads (the layer gate, the update's gate) rather than for
+     * every byte of the move at its first message. Every participant decides alike, from the
+     * Migrate alone, and all of them build it (a collective), those that move nothing too. */
+    if (m->defer_moments && !restore && pl.n > 1 && into_pipeline(pl) && !R->cfg.shared_move) {
+        int mrank;
+        TRY_GOTO(comm_build(R, mig->epoch | MIG_EPOCH_MOVE, pl.p, pl.n, secret, tls,
+                            R->cfg.timeout, &move, &mrank), r, out);
+    }
     double t_comm = st_now();
     if (created) {
         TRY_GOTO(worker_engine_attach(R->eng, comm), r, out);
@@ -1051,14 +1097,15 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
         nx = 0;
     }
     /* The figures are the transport's: payload bytes that crossed the wire in this epoch's
-     * communicator, not the transfer list's sum. */
-    mig_comm_stats(comm, &wsent0, &wrecv0);
+     * communicator (and its move channel), not the transfer list's sum. */
+    comm_bytes(comm, move, &wsent0, &wrecv0);
     double t_reshape = st_now();
     TRY_GOTO(mig_execute(comm, x, nx, xfer_buf, &b, &st), r, out);
     struct bufctx bd = {R->eng, reshaped, xd, NULL, false, NULL};
+    struct mig_comm *mc = move ? move : comm; /* what the state after the boundary moves on */
     if (nd > 0 && !cfg) {
         /* We leave: nothing to overlap with, so the second batch runs here. */
-        TRY_GOTO(mig_execute(comm, xd, nd, xfer_buf, &bd, NULL), r, out);
+        TRY_GOTO(mig_execute(mc, xd, nd, xfer_buf, &bd, NULL), r, out);
     } else if (nd > 0 || (reshaped && m->defer_moments)) {
         /* Our buffers now, while the old view is the reshape's: the commit below makes it the
          * engine's held old buffers, which the thread then reads. */
@@ -1075,9 +1122,9 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
         d->params_below = 0;
         xd = NULL;
         d->eng = reshaped ? R->eng : NULL;
-        d->comm = comm;
-        d->sent0 = wsent0;
-        d->recv0 = wrecv0;
+        d->comm = mc;
+        comm_bytes(comm, move, &wsent, &wrecv); /* the thread counts its own */
+        mig_comm_stats(mc, &d->sent0, &d->recv0);
         d->t0 = st_now();
         atomic_store(&d->finished, false);
         if (reshaped)
@@ -1085,16 +1132,19 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
         if (pthread_create(&d->th, NULL, defer_main, d) == 0) {
             d->running = true;
             worker_engine_set_gate(R->eng, defer_gate, defer_layer_gate, R);
+            /* On a channel of its own the move does not hold up the pipeline's messages. */
+            worker_engine_gate_messages(R->eng, mc == comm);
         } else {
             (void)worker_engine_copy_kept_moments(R->eng);
             worker_engine_hold_old(R->eng, false);
-            r = mig_execute(comm, d->x, d->n, defer_buf, d, NULL);
+            r = mig_execute(mc, d->x, d->n, defer_buf, d, NULL);
             defer_free(R);
             if (r < 0)
                 goto out;
         }
     }
-    mig_comm_stats(comm, &wsent, &wrecv);
+    if (!R->df.running)
+        comm_bytes(comm, move, &wsent, &wrecv);
     double t_xfer = st_now();
     if (reshaped)
         TRY_GOTO(worker_engine_reshape_commit(R->eng), r, out);
@@ -1113,6 +1163,9 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
     R->comm = mig_comm_free(R->comm);
     R->comm = comm; /* a send-only worker keeps it open too: its peers may still be reading */
     comm = NULL;
+    R->move = mig_comm_free(R->move);
+    R->move = move; /* the same; the thread, if any, runs on it */
+    move = NULL;
     if (!cfg) {
         R->eng = worker_engine_free(R->eng); /* gave everything away: now a spare */
         if (!R->noticed)
@@ -1175,6 +1228,7 @@ out:
         fail_state(R);
         R->epoch = mig->epoch;
     }
+    mig_comm_free(move);
     mig_comm_free(comm);
     st_free(x);
     st_free(xd);

@@ -104,11 +104,14 @@ static int backward(struct worker_engine *e, int m, float **ret_din) {
     return 0;
 }
 
-/* Every pipeline message goes through here: a migration's second batch (the moments after
- * the boundary) still moving on the same communicator must end first, so the gate runs
- * before the step's first message; with pp 1 there is none, and the update's gate waits. */
+/* Every pipeline message goes through here: a migration's state after the boundary still
+ * moving on the same communicator must end first, so the gate runs before the step's first
+ * message; with pp 1 there is none, and the update's gate waits. A move on a channel of its
+ * own (worker_engine_gate_messages) leaves the messages free: the layer gate and the update's
+ * gate wait for what the step reads. */
 static int p2p(struct worker_engine *e, struct mig_op *ops, size_t n) {
-    TRY(worker__gate(e));
+    if (e->gate_messages)
+        TRY(worker__gate(e));
     return mig_batch(e->cur.comm, ops, n);
 }
 

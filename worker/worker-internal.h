@@ -99,6 +99,7 @@ struct worker_engine {
     worker_engine_gate_fn *gate; /* called once before the next step's first comm or update */
     worker_engine_layer_gate_fn *layer_gate; /* before a forward reads a layer, until gate */
     void *gate_userdata;
+    bool gate_messages; /* pipeline messages call gate (worker_engine_gate_messages) */
 };
 
 /* engine.c: calls and clears e->gate and e->layer_gate, if any (worker_engine_set_gate). */

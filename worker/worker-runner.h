@@ -63,6 +63,12 @@ struct worker_runner_config {
                                          SIGKILLs itself once its state is sent, before it
                                          tells anyone, as a VM deleted the moment its worker
                                          acknowledges (SPOTTRAIN_TEST_LEAVE_KILLED=1) */
+    bool shared_move;                 /* benches: a migration into a pipeline moves its state
+                                         after the boundary on the main communicator, as
+                                         before the move channel, and the first pipeline
+                                         message waits for all of it
+                                         (SPOTTRAIN_TEST_SHARED_MOVE=1; every worker of the
+                                         job must agree) */
     worker_notice_poll_fn *poll_notice; /* NULL = no cloud notices */
     void *notice_userdata;
     worker_state_left_fn *state_left;   /* NULL = nothing to tell */

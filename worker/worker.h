@@ -187,15 +187,20 @@ int worker_engine_position_bytes(const struct worker_train_config *cfg,
  * parameters and optimizer moments of the new position (and reading the old one's) on another
  * thread when the new epoch's first step starts. The gate is called once, by the next step,
  * before the step first uses the communicator or the moments: with pp 1 after the forward and
- * backward passes, which touch neither; with a pipeline at its first send or receive. It
- * waits for that move; a negative return fails the step with it. The layer gate, until the
- * gate is called or cleared, is called by every forward pass before it first reads a layer's
- * parameters (layer 0 also before the last stage's head reads its tied copy of wte), and
- * waits for those. NULL clears both. */
+ * backward passes, which touch neither; with a pipeline at its first send or receive, unless
+ * worker_engine_gate_messages() said the move runs on a channel of its own (then at the
+ * update). It waits for that move; a negative return fails the step with it. The layer gate,
+ * until the gate is called or cleared, is called by every forward pass before it first reads
+ * a layer's parameters (layer 0 also before the last stage's head reads its tied copy of
+ * wte), and waits for those. NULL clears both. Setting a gate makes messages wait again. */
 typedef int worker_engine_gate_fn(void *userdata);
 typedef int worker_engine_layer_gate_fn(void *userdata, int layer);
 void worker_engine_set_gate(struct worker_engine *e, worker_engine_gate_fn *fn,
                             worker_engine_layer_gate_fn *layer_fn, void *userdata);
+/* Whether the step's pipeline messages call the gate (true, the default: the move shares their
+ * communicator, whose streams carry one thing at a time) or leave it to the update (false: the
+ * move has a channel of its own, MIG_EPOCH_MOVE). */
+void worker_engine_gate_messages(struct worker_engine *e, bool wait);
 /* While held, a committed reshape keeps its old buffers (the sends of such a move read them)
  * instead of releasing them after the next worker_engine_ready or step; releasing lets them
  * go. A reshape_begin while held is -EBUSY. */

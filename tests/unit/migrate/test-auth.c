@@ -568,6 +568,9 @@ static int test_wrong_epoch_rank_truncated(void) {
     h.flags = 0; /* claims to hold no secret */
     ASSERT_OK(refused_hello(ep, &h, 64, false, -EACCES, "hello without a secret", 5));
     h = hello_for(5, 0, 1, 2);
+    h.flags = 1 | 4 | 8; /* keyed, for the side channel and the move channel at once */
+    ASSERT_OK(refused_hello(ep, &h, 64, false, -EPROTO, "hello names two channels", 5));
+    h = hello_for(5, 0, 1, 2);
     ASSERT_OK(refused_hello(ep, &h, 40, true, 0, "truncated hello", 5));
     h.version = 1; /* protocol 1: magic, epoch and ranks right, nothing to prove */
     ASSERT_OK(refused_hello(ep, &h, 32, false, -EACCES,
@@ -575,7 +578,7 @@ static int test_wrong_epoch_rank_truncated(void) {
     /* An older epoch is a slow genuine peer, not a stranger: answered, not recorded. */
     h = hello_for(4, 0, 1, 2);
     ASSERT_OK(refused_hello(ep, &h, 64, false, -ESTALE, NULL, 0));
-    ASSERT_EQ(mig_endpoint_auth_failure_total(ep), 6);
+    ASSERT_EQ(mig_endpoint_auth_failure_total(ep), 7);
     mig_endpoint_free(ep);
     return 0;
 }

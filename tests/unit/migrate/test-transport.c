@@ -884,6 +884,75 @@ static int test_shut(void) {
     return 0;
 }
 
+/* ---- the move channel (MIG_EPOCH_MOVE) ---------------------------------------------- */
+
+/* The three channels of epoch 2 side by side: a 16 MiB ring moves on the move channel on a
+ * thread (a migration's state after the boundary) while this thread sums on the main comm (the
+ * first step's messages) and then rings on the side channel (a peer copy); each comm counts
+ * only its own bytes. An older epoch's move channel is stale; once the coordinator moved on,
+ * a move channel of the epoch it left is abandoned (it is built at that epoch's boundary,
+ * like the main comm), while that epoch's side channel still builds. */
+static int move_rank(int rank, int n, struct mig_endpoint *ep, const char *const *addrs,
+                     void *arg) {
+    (void)arg;
+    struct mig_comm *c, *move, *side, *old = NULL, *late = NULL;
+    struct mig_auth auth;
+    memset(&auth, 0, sizeof(auth));
+    memset(auth.key, 0x5c, sizeof(auth.key));
+    snprintf(auth.job_id, sizeof(auth.job_id), "move-test");
+    RCHECK_R(mig_comm_new_auth("tcp", ep, 2, rank, n, addrs, &auth, TMO, &c), 0);
+    RCHECK_R(mig_comm_new_auth("tcp", ep, 2 | MIG_EPOCH_MOVE, rank, n, addrs, &auth, TMO, &move),
+             0);
+    RCHECK_R(mig_comm_epoch(move), 2);
+    struct side_job j = {move, rank, n, 16u << 20, -1};
+    pthread_t th;
+    RCHECK_R(pthread_create(&th, NULL, side_ring, &j), 0);
+    for (int k = 0; k < 20; k++) {
+        float v[4096];
+        for (size_t i = 0; i < ST_ARRAY_SIZE(v); i++)
+            v[i] = (float)(rank + 1);
+        int all[RU_MAX];
+        for (int i = 0; i < n; i++)
+            all[i] = i;
+        RCHECK_R(mig_allreduce(c, all, n, v, ST_ARRAY_SIZE(v), MIG_F32), 0);
+        RCHECK(v[0] == (float)(n * (n + 1) / 2) && v[4095] == v[0]);
+    }
+    pthread_join(th, NULL);
+    RCHECK_R(j.rc, 0);
+    RCHECK_R(mig_comm_new_auth("tcp", ep, 2 | MIG_EPOCH_SIDE, rank, n, addrs, &auth, TMO, &side),
+             0);
+    struct side_job js = {side, rank, n, 1u << 20, -1};
+    side_ring(&js);
+    RCHECK_R(js.rc, 0);
+    uint64_t sent = 0, recvd = 0;
+    mig_comm_stats(c, &sent, &recvd);
+    RCHECK(sent < (1u << 20));
+    mig_comm_stats(move, &sent, &recvd);
+    RCHECK_R(sent, 16u << 20);
+    RCHECK_R(recvd, 16u << 20);
+    mig_comm_stats(side, &sent, &recvd);
+    RCHECK_R(sent, 1u << 20);
+    RCHECK_R(mig_comm_new_auth("tcp", ep, 1 | MIG_EPOCH_MOVE, rank, n, addrs, &auth, TMO, &old),
+             -ESTALE);
+    mig_endpoint_abandon(ep, 3);
+    RCHECK_R(mig_comm_new_auth("tcp", ep, 2 | MIG_EPOCH_MOVE, rank, n, addrs, &auth, TMO,
+                               &late), -ECANCELED);
+    RCHECK_R(mig_barrier(c, (int[]){0, 1, 2}, n), 0);
+    mig_comm_free(side);
+    mig_comm_free(move);
+    mig_comm_free(c);
+    return 0;
+}
+
+static int test_move_channel(void) {
+    ASSERT_EQ(run_ok(3, move_rank, NULL), 0);
+    struct mig_comm *c = NULL;
+    ASSERT_ERR(mig_comm_new("tcp", NULL, 1 | MIG_EPOCH_SIDE | MIG_EPOCH_MOVE, 0, 1, NULL, 1.0, &c),
+               -EINVAL);
+    ASSERT_ERR(mig_comm_new("nccl", NULL, 1 | MIG_EPOCH_MOVE, 0, 1, NULL, 1.0, &c), -EOPNOTSUPP);
+    return 0;
+}
+
 static int test_side_channel(void) {
     ASSERT_EQ(run_ok(3, side_rank, NULL), 0);
     /* not on another transport */
@@ -896,4 +965,5 @@ static int test_side_channel(void) {
 TEST_MAIN(TEST(test_p2p), TEST(test_set_timeout), TEST(test_batch_all_to_all), TEST(test_collectives),
           TEST(test_dead_peer), TEST(test_no_show), TEST(test_epochs), TEST(test_size_mismatch),
           TEST(test_bad_args), TEST(test_alloc_failures), TEST(test_abandon),
-          TEST(test_side_channel), TEST(test_side_cut), TEST(test_shut))
+          TEST(test_side_channel), TEST(test_side_cut), TEST(test_shut),
+          TEST(test_move_channel))
