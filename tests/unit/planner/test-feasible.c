@@ -170,6 +170,28 @@ static int test_issue_dp64(void) {
     return 0;
 }
 
+/* The job's cost model follows fleet.data_plane.overlap: with the state moved at the boundary
+ * a live migration's stall is charged all of it (plan_cost.meas_at_boundary). */
+static int test_overlap(void) {
+    struct st_spec *s = st_malloc(sizeof(*s));
+    struct plan_cost *on = NULL, *off = NULL;
+    ASSERT_TRUE(s);
+    base_spec(s, 4, 2, 16, 8);
+    s->fleet.data_plane_overlap = true;
+    int r_on = plan_cost_from_spec(s, &on);
+    s->fleet.data_plane_overlap = false;
+    int r_off = plan_cost_from_spec(s, &off);
+    st_free(s);
+    ASSERT_OK(r_on);
+    ASSERT_OK(r_off);
+    bool at_on = on->meas_at_boundary, at_off = off->meas_at_boundary;
+    plan_cost_free(on);
+    plan_cost_free(off);
+    ASSERT_FALSE(at_on);
+    ASSERT_TRUE(at_off);
+    return 0;
+}
+
 /* Each rule named when it alone is what stands in the way. */
 static int test_each_rule(void) {
     struct st_spec *s = st_malloc(sizeof(*s));
@@ -264,4 +286,4 @@ static int test_errors(void) {
 }
 
 TEST_MAIN(TEST(test_brute_force), TEST(test_issue_dp64), TEST(test_each_rule),
-          TEST(test_errors))
+          TEST(test_errors), TEST(test_overlap))
