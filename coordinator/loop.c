@@ -115,6 +115,7 @@ struct reconf {
     uint64_t first_lease;      /* the new epoch's first lease, sent with a migration's
                                 * orders (Migrate.lease); 0 = none */
     double pred_step, pred_stall, pred_stall_dp; /* the fitted model's, when ordered */
+    struct plan_fit_move move; /* what the plan moves, as the cost model charges it */
     bool calibrated;           /* pred_step had measured steps behind it */
     bool stall_calibrated;     /* pred_stall had measured migrations behind it */
     char why[240];             /* the event line's tail: why this epoch (set at the order) */
@@ -672,14 +673,19 @@ static void cm_epoch_end(struct coord_loop *L) {
     pthread_mutex_unlock(&L->lock);
 }
 
-/* Predictions for the reconfiguration being ordered (L->rc), before anything of it ran. */
-static void cm_predict(struct coord_loop *L, int dp, int pp, uint64_t bytes) {
+/* Predictions for the reconfiguration being ordered (L->rc), before anything of it ran: the
+ * planner's own charge of what plan moves (NULL: nothing; its weights stall the first step,
+ * its moments only beyond it). */
+static void cm_predict(struct coord_loop *L, int dp, int pp, const struct plan_migration *plan) {
+    double all = plan ? (double)plan->bytes_moved : 0;
+    double w = plan ? (double)plan->bytes_kind[PLAN_STATE_PARAM] : 0;
+    L->rc.move = (struct plan_fit_move){w, all - w, dp, pp};
     L->rc.pred_step = L->fit ? plan_fit_step_seconds(L->fit, dp, pp) : 0;
     L->rc.calibrated = L->fit_has_steps;
-    L->rc.pred_stall = L->fit ? plan_fit_stall_seconds(L->fit, meas_kind(L->rc.rec.kind),
-                                                       (double)bytes) : 0;
-    L->rc.pred_stall_dp = L->fit ? plan_fit_stall_seconds(L->fit, PLAN_MEAS_DP_RESHARD,
-                                                          (double)bytes) : 0;
+    L->rc.pred_stall = L->fit ? plan_fit_stall_seconds_move(L->fit, meas_kind(L->rc.rec.kind),
+                                                            &L->rc.move) : 0;
+    L->rc.pred_stall_dp = L->fit ? plan_fit_stall_seconds_move(L->fit, PLAN_MEAS_DP_RESHARD,
+                                                               &L->rc.move) : 0;
     L->rc.stall_calibrated = L->fit && plan_fit_stall_calibrated(L->fit);
 }
 
@@ -716,10 +722,18 @@ static void cm_migration(struct coord_loop *L, struct coord_loop_record *rec, ui
     rec->stall_predicted = L->rc.pred_stall;
     rec->stall_calibrated = L->rc.stall_calibrated;
     cm_count(L, rec->kind, L->rc.pred_stall, L->rc.stall_calibrated, stall);
-    (void)plan_fit_observe_migration(L->fit, meas_kind(rec->kind), (double)moved, stall);
+    /* The wire's bytes, split as the plan's were. */
+    struct plan_fit_move mv = L->rc.move;
+    double planned = mv.weight_bytes + mv.moment_bytes;
+    double scale = planned > 0 ? (double)moved / planned : 0;
+    mv.weight_bytes *= scale;
+    mv.moment_bytes *= scale;
+    if (planned <= 0)
+        mv.weight_bytes = (double)moved;
+    (void)plan_fit_observe_move(L->fit, meas_kind(rec->kind), &mv, stall);
     if (rec->dp_reshard) {
         cm_count(L, COORD_LOOP_DP_RESHARD, L->rc.pred_stall_dp, L->rc.stall_calibrated, stall);
-        (void)plan_fit_observe_migration(L->fit, PLAN_MEAS_DP_RESHARD, (double)moved, stall);
+        (void)plan_fit_observe_move(L->fit, PLAN_MEAS_DP_RESHARD, &mv, stall);
     }
 }
 
@@ -1012,7 +1026,7 @@ static int start_restore(struct coord_loop *L, const struct wv *v, size_t nv, do
      * first epoch is neither (not counted). */
     L->rc.rec.kind = dir[0] ? COORD_LOOP_RESTORE : COORD_LOOP_FRESH_START;
     L->rc.rec.steps_replayed = restore && L->max_step > step ? L->max_step - step : 0;
-    cm_predict(L, dp, pp, 0);
+    cm_predict(L, dp, pp, NULL);
     L->rc.rec.from_dp = L->epoch ? L->dp : 0;
     L->rc.rec.from_pp = L->epoch ? L->pp : 0;
     L->rc.rec.to_dp = dp;
@@ -1309,7 +1323,7 @@ static int start_migrate(struct coord_loop *L, const struct wv *v, size_t nv, in
     L->rc.rec.to_dp = dp;
     L->rc.rec.to_pp = pp;
     L->rc.rec.planned_bytes = plan->bytes_moved;
-    cm_predict(L, dp, pp, plan->bytes_moved);
+    cm_predict(L, dp, pp, plan);
     snprintf(L->rc.rec.reason, sizeof(L->rc.rec.reason), "%s", reason);
     L->rc.epoch = epoch;
     L->rc.at = at;

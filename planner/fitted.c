@@ -191,24 +191,51 @@ int plan_fit_start_costs(struct plan_fit *f, const struct plan_measured_costs *m
     return 0;
 }
 
-double plan_fit_stall_seconds(const struct plan_fit *f, enum plan_meas_kind k, double bytes) {
-    if (!f || (unsigned)k >= PLAN_MEAS_NKINDS || bytes < 0)
+static bool move_ok(const struct plan_fit_move *mv) {
+    return mv && mv->weight_bytes >= 0 && mv->moment_bytes >= 0 && isfinite(mv->weight_bytes) &&
+           isfinite(mv->moment_bytes);
+}
+
+/* Seconds of mv's transfers in the stall (measured.c's moved_ms, on the fit's figures). */
+static double move_s(const struct plan_fit *f, enum plan_meas_kind k,
+                     const struct plan_fit_move *mv) {
+    double w = mv->weight_bytes / rate(f, k), m = mv->moment_bytes / rate(f, k);
+    if (f->cost->meas_at_boundary)
+        return w + m;
+    return w + ST_MAX(0.0, m - plan_fit_step_seconds(f, mv->dp, mv->pp));
+}
+
+double plan_fit_stall_seconds_move(const struct plan_fit *f, enum plan_meas_kind k,
+                                   const struct plan_fit_move *mv) {
+    if (!f || (unsigned)k >= PLAN_MEAS_NKINDS || !move_ok(mv))
         return -1;
     double fx = fixed_s(f, k);
     if (fx < 0) /* nothing measured yet: the prior's own estimate of a live move */
         fx = plan__intra_ms(f->cost, 1, 1) / 1000;
-    return fx + bytes / rate(f, k);
+    return fx + move_s(f, k, mv);
+}
+
+int plan_fit_observe_move(struct plan_fit *f, enum plan_meas_kind k,
+                          const struct plan_fit_move *mv, double stall_s) {
+    if (!f || (unsigned)k >= PLAN_MEAS_NKINDS || !move_ok(mv) || !(stall_s >= 0) ||
+        !isfinite(stall_s))
+        return -EINVAL;
+    f->fixed[k][f->nfixed[k] % FIT_MIG_WINDOW] = ST_MAX(0.0, stall_s - move_s(f, k, mv));
+    f->nfixed[k]++;
+    f->dirty = true;
+    return 0;
+}
+
+/* The bytes all in the stall: weights, as far as the charge goes. */
+double plan_fit_stall_seconds(const struct plan_fit *f, enum plan_meas_kind k, double bytes) {
+    struct plan_fit_move mv = {bytes, 0, 1, 1};
+    return plan_fit_stall_seconds_move(f, k, &mv);
 }
 
 int plan_fit_observe_migration(struct plan_fit *f, enum plan_meas_kind k, double bytes,
                                double stall_s) {
-    if (!f || (unsigned)k >= PLAN_MEAS_NKINDS || !(bytes >= 0) || !(stall_s >= 0) ||
-        !isfinite(stall_s) || !isfinite(bytes))
-        return -EINVAL;
-    f->fixed[k][f->nfixed[k] % FIT_MIG_WINDOW] = ST_MAX(0.0, stall_s - bytes / rate(f, k));
-    f->nfixed[k]++;
-    f->dirty = true;
-    return 0;
+    struct plan_fit_move mv = {bytes, 0, 1, 1};
+    return plan_fit_observe_move(f, k, &mv, stall_s);
 }
 
 bool plan_fit_stall_calibrated(const struct plan_fit *f) {

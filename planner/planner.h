@@ -259,13 +259,27 @@ double plan_fit_step_seconds(const struct plan_fit *f, int dp, int pp);
 /* One step of `seconds` measured on shape (dp, pp). Returns 0, or -EINVAL (unknown shape,
  * seconds not > 0). */
 int plan_fit_observe_step(struct plan_fit *f, int dp, int pp, double seconds);
-/* Predicted stall of a live migration of kind k moving `bytes`: the kind's fitted fixed part
- * (the largest fitted one for a kind not seen; the prior's intra-stage estimate before any)
- * plus the bytes over the prior's link. -1 on bad arguments. */
+/* Predicted stall of a live migration of kind k moving `bytes`, all of them in the stall: the
+ * kind's fitted fixed part (the largest fitted one for a kind not seen; the prior's
+ * intra-stage estimate before any) plus the bytes over the prior's link. -1 on bad
+ * arguments. */
 double plan_fit_stall_seconds(const struct plan_fit *f, enum plan_meas_kind k, double bytes);
-/* One migration measured. Returns 0 or -EINVAL. */
+/* One migration measured whose bytes all stalled. Returns 0 or -EINVAL. */
 int plan_fit_observe_migration(struct plan_fit *f, enum plan_meas_kind k, double bytes,
                                double stall_s);
+/* What a live migration moves, as the cost model charges it (docs/planner.md): its weights
+ * stall the new shape's first step; its optimizer moments move while that step runs, and
+ * only what outlasts the step stalls (all of it when the prior's meas_at_boundary is set). */
+struct plan_fit_move {
+    double weight_bytes, moment_bytes;
+    int dp, pp; /* the new shape, whose predicted step hides the moments */
+};
+/* plan_fit_stall_seconds and plan_fit_observe_migration for such a move: the prediction the
+ * planner's own charge makes, and the fixed part the measurement leaves beside it. */
+double plan_fit_stall_seconds_move(const struct plan_fit *f, enum plan_meas_kind k,
+                                   const struct plan_fit_move *mv);
+int plan_fit_observe_move(struct plan_fit *f, enum plan_meas_kind k,
+                          const struct plan_fit_move *mv, double stall_s);
 /* Whether stall predictions rest on measurements: a migration of this job was observed, or a
  * cost file (plan_fit_start_costs) gave every kind's figures. False with the prior alone. */
 bool plan_fit_stall_calibrated(const struct plan_fit *f);

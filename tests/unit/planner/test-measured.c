@@ -397,6 +397,47 @@ static int test_margins(void) {
     return 0;
 }
 
+/* The fit's stall of a move as the planner charges it: the weights stall, the moments only for
+ * what outlasts the new shape's predicted step (1.6 s for 1x2 in the prior), all of it with
+ * meas_at_boundary; and an observed stall leaves as the fixed part what that charge does not
+ * explain. */
+static int test_fit_move(void) {
+    struct plan_cost *c = small_cost();
+    struct plan_fit *f = NULL, *fb = NULL;
+    ASSERT_TRUE(c != NULL);
+    ASSERT_OK(plan_fit_new(c, &f));
+    c->meas_at_boundary = true;
+    ASSERT_OK(plan_fit_new(c, &fb));
+    double link = 1048576 / 1.4e-3; /* the prior's p2p rate, bytes/s */
+    double base = plan_fit_stall_seconds(f, PLAN_MEAS_PIPELINE, 0);
+    ASSERT_TRUE(base > 0);
+    struct plan_fit_move hidden = {0.5 * link, 1.0 * link, 1, 2};
+    struct plan_fit_move outlasts = {0, 2.0 * link, 1, 2};
+    ASSERT_NEAR(plan_fit_stall_seconds_move(f, PLAN_MEAS_PIPELINE, &hidden), base + 0.5, 1e-9, 0);
+    ASSERT_NEAR(plan_fit_stall_seconds_move(f, PLAN_MEAS_PIPELINE, &outlasts), base + 0.4, 1e-9,
+                0);
+    ASSERT_NEAR(plan_fit_stall_seconds_move(fb, PLAN_MEAS_PIPELINE, &hidden), base + 1.5, 1e-9,
+                0);
+    /* all bytes in the stall: the older call */
+    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_MEAS_PIPELINE, 1.5 * link), base + 1.5, 1e-9, 0);
+    ASSERT_OK(plan_fit_observe_move(f, PLAN_MEAS_PIPELINE, &hidden, 0.75));
+    ASSERT_NEAR(plan_fit_stall_seconds_move(f, PLAN_MEAS_PIPELINE, &hidden), 0.75, 1e-9, 0);
+    ASSERT_NEAR(plan_fit_stall_seconds_move(f, PLAN_MEAS_PIPELINE, &outlasts), 0.65, 1e-9, 0);
+    /* a stall shorter than the charge leaves no fixed part */
+    ASSERT_OK(plan_fit_observe_move(f, PLAN_MEAS_INTRA, &hidden, 0.1));
+    ASSERT_NEAR(plan_fit_stall_seconds_move(f, PLAN_MEAS_INTRA, &hidden), 0.5, 1e-9, 0);
+    struct plan_fit_move bad = {-1, 0, 1, 2}, nan = {0, NAN, 1, 2};
+    ASSERT_NEAR(plan_fit_stall_seconds_move(f, PLAN_MEAS_PIPELINE, &bad), -1, 0, 0);
+    ASSERT_NEAR(plan_fit_stall_seconds_move(f, PLAN_MEAS_PIPELINE, NULL), -1, 0, 0);
+    ASSERT_ERR(plan_fit_observe_move(f, PLAN_MEAS_PIPELINE, &nan, 0.1), -EINVAL);
+    ASSERT_ERR(plan_fit_observe_move(f, PLAN_MEAS_NKINDS, &hidden, 0.1), -EINVAL);
+    ASSERT_ERR(plan_fit_observe_move(f, PLAN_MEAS_PIPELINE, &hidden, -1), -EINVAL);
+    plan_fit_free(f);
+    plan_fit_free(fb);
+    plan_cost_free(c);
+    return 0;
+}
+
 TEST_MAIN(TEST(test_parse), TEST(test_parse_errors), TEST(test_charging),
-          TEST(test_trace_fraction), TEST(test_fit), TEST(test_fit_start_costs),
-          TEST(test_margins))
+          TEST(test_trace_fraction), TEST(test_fit), TEST(test_fit_move),
+          TEST(test_fit_start_costs), TEST(test_margins))
