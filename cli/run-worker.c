@@ -309,10 +309,11 @@ int cli_worker_job_main(int argc, char **argv) {
     /* Faults for scripts/chaos and the tests: this worker's Nth checkpoint layer write fails
      * with ENOSPC; its Nth sending migration transfer, or its Nth peer-copy exchange, is cut
      * mid-message. */
-    long enospc, cut, pcut;
+    long enospc, cut, pcut, mcut;
     if (fault_count("SPOTTRAIN_TEST_CKPT_ENOSPC", &enospc) < 0 ||
         fault_count("SPOTTRAIN_TEST_DATA_CUT", &cut) < 0 ||
-        fault_count("SPOTTRAIN_TEST_PEER_CUT", &pcut) < 0) {
+        fault_count("SPOTTRAIN_TEST_PEER_CUT", &pcut) < 0 ||
+        fault_count("SPOTTRAIN_TEST_MOVE_CUT", &mcut) < 0) {
         ret = CLI_EXIT_INPUT;
         goto out;
     }
@@ -322,6 +323,8 @@ int cli_worker_job_main(int argc, char **argv) {
         mig_execute_cut_at(cut);
     if (pcut >= 0)
         mig_side_cut_at(pcut);
+    if (mcut >= 0)
+        mig_move_cut_at(mcut);
     if (!cloud && getenv("AWS_EC2_METADATA_SERVICE_ENDPOINT"))
         cloud = "aws";
     if (cloud) {

@@ -63,6 +63,11 @@ void mig_execute_cut_at(long n);
  * SPOTTRAIN_TEST_PEER_CUT=N, so that a test can fail a peer-copy exchange. 0 disarms. */
 void mig_side_cut_at(long n);
 
+/* The same for the epochs' move channels (MIG_EPOCH_MOVE): the nth batch from now in which
+ * this rank sends on a move channel, counted when it starts, has its first send cut
+ * mid-message. A worker arms it from SPOTTRAIN_TEST_MOVE_CUT=N. 0 disarms. */
+void mig_move_cut_at(long n);
+
 /* Bytes rank `rank` sends (ret_send) and receives (ret_recv) under x[0..n). Either pointer may
  * be NULL. Lets a caller compare a plan's bytes with what mig_execute reports. */
 void mig_xfer_bytes(const struct mig_xfer *x, size_t n, int rank, uint64_t *ret_send,

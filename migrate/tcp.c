@@ -1559,25 +1559,43 @@ static int cut_mid_message(struct mig_comm *c, struct conn *cn, const struct mig
     return -ECONNRESET;
 }
 
-/* mig_side_cut_at(): sending side-channel batches counted since it was armed, and the one cut. */
-static long side_cut_at, side_cut_count;
+/* mig_side_cut_at() and mig_move_cut_at(): the batch to cut, and the sending batches on such
+ * channels counted since it was armed (when each starts, whether or not it gets to send). */
+struct cut_hook {
+    long at, count;
+};
+static struct cut_hook side_cut, move_cut;
+
+static void cut_arm(struct cut_hook *h, long n) {
+    __atomic_store_n(&h->count, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&h->at, n, __ATOMIC_SEQ_CST);
+}
+
+/* Whether the batch ops[0..n) is the one h cuts. */
+static bool cut_due(struct cut_hook *h, const struct mig_op *ops, size_t n) {
+    if (__atomic_load_n(&h->at, __ATOMIC_SEQ_CST) <= 0)
+        return false;
+    bool sends = false;
+    for (size_t i = 0; i < n && !sends; i++)
+        sends = ops[i].send;
+    return sends && __atomic_add_fetch(&h->count, 1, __ATOMIC_SEQ_CST) ==
+                        __atomic_load_n(&h->at, __ATOMIC_SEQ_CST);
+}
 
 /* See migrate-execute.h. */
 void mig_side_cut_at(long n) {
-    __atomic_store_n(&side_cut_count, 0, __ATOMIC_SEQ_CST);
-    __atomic_store_n(&side_cut_at, n, __ATOMIC_SEQ_CST);
+    cut_arm(&side_cut, n);
+}
+
+/* See migrate-execute.h. */
+void mig_move_cut_at(long n) {
+    cut_arm(&move_cut, n);
 }
 
 static int tcp_batch(struct mig_comm *c, struct mig_op *ops, size_t n) {
     struct tcp_comm *tc = c->priv;
-    if (c->side && __atomic_load_n(&side_cut_at, __ATOMIC_SEQ_CST) > 0) {
-        bool sends = false;
-        for (size_t i = 0; i < n && !sends; i++)
-            sends = ops[i].send;
-        if (sends && __atomic_add_fetch(&side_cut_count, 1, __ATOMIC_SEQ_CST) ==
-                         __atomic_load_n(&side_cut_at, __ATOMIC_SEQ_CST))
-            c->cut_send = true; /* the first send below is cut */
-    }
+    if ((c->side && cut_due(&side_cut, ops, n)) || (c->move && cut_due(&move_cut, ops, n)))
+        c->cut_send = true; /* the first send below is cut */
     int nr = c->nranks, r = 0;
     size_t left = 0;
 

@@ -519,6 +519,14 @@ static void defer_free(struct runner *R) {
     memset(d, 0, offsetof(struct deferbg, note));
 }
 
+/* The move after the boundary failed (r): says so, naming its channel. */
+static void defer_failed(struct runner *R, int r) {
+    struct deferbg *d = &R->df;
+    notice(R, "reconfig-failed", "epoch=%llu the transfers after the boundary%s: %s",
+           (unsigned long long)d->note.epoch, d->comm == R->move ? " (move channel)" : "",
+           st_strerror(r));
+}
+
 /* Waits for the moments in flight, if any: tells the migration's "reconfigured" once they
  * are in, or "reconfig-failed". Returns the batch's result (0 when none ran). The engine
  * lets the old position's buffers go either way. */
@@ -543,9 +551,7 @@ static int defer_settle(struct runner *R) {
         d->note.waited = d->waited;
         tell_reconfigured(R, &d->note);
     } else {
-        notice(R, "reconfig-failed", "epoch=%llu the transfers after the boundary%s: %s",
-               (unsigned long long)d->note.epoch, d->comm == R->move ? " (move channel)" : "",
-               st_strerror(r));
+        defer_failed(R, r);
     }
     defer_free(R);
     return r;
@@ -578,8 +584,10 @@ static int defer_layer_gate(void *userdata, int layer) {
     return in ? 0 : defer_settle(R);
 }
 
-/* Ends the moments in flight without a word: cancelled (the batch ends within 50 ms), joined,
- * forgotten. Before the engine or the communicator they use goes. */
+/* Ends the moments in flight: cancelled (the batch ends within 50 ms), joined, forgotten.
+ * Before the engine or the communicator they use goes. A batch that had failed by itself
+ * first (a cut, a lost peer) is still told, as defer_settle tells it: the step may have failed
+ * first on what the same fault did to the communicator. */
 static void defer_cancel(struct runner *R) {
     struct deferbg *d = &R->df;
     if (!d->running)
@@ -587,6 +595,8 @@ static void defer_cancel(struct runner *R) {
     if (!atomic_load(&d->finished))
         mig_comm_cancel(d->comm);
     pthread_join(d->th, NULL);
+    if (d->result < 0 && d->result != -ECANCELED)
+        defer_failed(R, d->result);
     if (R->eng) {
         worker_engine_set_gate(R->eng, NULL, NULL, NULL);
         worker_engine_hold_old(R->eng, false);

@@ -1082,17 +1082,18 @@ def test_moments_cut():
         epoch2_restored(s, steps)
         same(ref, save)
         # Into a pipeline (2x1 -> 1x2) the state moves on a channel of its own, beside the
-        # first step's pipeline messages: both workers hold every parameter, so their first
-        # sending batch is the moments' (SPOTTRAIN_TEST_DATA_CUT=1), cut on that channel; the
-        # same restore and bits. A worker may hear of it first as its pipeline peer's closed
-        # stream (its step fails, and its move ends without a word): at least one says so.
+        # first step's pipeline messages: both workers hold every parameter, so each sends one
+        # batch there, the moments', and its first send is cut (SPOTTRAIN_TEST_MOVE_CUT=1,
+        # counted when the batch starts). Whichever worker's cut comes first fails both moves
+        # (it ends its streams) and both steps: one or both say their move failed, always on
+        # the move channel; exactly one peer restore, and the same bits.
         shutil.rmtree(os.path.join(d, "state"), ignore_errors=True)
         shutil.rmtree(os.path.join(d, "ckpt"), ignore_errors=True)
         save, s = run(d, job, steps, ["--shapes", "0:2x1,20:1x2"],
-                      env={"SPOTTRAIN_TEST_DATA_CUT": "1"})
+                      env={"SPOTTRAIN_TEST_MOVE_CUT": "1"})
         failed = journal_notices(os.path.join(d, "state"), "reconfig-failed %")
         after = [m for m in failed if "the transfers after the boundary" in m]
-        check(1 <= len(after) <= 2 and all("epoch=2 the transfers after the boundary (move "
+        check(len(after) in (1, 2) and all("epoch=2 the transfers after the boundary (move "
                                            "channel): " in m for m in after),
               "the moves on epoch 2's move channel failed: %r" % failed)
         epoch2_restored(s, steps)
