@@ -96,6 +96,7 @@ struct deferbg {
     bool running;              /* th was started and not joined */
     _Atomic bool finished;     /* th is done (set by th, under lock) */
     struct mig_comm *comm;     /* what the move runs on: R->move, or else R->comm */
+    bool own;                  /* comm is the epoch's move channel */
     struct worker_engine *eng; /* a reshaped engine whose kept moments the thread copies */
     size_t copied;             /* bytes of those */
     struct mig_xfer *x;        /* the parameters' transfers by layer, then the moments' */
@@ -523,7 +524,7 @@ static void defer_free(struct runner *R) {
 static void defer_failed(struct runner *R, int r) {
     struct deferbg *d = &R->df;
     notice(R, "reconfig-failed", "epoch=%llu the transfers after the boundary%s: %s",
-           (unsigned long long)d->note.epoch, d->comm == R->move ? " (move channel)" : "",
+           (unsigned long long)d->note.epoch, d->own ? " (move channel)" : "",
            st_strerror(r));
 }
 
@@ -1133,6 +1134,7 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
         xd = NULL;
         d->eng = reshaped ? R->eng : NULL;
         d->comm = mc;
+        d->own = mc != comm;
         comm_bytes(comm, move, &wsent, &wrecv); /* the thread counts its own */
         mig_comm_stats(mc, &d->sent0, &d->recv0);
         d->t0 = st_now();
