@@ -676,6 +676,20 @@ static int sums_on(struct mig_comm *c, int rank, int n) {
     return 0;
 }
 
+/* A ring of `bytes` on `ring` (our rank there: ring_rank) on a thread, while this thread sums
+ * on main: two channels of one epoch at once. 0, or 1 after printing the failed check. */
+static int ring_beside_sums(struct mig_comm *ring, int ring_rank, struct mig_comm *main,
+                            int rank, int n, size_t bytes) {
+    struct side_job j = {ring, ring_rank, n, bytes, -1};
+    pthread_t th;
+    RCHECK_R(pthread_create(&th, NULL, side_ring, &j), 0);
+    int r = sums_on(main, rank, n);
+    pthread_join(th, NULL);
+    RCHECK_R(r, 0);
+    RCHECK_R(j.rc, 0);
+    return 0;
+}
+
 static int side_rank(int rank, int n, struct mig_endpoint *ep, const char *const *addrs,
                      void *arg) {
     (void)arg;
@@ -696,12 +710,7 @@ static int side_rank(int rank, int n, struct mig_endpoint *ep, const char *const
     RCHECK_R(mig_comm_epoch(side), 2);
     RCHECK_R(mig_comm_rank(side), srank);
     /* the side ring on a thread while this one sums on the main comm, both on loopback */
-    struct side_job j = {side, srank, n, 8u << 20, -1};
-    pthread_t th;
-    RCHECK_R(pthread_create(&th, NULL, side_ring, &j), 0);
-    RCHECK_R(sums_on(c, rank, n), 0);
-    pthread_join(th, NULL);
-    RCHECK_R(j.rc, 0);
+    RCHECK_R(ring_beside_sums(side, srank, c, rank, n, 8u << 20), 0);
     uint64_t sent = 0, recvd = 0;
     mig_comm_stats(c, &sent, &recvd);
     RCHECK(sent < (1u << 20)); /* the main comm's figures count only its own messages */
@@ -910,12 +919,7 @@ static int move_rank(int rank, int n, struct mig_endpoint *ep, const char *const
     RCHECK_R(mig_comm_new_auth("tcp", ep, 2 | MIG_EPOCH_MOVE, rank, n, addrs, &auth, TMO, &move),
              0);
     RCHECK_R(mig_comm_epoch(move), 2);
-    struct side_job j = {move, rank, n, 16u << 20, -1};
-    pthread_t th;
-    RCHECK_R(pthread_create(&th, NULL, side_ring, &j), 0);
-    RCHECK_R(sums_on(c, rank, n), 0);
-    pthread_join(th, NULL);
-    RCHECK_R(j.rc, 0);
+    RCHECK_R(ring_beside_sums(move, rank, c, rank, n, 16u << 20), 0);
     RCHECK_R(mig_comm_new_auth("tcp", ep, 2 | MIG_EPOCH_SIDE, rank, n, addrs, &auth, TMO, &side),
              0);
     struct side_job js = {side, rank, n, 1u << 20, -1};
