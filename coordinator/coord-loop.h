@@ -123,6 +123,11 @@ struct coord_loop_record {
     struct coord_loop_stall_parts {
         double wait, connect, reshape, transfer, commit, rest;
     } parts;
+    /* The state that moved after the boundary (fleet.data_plane.overlap), the longest over
+     * the positioned workers: how long its move took beside the first step, and how long
+     * training waited for it (layer gates, the update, or the first pipeline message when
+     * the move shared the communicator). 0 where nothing moved after the boundary. */
+    double after_seconds, after_waited;
     bool ok;
     char reason[96];
 };

@@ -55,6 +55,7 @@ struct lworker {
     uint64_t prewarmed;        /* bytes its new engine took from its warm reserve */
     double stall;
     struct coord_loop_stall_parts parts; /* of that reconfiguration; rest unused */
+    double deferred, waited;   /* its state after the boundary: moving, waited for */
     uint64_t fail_epoch;       /* epoch in which a step or checkpoint failed; 0 = none */
     double step_seconds;       /* wall seconds of its last step */
     uint64_t meas_epoch;       /* epoch whose step times it reports are measured (the first
@@ -374,6 +375,8 @@ static void hook_report(struct coord *c, const struct coord_report *r, void *use
             w->parts = (struct coord_loop_stall_parts){kv_f(d, "wait"), kv_f(d, "connect"),
                                                        kv_f(d, "reshape"), kv_f(d, "transfer"),
                                                        kv_f(d, "commit"), 0.0};
+            w->deferred = kv_f(d, "deferred");
+            w->waited = kv_f(d, "waited");
         } else if (!strcmp(k, "reconfig-failed")) {
             w->reconf_fail_epoch = kv_u64(d, "epoch");
         } else if (!strcmp(k, "step-failed")) {
@@ -1536,6 +1539,7 @@ static void stall_done(struct coord_loop *L, const struct wv *v, size_t nv) {
     double span = 0, span_new = 0, steps[64];
     struct coord_loop_stall_parts parts = {0}, parts_new = {0};
     uint64_t prewarmed = 0;
+    double after = 0, waited = 0;
     int ns = 0;
     bool all = true, old = false;
     pthread_mutex_lock(&L->lock);
@@ -1564,6 +1568,8 @@ static void stall_done(struct coord_loop *L, const struct wv *v, size_t nv) {
         if (w->reconf_epoch == L->epoch) {
             wp = w->parts;
             prewarmed += w->prewarmed;
+            after = ST_MAX(after, w->deferred);
+            waited = ST_MAX(waited, w->waited);
         }
         if (was) {
             if (!old || w->first_seconds > span) {
@@ -1594,6 +1600,8 @@ static void stall_done(struct coord_loop *L, const struct wv *v, size_t nv) {
         S->records[i].stall_seconds = stall;
     S->records[L->stall_rec].parts = parts;
     S->records[L->stall_rec].prewarmed_bytes = prewarmed;
+    S->records[L->stall_rec].after_seconds = after;
+    S->records[L->stall_rec].after_waited = waited;
     struct coord_loop_record *rec = &S->records[L->stall_rec];
     st_log(ST_LOG_INFO, "loop", "Epoch %" PRIu64 " stall %.6f s: wait %.6f connect %.6f "
            "reshape %.6f transfer %.6f commit %.6f rest %.6f (first-step median %.6f)",

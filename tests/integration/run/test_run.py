@@ -227,6 +227,14 @@ def forced(name, shapes, trace, want, steps=30, fleet_extra="", model=TINY, shar
         check(s["finished"] and s["steps"] == steps, "job did not finish: %s" % s)
         check_bytes(s)
         check_parts(s)
+        # The state moved after the boundary (fleet.data_plane.overlap, on by default): every
+        # live migration that moved bytes says how long that took and how long training
+        # waited for it.
+        for r in kinds(s):
+            a = r.get("after_boundary", {})
+            check(set(a) == {"seconds", "waited_seconds"} and a["waited_seconds"] >= 0 and
+                  (a["seconds"] > 0 or r["moved_bytes"] == 0),
+                  "epoch %d: after_boundary %r" % (r["epoch"], a))
         got = [r["kind"] for r in kinds(s)]
         for k in want:
             check(k in got or (k == "dp-resharding" and any(r["dp_resharding"]
