@@ -428,6 +428,21 @@ struct mig_endpoint *mig_endpoint_free(struct mig_endpoint *ep) {
     return NULL;
 }
 
+/* The channel of a comm, and the one a hello's flags name: 0 main, 1 side, 2 move; -1 for a
+ * hello that names two. */
+static int chan(const struct mig_comm *c) {
+    return c->side ? 1 : c->move ? 2 : 0;
+}
+
+static int hello_chan(uint32_t flags) {
+    switch (flags & HELLO_CHANNEL) {
+    case 0: return 0;
+    case HELLO_SIDE: return 1;
+    case HELLO_MOVE: return 2;
+    default: return -1;
+    }
+}
+
 static void pending_drop(struct mig_endpoint *ep, size_t i) {
     close(ep->pend[i].fd);
     ep->pend[i] = ep->pend[--ep->npend];
@@ -497,26 +512,15 @@ static void listener_progress(struct mig_endpoint *ep) {
             pending_refuse(ep, i, -EACCES, "unauthenticated hello (old protocol version)");
             continue;
         }
+        if (hello && p->got >= HELLO_SIZE && hello_chan(get32(p->hello + 28)) < 0) {
+            pending_refuse(ep, i, -EPROTO, "hello names two channels");
+            continue;
+        }
         if (hello && p->got < HELLO_SIZE && now - p->since > HELLO_WAIT_S) {
             pending_refuse(ep, i, 0, p->got > 0 ? "truncated hello" : NULL);
             continue;
         }
         i++;
-    }
-}
-
-/* The channel of a comm, and the one a hello's flags name: 0 main, 1 side, 2 move; -1 for a
- * hello that names two. */
-static int chan(const struct mig_comm *c) {
-    return c->side ? 1 : c->move ? 2 : 0;
-}
-
-static int hello_chan(uint32_t flags) {
-    switch (flags & HELLO_CHANNEL) {
-    case 0: return 0;
-    case HELLO_SIDE: return 1;
-    case HELLO_MOVE: return 2;
-    default: return -1;
     }
 }
 
@@ -530,11 +534,7 @@ static void pending_sort_idle(struct mig_endpoint *ep) {
             continue;
         }
         uint64_t epoch = get64(p->hello + 8);
-        int ch = hello_chan(get32(p->hello + 28));
-        if (ch < 0) {
-            pending_refuse(ep, i, -EPROTO, "hello names two channels");
-            continue;
-        }
+        int ch = hello_chan(get32(p->hello + 28)); /* >= 0: listener_progress refused two */
         if (ep->built[ch] && epoch <= ep->built_epoch[ch] &&
             epoch >= ep->min_epoch) {
             pending_refuse(ep, i, -EACCES, "hello for an epoch already built");
@@ -1042,10 +1042,6 @@ static int pending_scan(struct mig_comm *c, struct tcp_comm *tc) {
             continue;
         }
         uint64_t epoch = get64(p->hello + 8);
-        if (hello_chan(get32(p->hello + 28)) < 0) {
-            pending_refuse(ep, i, -EPROTO, "hello names two channels");
-            continue;
-        }
         if (epoch < c->epoch) {
             st_log(ST_LOG_INFO, "migrate", "rank %d: rejecting rank %u of stale epoch %llu "
                    "(now %llu)", c->rank, get32(p->hello + 16), (unsigned long long)epoch,

@@ -199,10 +199,9 @@ static bool move_ok(const struct plan_fit_move *mv) {
 /* Seconds of mv's transfers in the stall (measured.c's moved_ms, on the fit's figures). */
 static double move_s(const struct plan_fit *f, enum plan_meas_kind k,
                      const struct plan_fit_move *mv) {
-    double w = mv->weight_bytes / rate(f, k), m = mv->moment_bytes / rate(f, k);
-    if (f->cost->meas_at_boundary)
-        return w + m;
-    return w + ST_MAX(0.0, m - plan_fit_step_seconds(f, mv->dp, mv->pp));
+    return plan__after_boundary(f->cost->meas_at_boundary, mv->weight_bytes / rate(f, k),
+                                mv->moment_bytes / rate(f, k),
+                                plan_fit_step_seconds(f, mv->dp, mv->pp));
 }
 
 double plan_fit_stall_seconds_move(const struct plan_fit *f, enum plan_meas_kind k,

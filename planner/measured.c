@@ -139,11 +139,13 @@ static double moved_ms(const struct plan_cost *c, enum plan_meas_kind k, int dp,
     double weights = params * (c->state_bytes_per_param - OPT_BYTES_PER_PARAM);
     double w_ms = weights / c->meas_bytes_per_ms[k];
     double m_ms = moment_params * OPT_BYTES_PER_PARAM / c->meas_bytes_per_ms[k] + reshard;
-    if (c->meas_at_boundary)
-        return w_ms + m_ms;
     double thr = plan_cost_throughput(c, dp, pp);
     double step_ms = thr > 0 ? 1000.0 * c->global_batch / thr : 0;
-    return w_ms + ST_MAX(0.0, m_ms - step_ms);
+    return plan__after_boundary(c->meas_at_boundary, w_ms, m_ms, step_ms);
+}
+
+double plan__after_boundary(bool at_boundary, double weights, double moments, double step) {
+    return weights + (at_boundary ? moments : ST_MAX(0.0, moments - step));
 }
 
 /* A dp change re-cuts every stage's ZeRO-1 optimizer shards: each replica receives at most

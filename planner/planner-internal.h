@@ -19,6 +19,10 @@ double plan__prob_intra(int N, int D, int P, int n_out, int dp);
  * replicas, an inter-stage move whose receivers each take at most stage_params parameters,
  * and a repartition from (D, P) with dead[r * P + s] marking lost grid instances (NULL: none). */
 double plan__measured_intra_ms(const struct plan_cost *c, int D, int dp, int pp);
+/* The part of a live migration's transfers that stalls training (docs/planner.md): the
+ * weights' time whole, the moments' only beyond the new shape's step; all of it when the
+ * state moves at the boundary. Any one unit of time. */
+double plan__after_boundary(bool at_boundary, double weights, double moments, double step);
 double plan__measured_inter_ms(const struct plan_cost *c, int D, int dp, int pp,
                                double stage_params);
 double plan__measured_repartition_ms(const struct plan_cost *c, int D, int P, const char *dead,
