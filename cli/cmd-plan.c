@@ -184,7 +184,7 @@ static int print_json(const struct plan_situation_file *s, const struct plan_dec
     } else {
         json_t *m = json_object(), *asg = json_array(), *sp = json_array(), *lv = json_array();
         json_t *xs = json_array(), *ps = json_array();
-        json_object_set_new(m, "class", json_string(plan_mig_class_name(p->cls)));
+        json_object_set_new(m, "class", json_string(plan_reconf_name(p->cls)));
         json_object_set_new(m, "bytes_moved", json_integer((json_int_t)p->bytes_moved));
         json_object_set_new(m, "bytes_kept", json_integer((json_int_t)p->bytes_kept));
         json_object_set_new(m, "bytes_needed", json_integer((json_int_t)p->bytes_needed));
@@ -270,7 +270,7 @@ static void print_text(const struct plan_situation_file *s, const struct plan_de
     }
     printf("migration: %s, %zu transfers between %zu pairs, moved %s (param %s, adam %s), "
            "kept in place %s of %s\n",
-           plan_mig_class_name(p->cls), p->ntransfers, p->npairs,
+           plan_reconf_name(p->cls), p->ntransfers, p->npairs,
            human_bytes(p->bytes_moved, b1, sizeof(b1)),
            human_bytes(p->bytes_kind[PLAN_STATE_PARAM], b2, sizeof(b2)),
            human_bytes(p->bytes_kind[PLAN_STATE_ADAM_M] + p->bytes_kind[PLAN_STATE_ADAM_V], b3,
@@ -380,7 +380,7 @@ static int bench_one(const struct bench_case *bc, int reps) {
         fprintf(stderr, "spottrain plan: bench case '%s': %s\n", bc->name, err);
     } else {
         printf("%-34s %5u %-12s %9zu %10.1f %9.2f %9.2f %11.2f\n", bc->name, nw,
-               plan_mig_class_name(p->cls), p->ntransfers, (double)p->bytes_moved / 1e9,
+               plan_reconf_name(p->cls), p->ntransfers, (double)p->bytes_moved / 1e9,
                best * 1e3, cbest * 1e3, vbest * 1e3);
     }
     plan_migration_free(p);

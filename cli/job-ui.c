@@ -466,15 +466,15 @@ void cli_job_print_summary(FILE *f, const struct coord_loop_summary *s,
     for (int i = 0; i < s->nshapes; i++)
         fprintf(f, " %dx%d %.1fs", s->shapes[i].dp, s->shapes[i].pp, s->shapes[i].seconds);
     fprintf(f, "\n  migrations         kind                 count        bytes   stall s\n");
-    for (int k = 0; k < COORD_LOOP_NKINDS; k++)
+    for (int k = 0; k < PLAN_RECONF_NKINDS; k++)
         fprintf(f, "                     %-20s %5" PRIu64 " %12" PRIu64 " %9.3f\n",
-                coord_loop_kind_name((enum coord_loop_kind)k), s->count[k], s->bytes[k],
+                plan_reconf_name((enum plan_reconf)k), s->count[k], s->bytes[k],
                 s->stall[k]);
     fprintf(f, "  restores           %" PRIu64 " from peer copies, %" PRIu64 " from checkpoints "
                "(%" PRIu64 " and %" PRIu64 " steps replayed), %" PRIu64 " fresh starts\n",
-            s->count[COORD_LOOP_PEER_RESTORE], s->count[COORD_LOOP_RESTORE],
-            s->replayed[COORD_LOOP_PEER_RESTORE], s->replayed[COORD_LOOP_RESTORE],
-            s->count[COORD_LOOP_FRESH_START]);
+            s->count[PLAN_RECONF_PEER_RESTORE], s->count[PLAN_RECONF_CHECKPOINT_RESTORE],
+            s->replayed[PLAN_RECONF_PEER_RESTORE], s->replayed[PLAN_RECONF_CHECKPOINT_RESTORE],
+            s->count[PLAN_RECONF_FRESH_START]);
     fprintf(f, "  notices relayed    %d (read by workers from their cloud's metadata endpoint)\n",
             s->worker_notices);
     fprintf(f, "  fleet              %.3f instance-hours: $%.2f spot, $%.2f on demand "
@@ -511,7 +511,7 @@ int cli_job_write_json(const char *path, const struct coord_loop_summary *s) {
         fprintf(f, "  \"first_loss\": %.9g,\n", s->first_loss);
     fprintf(f, "  \"wall_seconds\": %.3f,\n  \"checkpoint_restores\": %" PRIu64 ",\n"
                "  \"worker_notices\": %d,\n",
-            s->wall_seconds, s->count[COORD_LOOP_RESTORE], s->worker_notices);
+            s->wall_seconds, s->count[PLAN_RECONF_CHECKPOINT_RESTORE], s->worker_notices);
     if (s->error[0]) {
         json_t *js = json_string(s->error);
         char *e = js ? json_dumps(js, JSON_ENCODE_ANY) : NULL;
@@ -524,12 +524,12 @@ int cli_job_write_json(const char *path, const struct coord_loop_summary *s) {
         free(e); /* jansson allocates with malloc */
     }
     fprintf(f, "  \"migrations\": {");
-    for (int k = 0; k < COORD_LOOP_NKINDS; k++) {
+    for (int k = 0; k < PLAN_RECONF_NKINDS; k++) {
         fprintf(f, "%s\n    \"%s\": {\"count\": %" PRIu64 ", \"bytes\": %" PRIu64
                    ", \"stall_seconds\": %.6f", k ? "," : "",
-                coord_loop_kind_name((enum coord_loop_kind)k), s->count[k], s->bytes[k],
+                plan_reconf_name((enum plan_reconf)k), s->count[k], s->bytes[k],
                 s->stall[k]);
-        if (k == COORD_LOOP_RESTORE || k == COORD_LOOP_PEER_RESTORE || k == COORD_LOOP_FRESH_START)
+        if (k >= PLAN_RECONF_CHECKPOINT_RESTORE) /* the recoveries */
             fprintf(f, ", \"steps_replayed\": %" PRIu64, s->replayed[k]);
         fprintf(f, "}");
     }
@@ -548,7 +548,7 @@ int cli_job_write_json(const char *path, const struct coord_loop_summary *s) {
                    "\"seconds\": %.6f, \"stall_parts\": {\"wait\": %.6f, \"connect\": %.6f, "
                    "\"reshape\": %.6f, \"transfer\": %.6f, \"commit\": %.6f, \"rest\": %.6f}, "
                    "\"after_boundary\": {\"seconds\": %.6f, \"waited_seconds\": %.6f}, ",
-                i ? "," : "", r->epoch, r->at_step, coord_loop_kind_name(r->kind),
+                i ? "," : "", r->epoch, r->at_step, plan_reconf_name(r->kind),
                 r->dp_reshard ? "true" : "false", r->from_dp, r->from_pp, r->to_dp, r->to_pp,
                 r->planned_bytes, r->moved_bytes, r->prewarmed_bytes, r->stall_seconds,
                 r->steps_replayed, r->seconds,
@@ -572,9 +572,9 @@ int cli_job_write_json(const char *path, const struct coord_loop_summary *s) {
     else
         fprintf(f, ", \"step_seconds_predicted\": null, \"step_seconds_measured\": null");
     fprintf(f, ", \"kinds\": {");
-    for (int k = 0; k < COORD_LOOP_RESTORE; k++) {
+    for (int k = 0; k < PLAN_RECONF_NLIVE; k++) {
         fprintf(f, "%s\n    \"%s\": {\"count\": %" PRIu64, k ? "," : "",
-                coord_loop_kind_name((enum coord_loop_kind)k), cm->n[k]);
+                plan_reconf_name((enum plan_reconf)k), cm->n[k]);
         stall_means(f, cm->n[k], cm->stall_predicted[k], cm->stall_measured[k]);
         /* Apart: those predicted with measured migrations behind them. */
         fprintf(f, ", \"calibrated\": {\"count\": %" PRIu64, cm->cal_n[k]);

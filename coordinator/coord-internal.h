@@ -54,6 +54,13 @@ struct coord_outgoing {
     size_t len;
 };
 
+
+/* /metrics and REST count each reconfiguration once, by what it was (the plan's class or the
+ * restore's kind). dp-resharding, which the run summary counts apart as well, is not one of
+ * them. */
+static inline bool coord__counted_kind(enum plan_reconf k) {
+    return (unsigned)k < PLAN_RECONF_NKINDS && k != PLAN_RECONF_DP_RESHARDING;
+}
 struct coord {
     uint32_t magic;
     struct coord_config cfg;
@@ -74,10 +81,10 @@ struct coord {
     struct coord_note *notes;
     size_t nnotes, capnotes;
 
-    /* metrics (memory only; the journal keeps the job's progress) */
-    uint64_t mig_count[COORD_MIG_NKINDS], mig_bytes[COORD_MIG_NKINDS];
-    double mig_stall[COORD_MIG_NKINDS];          /* seconds */
-    uint64_t mig_replayed[COORD_MIG_NKINDS];     /* steps trained again after a restore */
+    /* metrics (memory only; the journal keeps the job's progress), per coord__counted_kind() */
+    uint64_t mig_count[PLAN_RECONF_NKINDS], mig_bytes[PLAN_RECONF_NKINDS];
+    double mig_stall[PLAN_RECONF_NKINDS];      /* seconds */
+    uint64_t mig_replayed[PLAN_RECONF_NKINDS]; /* steps trained again after a restore */
     struct coord_cost_model cost_model;          /* coord_metrics_set_cost_model */
     double stall_total, predicted, actual, spend;
     double spot_price_live;      /* $/instance-hour the cloud answers now; 0 = none */

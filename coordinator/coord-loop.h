@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "common.h"
+#include "reconf.h" /* enum plan_reconf: what each reconfiguration was */
 
 struct coord;
 struct coord_hooks;
@@ -29,22 +30,6 @@ struct coord_loop;
 #define COORD_LOOP_MAX_FORCED 64
 #define COORD_LOOP_MAX_RECORDS 256
 #define COORD_LOOP_MAX_SHAPES 64
-
-/* Summary kinds: the planner's migration classes, then the recoveries from an unannounced
- * loss: from peers' in-memory copies, from the disk checkpoint, or from scratch (no copy and
- * no checkpoint: not a restore). dp resharding is counted apart (a migration that changes dp
- * is also one of the classes). */
-enum coord_loop_kind {
-    COORD_LOOP_INTRA = 0,
-    COORD_LOOP_INTER,
-    COORD_LOOP_PIPELINE,
-    COORD_LOOP_DP_RESHARD,
-    COORD_LOOP_RESTORE,        /* checkpoint-restore */
-    COORD_LOOP_PEER_RESTORE,
-    COORD_LOOP_FRESH_START,
-    COORD_LOOP_NKINDS
-};
-const char *coord_loop_kind_name(enum coord_loop_kind k);
 
 /* Finds the newest valid checkpoint under root: fills dir and *ret_step; returns 0, -ENOENT
  * when none is valid, or another negative errno. Injected by the caller (the coordinator does
@@ -99,7 +84,7 @@ struct coord_loop_config {
 /* One reconfiguration, as the summary lists it. */
 struct coord_loop_record {
     uint64_t epoch, at_step;
-    enum coord_loop_kind kind;     /* class (restores: COORD_LOOP_RESTORE) */
+    enum plan_reconf kind;         /* the plan's class, or the recovery's kind */
     bool dp_reshard;               /* dp changed */
     int from_dp, from_pp, to_dp, to_pp;
     uint64_t planned_bytes;        /* the plan's bytes_moved */
@@ -138,9 +123,9 @@ struct coord_loop_summary {
     double first_loss;             /* loss of the first step reported; NaN when unknown */
     double final_loss;             /* NaN when unknown */
     double wall_seconds;
-    uint64_t count[COORD_LOOP_NKINDS], bytes[COORD_LOOP_NKINDS];
-    double stall[COORD_LOOP_NKINDS];
-    uint64_t replayed[COORD_LOOP_NKINDS]; /* steps replayed (restore kinds) */
+    uint64_t count[PLAN_RECONF_NKINDS], bytes[PLAN_RECONF_NKINDS];
+    double stall[PLAN_RECONF_NKINDS];
+    uint64_t replayed[PLAN_RECONF_NKINDS]; /* steps replayed (restore kinds) */
     int nrecords;
     struct coord_loop_record records[COORD_LOOP_MAX_RECORDS];
     int nshapes;
@@ -162,10 +147,10 @@ struct coord_loop_summary {
     struct {
         uint64_t steps;
         double step_predicted, step_measured;   /* sums over those steps, seconds */
-        uint64_t n[COORD_LOOP_NKINDS];           /* live migrations per kind */
-        double stall_predicted[COORD_LOOP_NKINDS], stall_measured[COORD_LOOP_NKINDS]; /* sums */
-        uint64_t cal_n[COORD_LOOP_NKINDS];       /* of those, calibrated */
-        double cal_predicted[COORD_LOOP_NKINDS], cal_measured[COORD_LOOP_NKINDS];
+        uint64_t n[PLAN_RECONF_NLIVE];     /* live migrations per kind */
+        double stall_predicted[PLAN_RECONF_NLIVE], stall_measured[PLAN_RECONF_NLIVE]; /* sums */
+        uint64_t cal_n[PLAN_RECONF_NLIVE]; /* of those, calibrated */
+        double cal_predicted[PLAN_RECONF_NLIVE], cal_measured[PLAN_RECONF_NLIVE];
     } cost_model;
 };
 

@@ -31,6 +31,7 @@
 #include <stdint.h>
 
 #include "common.h" /* struct st_spec, ST_UUID_STR_LEN */
+#include "reconf.h" /* enum plan_reconf: the kinds /metrics and REST count */
 
 struct coord;
 
@@ -57,16 +58,6 @@ enum coord_job_state {
 /* Kinds of state a Migrate transfer moves (proto StateKind). */
 enum coord_state_kind { COORD_KIND_PARAM = 0, COORD_KIND_ADAM_M, COORD_KIND_ADAM_V };
 
-/* Migration kinds counted in /metrics (spottrain_migrations_total{kind=...}). */
-enum coord_migration_kind {
-    COORD_MIG_INTRA_STAGE = 0,
-    COORD_MIG_INTER_STAGE,
-    COORD_MIG_PIPELINE,
-    COORD_MIG_CHECKPOINT_RESTORE,
-    COORD_MIG_PEER_RESTORE,
-    COORD_MIG_FRESH_START,
-    COORD_MIG_NKINDS
-};
 
 /* One row of the worker table (a copy; the caller owns the array). */
 struct coord_worker {
@@ -312,7 +303,7 @@ void coord_planner_record(struct coord *c, const char *predictor,
  * "One meaning of stall"): bytes counted on the wire, its stall, and for a restore the steps
  * done before the loss that are trained again. Shown per kind in GET /v1/job "migrations" and
  * /metrics. A negative or non-finite stall is ignored (the call changes nothing). */
-void coord_metrics_add_migration(struct coord *c, enum coord_migration_kind kind,
+void coord_metrics_add_migration(struct coord *c, enum plan_reconf kind,
                                  uint64_t bytes, double stall_seconds, uint64_t steps_replayed);
 void coord_metrics_set_instances(struct coord *c, double predicted, double actual);
 /* The planner's cost model against what happened (planner/fitted.c), as sums whose means are
@@ -320,27 +311,19 @@ void coord_metrics_set_instances(struct coord *c, double predicted, double actua
  * measured (only steps whose prediction had measured steps behind it), and per kind of live
  * migration (dp-resharding counted apart too, as in the summary) the stall predicted when it
  * was ordered and the one measured. The loop sets the whole of it whenever it changes; GET
- * /v1/job "cost_model" and /metrics (spottrain_cost_model_*) show it. */
-enum coord_cost_kind {
-    COORD_COST_INTRA_STAGE = 0,
-    COORD_COST_INTER_STAGE,
-    COORD_COST_PIPELINE,
-    COORD_COST_DP_RESHARDING,
-    COORD_COST_NKINDS
-};
+ * /v1/job "cost_model" and /metrics (spottrain_cost_model_*) show it. The arrays are indexed
+ * by the live kinds of enum plan_reconf. */
 struct coord_cost_model {
     uint64_t steps;
     double step_predicted, step_measured;
-    uint64_t n[COORD_COST_NKINDS];
-    double stall_predicted[COORD_COST_NKINDS], stall_measured[COORD_COST_NKINDS];
+    uint64_t n[PLAN_RECONF_NLIVE];
+    double stall_predicted[PLAN_RECONF_NLIVE], stall_measured[PLAN_RECONF_NLIVE];
     /* The same over the migrations whose prediction rested on measured migrations (this
      * job's or a cost file's), not on the spec's prior alone. */
-    uint64_t cal_n[COORD_COST_NKINDS];
-    double cal_predicted[COORD_COST_NKINDS], cal_measured[COORD_COST_NKINDS];
+    uint64_t cal_n[PLAN_RECONF_NLIVE];
+    double cal_predicted[PLAN_RECONF_NLIVE], cal_measured[PLAN_RECONF_NLIVE];
 };
 void coord_metrics_set_cost_model(struct coord *c, const struct coord_cost_model *cm);
-/* "intra_stage", "inter_stage", "pipeline", "dp_resharding" (the labels of /metrics). */
-const char *coord_cost_kind_name(enum coord_cost_kind k);
 void coord_metrics_add_spend(struct coord *c, double dollars);
 /* The same for a fleet whose provider answers a live spot price (aws: DescribeSpotPriceHistory):
  * instance-hours at that $/instance-hour; the price shows in GET /v1/job spot_price_per_hour
@@ -365,7 +348,6 @@ int coord_token_read(const char *path, char *buf, size_t size, char *why, size_t
 
 const char *coord_worker_state_name(enum coord_worker_state s);
 const char *coord_job_state_name(enum coord_job_state s);
-const char *coord_migration_kind_name(enum coord_migration_kind k);
 
 #include "coord-loop.h" /* the planning loop (end-to-end issue) */
 #include "job.h"       /* the job driver: every command runs a job through it */

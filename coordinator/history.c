@@ -102,7 +102,7 @@ void coord__history_loss(struct coord_history *h, double now, uint64_t step, dou
 }
 
 void coord__history_migration(struct coord_history *h, double now, uint64_t epoch,
-                              uint64_t step, int dp, int pp, enum coord_migration_kind kind,
+                              uint64_t step, int dp, int pp, enum plan_reconf kind,
                               uint64_t bytes, double stall_seconds) {
     struct coord_hist_migration p = {now, epoch, step, dp, pp, kind, bytes, stall_seconds};
     series_offer(&h->migrations, &p);
@@ -145,7 +145,7 @@ json_t *coord__history_json(const struct coord_history *h, double now) {
         ok = append(migs, json_pack("{s:f, s:I, s:I, s:i, s:i, s:s, s:I, s:f}", "t", p->t,
                                     "epoch", (json_int_t)p->epoch, "step", (json_int_t)p->step,
                                     "dp", p->dp, "pp", p->pp, "kind",
-                                    coord_migration_kind_name(p->kind), "bytes",
+                                    plan_reconf_label(p->kind), "bytes",
                                     (json_int_t)p->bytes, "stall_seconds", p->stall_seconds));
     }
     for (size_t i = 0; ok && i < h->cost.n; i++) {

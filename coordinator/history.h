@@ -15,7 +15,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "coordinator.h" /* enum coord_migration_kind */
+#include "coordinator.h" /* enum plan_reconf */
 
 #define COORD_HISTORY_MAX 1024 /* points per series */
 
@@ -40,7 +40,7 @@ struct coord_hist_migration {
     double t;                  /* when it finished */
     uint64_t epoch, step;      /* the job's epoch and step then */
     int dp, pp;                /* the shape it produced */
-    enum coord_migration_kind kind;
+    enum plan_reconf kind;
     uint64_t bytes;
     double stall_seconds;
 };
@@ -82,7 +82,7 @@ void coord__history_shape(struct coord_history *h, double now, uint64_t epoch, i
 void coord__history_loss(struct coord_history *h, double now, uint64_t step, double loss,
                          double samples_per_second);
 void coord__history_migration(struct coord_history *h, double now, uint64_t epoch,
-                              uint64_t step, int dp, int pp, enum coord_migration_kind kind,
+                              uint64_t step, int dp, int pp, enum plan_reconf kind,
                               uint64_t bytes, double stall_seconds);
 void coord__history_cost(struct coord_history *h, double now, double spot_dollars,
                          double on_demand_dollars);

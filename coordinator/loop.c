@@ -228,13 +228,6 @@ static double trace_now(const struct coord_loop *L, double now) {
     return now - L->hold;
 }
 
-/* See coord-loop.h. */
-const char *coord_loop_kind_name(enum coord_loop_kind k) {
-    static const char *const n[] = {"intra-stage", "inter-stage", "pipeline", "dp-resharding",
-                                    "checkpoint-restore", "peer-restore", "fresh-start"};
-    return (unsigned)k < COORD_LOOP_NKINDS ? n[k] : "?";
-}
-
 static void set_event(struct coord_loop *L, const char *fmt, ...) ST_PRINTF(2, 3);
 static void set_event(struct coord_loop *L, const char *fmt, ...) {
     va_list ap;
@@ -271,8 +264,9 @@ static const char *fmt_bytes(char *buf, size_t size, uint64_t b) {
 }
 
 /* Whether an event names kind k "<kind> migration" (the live ones) or by itself. */
-static bool loop_kind_is_migration(enum coord_loop_kind k) {
-    return k == COORD_LOOP_INTRA || k == COORD_LOOP_INTER || k == COORD_LOOP_PIPELINE;
+static bool loop_kind_is_migration(enum plan_reconf k) {
+    return k == PLAN_RECONF_INTRA_STAGE || k == PLAN_RECONF_INTER_STAGE ||
+           k == PLAN_RECONF_PIPELINE;
 }
 
 /* Seconds of stall or writing: "3 ms" under a second, "1.64 s" above. */
@@ -594,11 +588,10 @@ static uint64_t forced_next(const struct coord_loop *L, uint64_t step) {
 
 /* ---- the fitted cost model: measured steps and migrations in, predictions out ---------- */
 
-static enum plan_meas_kind meas_kind(enum coord_loop_kind k) {
-    return k == COORD_LOOP_INTER      ? PLAN_MEAS_INTER
-           : k == COORD_LOOP_PIPELINE ? PLAN_MEAS_PIPELINE
-           : k == COORD_LOOP_DP_RESHARD ? PLAN_MEAS_DP_RESHARD
-                                        : PLAN_MEAS_INTRA;
+/* The live kind the fitted model keeps figures for (a restore's prediction, never compared,
+ * is made as for an intra-stage move). */
+static enum plan_reconf meas_kind(enum plan_reconf k) {
+    return (unsigned)k < PLAN_RECONF_NLIVE ? k : PLAN_RECONF_INTRA_STAGE;
 }
 
 /* The cost model decisions are taken on: the fitted one, unless the spec says
@@ -642,13 +635,7 @@ static void cm_publish(struct coord_loop *L) {
     cm.steps = s.cost_model.steps;
     cm.step_predicted = s.cost_model.step_predicted;
     cm.step_measured = s.cost_model.step_measured;
-    /* The loop's live kinds come first, in the same order. */
-    _Static_assert(COORD_LOOP_INTRA == (int)COORD_COST_INTRA_STAGE &&
-                   COORD_LOOP_INTER == (int)COORD_COST_INTER_STAGE &&
-                   COORD_LOOP_PIPELINE == (int)COORD_COST_PIPELINE &&
-                     COORD_LOOP_DP_RESHARD == (int)COORD_COST_DP_RESHARDING,
-                   "the loop's live kinds are the cost model's");
-    for (int k = 0; k < COORD_COST_NKINDS; k++) {
+    for (int k = 0; k < PLAN_RECONF_NLIVE; k++) {
         cm.n[k] = s.cost_model.n[k];
         cm.stall_predicted[k] = s.cost_model.stall_predicted[k];
         cm.stall_measured[k] = s.cost_model.stall_measured[k];
@@ -687,7 +674,7 @@ static void cm_predict(struct coord_loop *L, int dp, int pp, const struct plan_m
     L->rc.calibrated = L->fit_has_steps;
     L->rc.pred_stall = L->fit ? plan_fit_stall_seconds_move(L->fit, meas_kind(L->rc.rec.kind),
                                                             &L->rc.move) : 0;
-    L->rc.pred_stall_dp = L->fit ? plan_fit_stall_seconds_move(L->fit, PLAN_MEAS_DP_RESHARD,
+    L->rc.pred_stall_dp = L->fit ? plan_fit_stall_seconds_move(L->fit, PLAN_RECONF_DP_RESHARDING,
                                                                &L->rc.move) : 0;
     L->rc.stall_calibrated = L->fit && plan_fit_stall_calibrated(L->fit);
 }
@@ -720,7 +707,7 @@ static void cm_count(struct coord_loop *L, int k, double predicted, bool calibra
 /* A live migration finished: compare (in the summary and on its record) and learn. */
 static void cm_migration(struct coord_loop *L, struct coord_loop_record *rec, uint64_t moved,
                          double stall) {
-    if (!L->fit || rec->kind >= COORD_LOOP_RESTORE) /* live migrations only */
+    if (!L->fit || rec->kind >= PLAN_RECONF_CHECKPOINT_RESTORE) /* live migrations only */
         return;
     rec->stall_predicted = L->rc.pred_stall;
     rec->stall_calibrated = L->rc.stall_calibrated;
@@ -735,8 +722,8 @@ static void cm_migration(struct coord_loop *L, struct coord_loop_record *rec, ui
         mv.weight_bytes = (double)moved;
     (void)plan_fit_observe_move(L->fit, meas_kind(rec->kind), &mv, stall);
     if (rec->dp_reshard) {
-        cm_count(L, COORD_LOOP_DP_RESHARD, L->rc.pred_stall_dp, L->rc.stall_calibrated, stall);
-        (void)plan_fit_observe_move(L->fit, PLAN_MEAS_DP_RESHARD, &mv, stall);
+        cm_count(L, PLAN_RECONF_DP_RESHARDING, L->rc.pred_stall_dp, L->rc.stall_calibrated, stall);
+        (void)plan_fit_observe_move(L->fit, PLAN_RECONF_DP_RESHARDING, &mv, stall);
     }
 }
 
@@ -1027,7 +1014,7 @@ static int start_restore(struct coord_loop *L, const struct wv *v, size_t nv, do
     L->rc.rec.at_step = step;
     /* Without a checkpoint a "restore" starts from scratch: a fresh start, not a restore. The
      * first epoch is neither (not counted). */
-    L->rc.rec.kind = dir[0] ? COORD_LOOP_RESTORE : COORD_LOOP_FRESH_START;
+    L->rc.rec.kind = dir[0] ? PLAN_RECONF_CHECKPOINT_RESTORE : PLAN_RECONF_FRESH_START;
     L->rc.rec.steps_replayed = restore && L->max_step > step ? L->max_step - step : 0;
     cm_predict(L, dp, pp, NULL);
     L->rc.rec.from_dp = L->epoch ? L->dp : 0;
@@ -1257,7 +1244,7 @@ static int start_migrate(struct coord_loop *L, const struct wv *v, size_t nv, in
     epoch_setup(es, ps ? COORD_RECONF_PEER_RESTORE : COORD_RECONF_MIGRATE, split, pp, NULL);
     uint64_t epoch = 0;
     char rs[200];
-    snprintf(rs, sizeof(rs), "%s %s: %s", plan_mig_class_name(plan->cls),
+    snprintf(rs, sizeof(rs), "%s %s: %s", plan_reconf_name(plan->cls),
              ps ? "peer restore" : "migration", reason);
     double t_order = st_now();
     r = coord_configure_epoch(L->c, dp, pp, as, npos, es, at, rs, &epoch);
@@ -1311,14 +1298,14 @@ static int start_migrate(struct coord_loop *L, const struct wv *v, size_t nv, in
      * in its shape (counted when the reconfiguration ends). */
     if (ps)
         shape_time(L, now);
-    enum coord_loop_kind kind = plan->cls == PLAN_MIGCLASS_PIPELINE  ? COORD_LOOP_PIPELINE
-                                : plan->cls == PLAN_MIGCLASS_INTER_STAGE ? COORD_LOOP_INTER
-                                                                         : COORD_LOOP_INTRA;
+    /* A plan that moves nothing (same layout, every position kept) still rebuilds the
+     * communicators: counted as intra-stage. */
+    enum plan_reconf kind = plan->cls == PLAN_RECONF_NONE ? PLAN_RECONF_INTRA_STAGE : plan->cls;
     memset(&L->rc.rec, 0, sizeof(L->rc.rec));
     L->rc.rec.stall_predicted = -1; /* cm_migration sets a live migration's */
     L->rc.rec.epoch = epoch;
     L->rc.rec.at_step = at;
-    L->rc.rec.kind = ps ? COORD_LOOP_PEER_RESTORE : kind;
+    L->rc.rec.kind = ps ? PLAN_RECONF_PEER_RESTORE : kind;
     L->rc.rec.dp_reshard = !ps && dp != L->dp;
     L->rc.rec.steps_replayed = ps && L->max_step > at ? L->max_step - at : 0;
     L->rc.rec.from_dp = odp;
@@ -1350,7 +1337,7 @@ static int start_migrate(struct coord_loop *L, const struct wv *v, size_t nv, in
                    dp, pp, at, L->rc.rec.steps_replayed, pb);
     else
         set_status(L, "epoch %" PRIu64 ": %s migration %dx%d -> %dx%d at step %" PRIu64
-                   " ordered, %s planned", epoch, plan_mig_class_name(plan->cls), L->dp, L->pp,
+                   " ordered, %s planned", epoch, plan_reconf_name(plan->cls), L->dp, L->pp,
                    dp, pp, at, pb);
 out:
     if (r < 0 && !(ps && r == -ENODATA))
@@ -1474,17 +1461,6 @@ out:
 
 /* ---- phases --------------------------------------------------------------------------------- */
 
-static enum coord_migration_kind metrics_kind(enum coord_loop_kind k) {
-    switch (k) {
-    case COORD_LOOP_RESTORE: return COORD_MIG_CHECKPOINT_RESTORE;
-    case COORD_LOOP_PEER_RESTORE: return COORD_MIG_PEER_RESTORE;
-    case COORD_LOOP_FRESH_START: return COORD_MIG_FRESH_START;
-    case COORD_LOOP_PIPELINE: return COORD_MIG_PIPELINE;
-    case COORD_LOOP_INTER: return COORD_MIG_INTER_STAGE;
-    default: return COORD_MIG_INTRA_STAGE;
-    }
-}
-
 /* The end of a reconfiguration (its participants all reported, or it failed). Counts and wire
  * bytes go to the summary now; the stall only once the epoch that ended the chain of
  * reconfigurations made its first step (stall_done()). */
@@ -1495,8 +1471,8 @@ static void record_done(struct coord_loop *L, bool ok, uint64_t moved, double no
     rec->stall_seconds = 0;
     rec->seconds = now - L->rc.started;
     struct coord_loop_summary *S = &L->sum;
-    bool first = (rec->kind == COORD_LOOP_RESTORE || rec->kind == COORD_LOOP_FRESH_START) &&
-                 !L->rc.restore;
+    bool first = (rec->kind == PLAN_RECONF_CHECKPOINT_RESTORE ||
+                  rec->kind == PLAN_RECONF_FRESH_START) && !L->rc.restore;
     if (S->nrecords < COORD_LOOP_MAX_RECORDS) {
         S->records[S->nrecords++] = *rec;
         if (L->chain < 0)
@@ -1512,8 +1488,8 @@ static void record_done(struct coord_loop *L, bool ok, uint64_t moved, double no
     S->bytes[rec->kind] += moved;
     S->replayed[rec->kind] += rec->steps_replayed;
     if (rec->dp_reshard) {
-        S->count[COORD_LOOP_DP_RESHARD]++;
-        S->bytes[COORD_LOOP_DP_RESHARD] += moved;
+        S->count[PLAN_RECONF_DP_RESHARDING]++;
+        S->bytes[PLAN_RECONF_DP_RESHARDING] += moved;
     }
 }
 
@@ -1609,8 +1585,8 @@ static void stall_done(struct coord_loop *L, const struct wv *v, size_t nv) {
            parts.commit, parts.rest, med);
     S->stall[rec->kind] += stall;
     if (rec->dp_reshard)
-        S->stall[COORD_LOOP_DP_RESHARD] += stall;
-    coord_metrics_add_migration(L->c, metrics_kind(rec->kind), rec->moved_bytes, stall,
+        S->stall[PLAN_RECONF_DP_RESHARDING] += stall;
+    coord_metrics_add_migration(L->c, rec->kind, rec->moved_bytes, stall,
                                 rec->steps_replayed);
     cm_migration(L, rec, rec->moved_bytes, stall);
     /* The epoch's one line: what ran, what it cost, and why. Epochs of the chain that the
@@ -1623,21 +1599,22 @@ static void stall_done(struct coord_loop *L, const struct wv *v, size_t nv) {
         fmt_bytes(mb, sizeof(mb), e->moved_bytes);
         set_event(L, "epoch %" PRIu64 ": %s%s%s %dx%d -> %dx%d at step %" PRIu64 ", %s, %s; "
                   "replaced by epoch %" PRIu64 " before its first step (because %s)", e->epoch,
-                  coord_loop_kind_name(e->kind),
+                  plan_reconf_name(e->kind),
                   loop_kind_is_migration(e->kind) ? " migration" : "",
                   e->ok ? "" : " (failed)", e->from_dp,
                   e->from_pp, e->to_dp, e->to_pp, e->at_step, mb,
                   e->ok ? "done" : "not done", L->epoch, e->reason);
     }
     fmt_bytes(mb, sizeof(mb), rec->moved_bytes);
-    if (rec->kind == COORD_LOOP_RESTORE || rec->kind == COORD_LOOP_FRESH_START)
+    if (rec->kind == PLAN_RECONF_CHECKPOINT_RESTORE || rec->kind == PLAN_RECONF_FRESH_START)
         set_event(L, "epoch %" PRIu64 ": %s, running %dx%d from step %" PRIu64 ", %s stall, %s",
-                  L->epoch, rec->kind == COORD_LOOP_RESTORE ? "checkpoint restore"
-                                                            : "restart from scratch",
+                  L->epoch,
+                  rec->kind == PLAN_RECONF_CHECKPOINT_RESTORE ? "checkpoint restore"
+                                                              : "restart from scratch",
                   rec->to_dp, rec->to_pp, rec->at_step, sb, L->stall_why);
     else
         set_event(L, "epoch %" PRIu64 ": %s%s %dx%d -> %dx%d at step %" PRIu64 ", %s, %s "
-                  "stall, %s", L->epoch, coord_loop_kind_name(rec->kind),
+                  "stall, %s", L->epoch, plan_reconf_name(rec->kind),
                   loop_kind_is_migration(rec->kind) ? " migration" : "", rec->from_dp,
                   rec->from_pp, rec->to_dp, rec->to_pp, rec->at_step, mb, sb, L->stall_why);
     L->chain = L->stall_rec = -1;
@@ -1719,11 +1696,11 @@ static void phase_reconf(struct coord_loop *L, const struct wv *v, size_t nv, do
     }
     if (failed) {
         record_done(L, false, moved, now);
-        if (L->rc.rec.kind == COORD_LOOP_PEER_RESTORE)
+        if (L->rc.rec.kind == PLAN_RECONF_PEER_RESTORE)
             L->peer_failed_at = L->rc.at; /* the next try restores from disk */
         const struct coord_loop_record *fr = &L->rc.rec;
         set_event(L, "epoch %" PRIu64 ": %s%s %dx%d -> %dx%d at step %" PRIu64 " failed (%s)",
-                  L->rc.epoch, coord_loop_kind_name(fr->kind), loop_kind_is_migration(fr->kind)
+                  L->rc.epoch, plan_reconf_name(fr->kind), loop_kind_is_migration(fr->kind)
                   ? " migration" : "", fr->from_dp, fr->from_pp, fr->to_dp, fr->to_pp,
                   fr->at_step, bad);
         L->epoch = L->rc.epoch; /* the workers left the old epoch (or will, and fail) */
@@ -1772,7 +1749,7 @@ static void phase_reconf(struct coord_loop *L, const struct wv *v, size_t nv, do
     /* The job's start has no cost to wait for: its one line now. Any other epoch gets its
      * line from stall_done(), once its stall is known (one line per event, with its cost). */
     const struct coord_loop_record *rec = &L->rc.rec;
-    if ((rec->kind == COORD_LOOP_RESTORE || rec->kind == COORD_LOOP_FRESH_START) &&
+    if ((rec->kind == PLAN_RECONF_CHECKPOINT_RESTORE || rec->kind == PLAN_RECONF_FRESH_START) &&
         !L->rc.restore)
         set_event(L, "epoch %" PRIu64 ": start, running %dx%d from step %" PRIu64 " (%s)",
                   L->epoch, L->dp, L->pp, L->lease, L->rc.why);

@@ -114,13 +114,14 @@ static json_t *planner_json(struct coord *c) {
  * names its history and metrics already use). */
 static json_t *migrations_json(const struct coord *c) {
     json_t *m = json_object();
-    for (int k = 0; m && k < COORD_MIG_NKINDS; k++)
-        json_object_set_new(m, coord_migration_kind_name((enum coord_migration_kind)k),
-                            json_pack("{s:I, s:I, s:f, s:I}", "count",
-                                      (json_int_t)c->mig_count[k], "bytes",
-                                      (json_int_t)c->mig_bytes[k], "stall_seconds",
-                                      c->mig_stall[k], "steps_replayed",
-                                      (json_int_t)c->mig_replayed[k]));
+    for (int k = 0; m && k < PLAN_RECONF_NKINDS; k++)
+        if (coord__counted_kind((enum plan_reconf)k))
+            json_object_set_new(m, plan_reconf_label((enum plan_reconf)k),
+                                json_pack("{s:I, s:I, s:f, s:I}", "count",
+                                          (json_int_t)c->mig_count[k], "bytes",
+                                          (json_int_t)c->mig_bytes[k], "stall_seconds",
+                                          c->mig_stall[k], "steps_replayed",
+                                          (json_int_t)c->mig_replayed[k]));
     return m;
 }
 
@@ -136,13 +137,13 @@ static json_t *stall_json(uint64_t n, double predicted, double measured) {
 static json_t *cost_model_json(const struct coord *c) {
     const struct coord_cost_model *cm = &c->cost_model;
     json_t *kinds = json_object();
-    for (int k = 0; kinds && k < COORD_COST_NKINDS; k++) {
+    for (int k = 0; kinds && k < PLAN_RECONF_NLIVE; k++) {
         json_t *o = stall_json(cm->n[k], cm->stall_predicted[k], cm->stall_measured[k]);
         if (o)
             json_object_set_new(o, "calibrated",
                                 stall_json(cm->cal_n[k], cm->cal_predicted[k],
                                            cm->cal_measured[k]));
-        json_object_set_new(kinds, coord_cost_kind_name((enum coord_cost_kind)k), o);
+        json_object_set_new(kinds, plan_reconf_label((enum plan_reconf)k), o);
     }
     bool steps = cm->steps > 0;
     return json_pack("{s:I, s:o, s:o, s:o}", "steps", (json_int_t)cm->steps,
@@ -288,8 +289,8 @@ static void cost_series(char **b, size_t *len, size_t *cap, const char *name, co
                         const uint64_t *n, const double *v) {
     metric(b, len, cap, "# HELP spottrain_cost_model_%s %s\n"
            "# TYPE spottrain_cost_model_%s counter\n", name, help, name);
-    for (int k = 0; k < COORD_COST_NKINDS; k++) {
-        const char *kind = coord_cost_kind_name((enum coord_cost_kind)k);
+    for (int k = 0; k < PLAN_RECONF_NLIVE; k++) {
+        const char *kind = plan_reconf_label((enum plan_reconf)k);
         if (n)
             metric(b, len, cap, "spottrain_cost_model_%s{kind=\"%s\"} %llu\n", name, kind,
                    (unsigned long long)n[k]);
@@ -330,28 +331,32 @@ char *coord__metrics_text(struct coord *c) {
           coord_worker_state_name((enum coord_worker_state)s), counts[s]);
     M("# HELP spottrain_migrations_total Migrations executed, by kind.\n"
       "# TYPE spottrain_migrations_total counter\n");
-    for (int k = 0; k < COORD_MIG_NKINDS; k++)
-        M("spottrain_migrations_total{kind=\"%s\"} %llu\n",
-          coord_migration_kind_name((enum coord_migration_kind)k),
-          (unsigned long long)c->mig_count[k]);
+    for (int k = 0; k < PLAN_RECONF_NKINDS; k++)
+        if (coord__counted_kind((enum plan_reconf)k))
+            M("spottrain_migrations_total{kind=\"%s\"} %llu\n",
+              plan_reconf_label((enum plan_reconf)k),
+              (unsigned long long)c->mig_count[k]);
     M("# HELP spottrain_migration_bytes_total Bytes moved by migrations, by kind.\n"
       "# TYPE spottrain_migration_bytes_total counter\n");
-    for (int k = 0; k < COORD_MIG_NKINDS; k++)
-        M("spottrain_migration_bytes_total{kind=\"%s\"} %llu\n",
-          coord_migration_kind_name((enum coord_migration_kind)k),
-          (unsigned long long)c->mig_bytes[k]);
+    for (int k = 0; k < PLAN_RECONF_NKINDS; k++)
+        if (coord__counted_kind((enum plan_reconf)k))
+            M("spottrain_migration_bytes_total{kind=\"%s\"} %llu\n",
+              plan_reconf_label((enum plan_reconf)k),
+              (unsigned long long)c->mig_bytes[k]);
     M("# HELP spottrain_migration_stall_seconds_total Seconds training stalled, by the kind "
       "of the reconfiguration that ended it (shared/DESIGN.md).\n"
       "# TYPE spottrain_migration_stall_seconds_total counter\n");
-    for (int k = 0; k < COORD_MIG_NKINDS; k++)
-        M("spottrain_migration_stall_seconds_total{kind=\"%s\"} %.6f\n",
-          coord_migration_kind_name((enum coord_migration_kind)k), c->mig_stall[k]);
+    for (int k = 0; k < PLAN_RECONF_NKINDS; k++)
+        if (coord__counted_kind((enum plan_reconf)k))
+            M("spottrain_migration_stall_seconds_total{kind=\"%s\"} %.6f\n",
+              plan_reconf_label((enum plan_reconf)k), c->mig_stall[k]);
     M("# HELP spottrain_steps_replayed_total Steps done before an unannounced loss and trained "
       "again after the restore, by kind.\n# TYPE spottrain_steps_replayed_total counter\n");
-    for (int k = 0; k < COORD_MIG_NKINDS; k++)
-        M("spottrain_steps_replayed_total{kind=\"%s\"} %llu\n",
-          coord_migration_kind_name((enum coord_migration_kind)k),
-          (unsigned long long)c->mig_replayed[k]);
+    for (int k = 0; k < PLAN_RECONF_NKINDS; k++)
+        if (coord__counted_kind((enum plan_reconf)k))
+            M("spottrain_steps_replayed_total{kind=\"%s\"} %llu\n",
+              plan_reconf_label((enum plan_reconf)k),
+              (unsigned long long)c->mig_replayed[k]);
     const struct coord_cost_model *cm = &c->cost_model;
     M("# HELP spottrain_cost_model_steps_total Steps whose step time the planner's cost model "
       "predicted when their epoch was decided, with measured steps behind the prediction.\n"
@@ -385,7 +390,7 @@ char *coord__metrics_text(struct coord *c) {
     for (size_t i = 0; i < ST_ARRAY_SIZE(series); i++)
         cost_series(&b, &len, &cap, series[i].name, series[i].help, series[i].n, series[i].v);
     double stall = c->stall_total;
-    for (int k = 0; k < COORD_MIG_NKINDS; k++)
+    for (int k = 0; k < PLAN_RECONF_NKINDS; k++)
         stall += c->mig_stall[k];
     M("# HELP spottrain_stall_seconds_total Seconds training stalled (migrations, rendezvous).\n"
       "# TYPE spottrain_stall_seconds_total counter\nspottrain_stall_seconds_total %.6f\n",

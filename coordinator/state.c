@@ -18,9 +18,6 @@
 static const char *const worker_state_names[] = {"joined", "active", "spare", "lost",
                                                  "stopped"};
 static const char *const job_state_names[] = {"pending", "running", "stopping", "stopped"};
-static const char *const mig_kind_names[] = {"intra_stage", "inter_stage", "pipeline",
-                                             "checkpoint_restore", "peer_restore",
-                                             "fresh_start"};
 
 const char *coord_worker_state_name(enum coord_worker_state s) {
     return (unsigned)s < ST_ARRAY_SIZE(worker_state_names) ? worker_state_names[s] : "unknown";
@@ -28,10 +25,6 @@ const char *coord_worker_state_name(enum coord_worker_state s) {
 
 const char *coord_job_state_name(enum coord_job_state s) {
     return (unsigned)s < ST_ARRAY_SIZE(job_state_names) ? job_state_names[s] : "unknown";
-}
-
-const char *coord_migration_kind_name(enum coord_migration_kind k) {
-    return (unsigned)k < ST_ARRAY_SIZE(mig_kind_names) ? mig_kind_names[k] : "unknown";
 }
 
 void coord_config_init(struct coord_config *cfg) {
@@ -1331,9 +1324,9 @@ int coord_plan_detail_set(struct coord *c, const char *json) {
     return 0;
 }
 
-void coord_metrics_add_migration(struct coord *c, enum coord_migration_kind kind,
+void coord_metrics_add_migration(struct coord *c, enum plan_reconf kind,
                                  uint64_t bytes, double stall_seconds, uint64_t steps_replayed) {
-    if (!c || c->magic != COORD_MAGIC || (unsigned)kind >= COORD_MIG_NKINDS ||
+    if (!c || c->magic != COORD_MAGIC || !coord__counted_kind(kind) ||
         !isfinite(stall_seconds) || stall_seconds < 0)
         return;
     pthread_mutex_lock(&c->lock);
@@ -1352,12 +1345,6 @@ void coord_metrics_set_cost_model(struct coord *c, const struct coord_cost_model
     pthread_mutex_lock(&c->lock);
     c->cost_model = *cm;
     pthread_mutex_unlock(&c->lock);
-}
-
-const char *coord_cost_kind_name(enum coord_cost_kind k) {
-    static const char *const names[COORD_COST_NKINDS] = {"intra_stage", "inter_stage",
-                                                         "pipeline", "dp_resharding"};
-    return (unsigned)k < COORD_COST_NKINDS ? names[k] : "unknown";
 }
 
 void coord_metrics_set_instances(struct coord *c, double predicted, double actual) {

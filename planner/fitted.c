@@ -39,8 +39,8 @@ struct plan_fit {
     bool *seen;                  /* [nshapes] the shape ran */
     double A[3][3], B[3];        /* decayed normal equations of the regression */
     bool have_level;
-    double fixed[PLAN_MEAS_NKINDS][FIT_MIG_WINDOW]; /* a ring of the last fixed parts */
-    int nfixed[PLAN_MEAS_NKINDS];                   /* all observed (the ring holds the last) */
+    double fixed[PLAN_RECONF_NLIVE][FIT_MIG_WINDOW]; /* a ring of the last fixed parts */
+    int nfixed[PLAN_RECONF_NLIVE];                   /* all observed (the ring holds the last) */
     double link_bytes_per_s;     /* the prior's point-to-point rate at large messages */
     bool have_file;              /* plan_fit_start_costs: the kinds' figures below */
     struct plan_measured_costs file;
@@ -162,26 +162,26 @@ static double fixed_median(const struct plan_fit *f, int k) {
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-static double fixed_s(const struct plan_fit *f, enum plan_meas_kind k) {
+static double fixed_s(const struct plan_fit *f, enum plan_reconf k) {
     if (f->nfixed[k] > 0)
         return fixed_median(f, k);
     if (f->have_file)
         return f->file.fixed_s[k];
     double worst = -1;
-    for (int j = 0; j < PLAN_MEAS_NKINDS; j++)
+    for (int j = 0; j < PLAN_RECONF_NLIVE; j++)
         worst = ST_MAX(worst, fixed_median(f, j));
     return worst;
 }
 
 /* Bytes per second a migration of kind k moves: the cost file's, or the prior's link. */
-static double rate(const struct plan_fit *f, enum plan_meas_kind k) {
+static double rate(const struct plan_fit *f, enum plan_reconf k) {
     return f->have_file ? f->file.bytes_per_s[k] : f->link_bytes_per_s;
 }
 
 int plan_fit_start_costs(struct plan_fit *f, const struct plan_measured_costs *m) {
     if (!f || !m)
         return -EINVAL;
-    for (int k = 0; k < PLAN_MEAS_NKINDS; k++)
+    for (int k = 0; k < PLAN_RECONF_NLIVE; k++)
         if (!(m->bytes_per_s[k] > 0) || !(m->fixed_s[k] >= 0) || !isfinite(m->fixed_s[k]) ||
             !isfinite(m->bytes_per_s[k]))
             return -EINVAL;
@@ -197,16 +197,16 @@ static bool move_ok(const struct plan_fit_move *mv) {
 }
 
 /* Seconds of mv's transfers in the stall (measured.c's moved_ms, on the fit's figures). */
-static double move_s(const struct plan_fit *f, enum plan_meas_kind k,
+static double move_s(const struct plan_fit *f, enum plan_reconf k,
                      const struct plan_fit_move *mv) {
     return plan__after_boundary(f->cost->meas_at_boundary, mv->weight_bytes / rate(f, k),
                                 mv->moment_bytes / rate(f, k),
                                 plan_fit_step_seconds(f, mv->dp, mv->pp));
 }
 
-double plan_fit_stall_seconds_move(const struct plan_fit *f, enum plan_meas_kind k,
+double plan_fit_stall_seconds_move(const struct plan_fit *f, enum plan_reconf k,
                                    const struct plan_fit_move *mv) {
-    if (!f || (unsigned)k >= PLAN_MEAS_NKINDS || !move_ok(mv))
+    if (!f || (unsigned)k >= PLAN_RECONF_NLIVE || !move_ok(mv))
         return -1;
     double fx = fixed_s(f, k);
     if (fx < 0) /* nothing measured yet: the prior's own estimate of a live move */
@@ -214,9 +214,9 @@ double plan_fit_stall_seconds_move(const struct plan_fit *f, enum plan_meas_kind
     return fx + move_s(f, k, mv);
 }
 
-int plan_fit_observe_move(struct plan_fit *f, enum plan_meas_kind k,
+int plan_fit_observe_move(struct plan_fit *f, enum plan_reconf k,
                           const struct plan_fit_move *mv, double stall_s) {
-    if (!f || (unsigned)k >= PLAN_MEAS_NKINDS || !move_ok(mv) || !(stall_s >= 0) ||
+    if (!f || (unsigned)k >= PLAN_RECONF_NLIVE || !move_ok(mv) || !(stall_s >= 0) ||
         !isfinite(stall_s))
         return -EINVAL;
     f->fixed[k][f->nfixed[k] % FIT_MIG_WINDOW] = ST_MAX(0.0, stall_s - move_s(f, k, mv));
@@ -226,19 +226,19 @@ int plan_fit_observe_move(struct plan_fit *f, enum plan_meas_kind k,
 }
 
 /* The bytes all in the stall: weights, as far as the charge goes. */
-double plan_fit_stall_seconds(const struct plan_fit *f, enum plan_meas_kind k, double bytes) {
+double plan_fit_stall_seconds(const struct plan_fit *f, enum plan_reconf k, double bytes) {
     struct plan_fit_move mv = {bytes, 0, 1, 1};
     return plan_fit_stall_seconds_move(f, k, &mv);
 }
 
-int plan_fit_observe_migration(struct plan_fit *f, enum plan_meas_kind k, double bytes,
+int plan_fit_observe_migration(struct plan_fit *f, enum plan_reconf k, double bytes,
                                double stall_s) {
     struct plan_fit_move mv = {bytes, 0, 1, 1};
     return plan_fit_observe_move(f, k, &mv, stall_s);
 }
 
 bool plan_fit_stall_calibrated(const struct plan_fit *f) {
-    return f && (f->have_file || fixed_s(f, PLAN_MEAS_INTRA) >= 0);
+    return f && (f->have_file || fixed_s(f, PLAN_RECONF_INTRA_STAGE) >= 0);
 }
 
 const struct plan_cost *plan_fit_cost(struct plan_fit *f) {
@@ -251,13 +251,13 @@ const struct plan_cost *plan_fit_cost(struct plan_fit *f) {
         double s = plan_fit_step_seconds(f, c->shapes[i].dp, c->shapes[i].pp);
         c->samples_per_s[i] = s > 0 ? c->global_batch / s : 0;
     }
-    if (fixed_s(f, PLAN_MEAS_INTRA) >= 0) { /* some kind was measured */
+    if (fixed_s(f, PLAN_RECONF_INTRA_STAGE) >= 0) { /* some kind was measured */
         struct plan_measured_costs m;
         memset(&m, 0, sizeof(m));
         m.link_gbps = f->have_file ? f->file.link_gbps : f->link_bytes_per_s * 8 / 1e9;
-        for (int k = 0; k < PLAN_MEAS_NKINDS; k++) {
-            m.fixed_s[k] = fixed_s(f, (enum plan_meas_kind)k);
-            m.bytes_per_s[k] = rate(f, (enum plan_meas_kind)k);
+        for (int k = 0; k < PLAN_RECONF_NLIVE; k++) {
+            m.fixed_s[k] = fixed_s(f, (enum plan_reconf)k);
+            m.bytes_per_s[k] = rate(f, (enum plan_reconf)k);
         }
         (void)plan_cost_use_measured(c, &m, 0); /* figures checked above: cannot fail */
     }

@@ -17,16 +17,8 @@
 #include "planner-internal.h"
 #include "planner.h"
 
-_Static_assert(PLAN_MEAS_NKINDS == 4, "struct plan_cost sizes meas_* by the measured kinds");
-
 /* Adam's two moments, the part of a stage's state ZeRO-1 shards across its replicas. */
 #define OPT_BYTES_PER_PARAM 8.0
-
-const char *plan_meas_kind_name(enum plan_meas_kind k) {
-    static const char *const names[PLAN_MEAS_NKINDS] = {"intra-stage", "inter-stage",
-                                                        "pipeline", "dp-resharding"};
-    return (unsigned)k < PLAN_MEAS_NKINDS ? names[k] : "?";
-}
 
 static bool positive(json_t *v, double *ret) {
     if (!json_is_number(v) || !isfinite(json_number_value(v)) || json_number_value(v) <= 0)
@@ -68,8 +60,8 @@ int plan_measured_costs_parse(const char *name, const char *text, size_t len,
                          "dp-resharding)");
         goto out;
     }
-    for (int k = 0; k < PLAN_MEAS_NKINDS; k++) {
-        const char *kn = plan_meas_kind_name((enum plan_meas_kind)k);
+    for (int k = 0; k < PLAN_RECONF_NLIVE; k++) {
+        const char *kn = plan_reconf_name((enum plan_reconf)k);
         char field[64];
         json_t *o = json_object_get(kinds, kn);
         if (!json_is_object(o)) {
@@ -107,7 +99,7 @@ int plan_cost_use_measured(struct plan_cost *c, const struct plan_measured_costs
                            double link_gbps) {
     if (!c || !m || !(m->link_gbps > 0) || !isfinite(link_gbps))
         return -EINVAL;
-    for (int k = 0; k < PLAN_MEAS_NKINDS; k++) {
+    for (int k = 0; k < PLAN_RECONF_NLIVE; k++) {
         if (!(m->bytes_per_s[k] > 0) || !(m->fixed_s[k] >= 0) || !isfinite(m->fixed_s[k]))
             return -EINVAL;
         /* On loopback the wire is a CPU copy, so bytes_per_s is the rate the data plane's own
@@ -134,7 +126,7 @@ int plan_cost_use_measured(struct plan_cost *c, const struct plan_measured_costs
  * waits for the weights, charged whole (a bound: the forward computes the first layers while
  * later ones arrive), and for what of the moments outlasts the step. Not modelled: the step's
  * own pipeline messages share the link meanwhile. At the boundary, all of it stalls. */
-static double moved_ms(const struct plan_cost *c, enum plan_meas_kind k, int dp, int pp,
+static double moved_ms(const struct plan_cost *c, enum plan_reconf k, int dp, int pp,
                        double params, double moment_params, double reshard) {
     double weights = params * (c->state_bytes_per_param - OPT_BYTES_PER_PARAM);
     double w_ms = weights / c->meas_bytes_per_ms[k];
@@ -154,22 +146,22 @@ static double reshard_ms(const struct plan_cost *c, int D, int dp, int pp) {
     if (dp == D || dp < 1)
         return 0;
     double bytes = c->maxpart_params[pp] * OPT_BYTES_PER_PARAM / dp;
-    return bytes / c->meas_bytes_per_ms[PLAN_MEAS_DP_RESHARD];
+    return bytes / c->meas_bytes_per_ms[PLAN_RECONF_DP_RESHARDING];
 }
 
 static double reshard_fixed_ms(const struct plan_cost *c, int D, int dp) {
-    return dp == D || dp < 1 ? 0 : c->meas_fixed_ms[PLAN_MEAS_DP_RESHARD];
+    return dp == D || dp < 1 ? 0 : c->meas_fixed_ms[PLAN_RECONF_DP_RESHARDING];
 }
 
 double plan__measured_intra_ms(const struct plan_cost *c, int D, int dp, int pp) {
-    return c->meas_fixed_ms[PLAN_MEAS_INTRA] + reshard_fixed_ms(c, D, dp) +
-           moved_ms(c, PLAN_MEAS_INTRA, dp, pp, 0, 0, reshard_ms(c, D, dp, pp));
+    return c->meas_fixed_ms[PLAN_RECONF_INTRA_STAGE] + reshard_fixed_ms(c, D, dp) +
+           moved_ms(c, PLAN_RECONF_INTRA_STAGE, dp, pp, 0, 0, reshard_ms(c, D, dp, pp));
 }
 
 double plan__measured_inter_ms(const struct plan_cost *c, int D, int dp, int pp,
                                double stage_params) {
-    return c->meas_fixed_ms[PLAN_MEAS_INTER] + reshard_fixed_ms(c, D, dp) +
-           moved_ms(c, PLAN_MEAS_INTER, dp, pp, stage_params, stage_params,
+    return c->meas_fixed_ms[PLAN_RECONF_INTER_STAGE] + reshard_fixed_ms(c, D, dp) +
+           moved_ms(c, PLAN_RECONF_INTER_STAGE, dp, pp, stage_params, stage_params,
                     reshard_ms(c, D, dp, pp));
 }
 
@@ -202,6 +194,6 @@ double plan__measured_repartition_ms(const struct plan_cost *c, int D, int P, co
     }
     if (dp > 1)
         need += c->maxpart_params[pp];
-    return c->meas_fixed_ms[PLAN_MEAS_PIPELINE] +
-           moved_ms(c, PLAN_MEAS_PIPELINE, dp, pp, need, need, 0);
+    return c->meas_fixed_ms[PLAN_RECONF_PIPELINE] +
+           moved_ms(c, PLAN_RECONF_PIPELINE, dp, pp, need, need, 0);
 }

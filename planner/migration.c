@@ -38,11 +38,6 @@ const char *plan_mig_state_name(enum plan_mig_state k) {
     return (unsigned)k < PLAN_STATE_NKINDS ? names[k] : "?";
 }
 
-const char *plan_mig_class_name(enum plan_mig_class c) {
-    static const char *const names[] = {"none", "intra-stage", "inter-stage", "pipeline"};
-    return (unsigned)c < PLAN_MIGCLASS_NKINDS ? names[c] : "?";
-}
-
 void plan_mig_shard(uint64_t n, uint32_t dp, uint32_t r, uint64_t *ret_offset,
                     uint64_t *ret_count) {
     uint64_t lo, hi;
@@ -1064,23 +1059,23 @@ struct plan_migration *plan_migration_free(struct plan_migration *p) {
     return NULL;
 }
 
-static enum plan_mig_class classify(const struct ctx *c, const struct plan_migration *p) {
+static enum plan_reconf classify(const struct ctx *c, const struct plan_migration *p) {
     const struct plan_mig_layout *ol = c->ol, *nl = c->nl;
     bool same_ranges = ol->pp == nl->pp &&
                        memcmp(ol->stage_lo, nl->stage_lo, (ol->pp + 1) * sizeof(uint32_t)) == 0;
     if (!same_ranges)
-        return PLAN_MIGCLASS_PIPELINE;
+        return PLAN_RECONF_PIPELINE;
     bool kept_all = ol->dp == nl->dp && p->ntransfers == 0;
     for (uint32_t q = 0; q < c->nP && kept_all; q++)
         kept_all = (uint32_t)c->old_at[q] == p->position_worker[q];
     if (kept_all)
-        return PLAN_MIGCLASS_NONE;
+        return PLAN_RECONF_NONE;
     for (uint32_t q = 0; q < c->nP; q++) {
         const struct plan_mig_worker *wk = &c->req->workers[p->position_worker[q]];
         if (wk->stage != (int32_t)(q / nl->dp))
-            return PLAN_MIGCLASS_INTER_STAGE;
+            return PLAN_RECONF_INTER_STAGE;
     }
-    return PLAN_MIGCLASS_INTRA_STAGE;
+    return PLAN_RECONF_INTRA_STAGE;
 }
 
 /* Sorts, merges adjacent ranges, and fills pairs and counters. */

@@ -32,6 +32,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "reconf.h" /* enum plan_reconf: a plan's class */
+
 #define PLAN_MIG_MAX_LAYERS 4096  /* layers of a model */
 #define PLAN_MIG_MAX_STAGES 1024  /* pipeline stages of a layout */
 #define PLAN_MIG_MAX_WORKERS 8192 /* worker descriptors in one request */
@@ -52,21 +54,8 @@ enum plan_mig_state {
     PLAN_STATE_NKINDS
 };
 
-/* How a plan is classified (see plan_migration_new). */
-enum plan_mig_class {
-    PLAN_MIGCLASS_NONE = 0,    /* nothing changes: same layout, every position kept */
-    PLAN_MIGCLASS_INTRA_STAGE, /* layer ranges kept; every worker stays in its old stage
-                                * (survivors take over; at most optimizer-shard resharding) */
-    PLAN_MIGCLASS_INTER_STAGE, /* layer ranges kept; some position is taken by a worker from
-                                * another stage, a spare or a new worker (weights + moments) */
-    PLAN_MIGCLASS_PIPELINE,    /* layer ranges change (pp or the split): repartition */
-    PLAN_MIGCLASS_NKINDS
-};
-
 /* "param", "adam_m", "adam_v"; "?" when out of range. */
 const char *plan_mig_state_name(enum plan_mig_state k);
-/* "none", "intra-stage", "inter-stage", "pipeline"; "?" when out of range. */
-const char *plan_mig_class_name(enum plan_mig_class c);
 
 /* A tied extra: stage `stage` (>= 0, PLAN_MIG_STAGE_FIRST or PLAN_MIG_STAGE_LAST) also holds
  * the PARAM of `layer`. */
@@ -127,7 +116,7 @@ struct plan_mig_pair {
 /* A transfer plan. Heap object from plan_migration_new; free with plan_migration_free. */
 struct plan_migration {
     uint32_t magic;                      /* PLAN_MIG_MAGIC */
-    enum plan_mig_class cls;
+    enum plan_reconf cls;
     uint32_t nworkers;                   /* = request nworkers */
     uint32_t npositions;                 /* new dp * pp */
     uint32_t *position_worker;           /* [npositions]: worker at new position s*dp+r */

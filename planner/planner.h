@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "reconf.h" /* enum plan_reconf: what a reconfiguration does */
+
 struct st_spec;
 
 struct st_error;
@@ -127,8 +129,8 @@ struct plan_cost {
     int *index;                  /* shape index by (dp, pp): index[pp * (max_n + 1) + dp] */
     /* set by plan_cost_use_measured: live-migration costs replace Parcae's */
     bool measured;
-    double meas_fixed_ms[4];     /* per enum plan_meas_kind, ms */
-    double meas_bytes_per_ms[4]; /* per enum plan_meas_kind, bytes/ms over the target link */
+    double meas_fixed_ms[PLAN_RECONF_NLIVE];     /* per live kind (reconf.h), ms */
+    double meas_bytes_per_ms[PLAN_RECONF_NLIVE]; /* per live kind, bytes/ms over the link */
     bool meas_at_boundary;       /* a migration moves its state at the boundary, all of it in
                                     its stall (fleet.data_plane.overlap false); else after it,
                                     beside the first step (docs/planner.md) */
@@ -203,25 +205,18 @@ double plan_cost_transition_estimate_ms(const struct plan_cost *c, int N, int D,
 
 /* ---- measured migration costs (scripts/bench migration, docs/planner.md) ----------------- */
 
-/* The kinds a cost file gives figures for, in the names the run summary uses. */
-enum plan_meas_kind {
-    PLAN_MEAS_INTRA = 0,   /* "intra-stage" */
-    PLAN_MEAS_INTER,       /* "inter-stage" */
-    PLAN_MEAS_PIPELINE,    /* "pipeline" (repartition) */
-    PLAN_MEAS_DP_RESHARD,  /* "dp-resharding" (ZeRO-1 shards move when dp changes) */
-    PLAN_MEAS_NKINDS
-};
-const char *plan_meas_kind_name(enum plan_meas_kind k);
+/* A cost file gives figures for each live kind, PLAN_RECONF_INTRA_STAGE ..
+ * PLAN_RECONF_DP_RESHARDING (reconf.h), in the names the run summary uses. */
 
 /* A migration cost file: per kind the stall not explained by bytes and the data plane's
  * throughput, measured on `machine` whose raw link (loopback TCP) carried link_gbps. */
 struct plan_measured_costs {
     char machine[128];
-    double link_gbps;                      /* raw link of the measurement, Gb/s */
-    double fixed_s[PLAN_MEAS_NKINDS];      /* seconds per migration of this kind */
-    double bytes_per_s[PLAN_MEAS_NKINDS];  /* data-plane throughput, bytes/s */
-    double raw_bytes_per_s[PLAN_MEAS_NKINDS]; /* raw TCP in the same setting (optional "raw_
-                                              * bytes_per_s"; 0 = link_gbps), bytes/s */
+    double link_gbps;                          /* raw link of the measurement, Gb/s */
+    double fixed_s[PLAN_RECONF_NLIVE];         /* seconds per migration of this kind */
+    double bytes_per_s[PLAN_RECONF_NLIVE];     /* data-plane throughput, bytes/s */
+    double raw_bytes_per_s[PLAN_RECONF_NLIVE]; /* raw TCP in the same setting (optional "raw_
+                                                * bytes_per_s"; 0 = link_gbps), bytes/s */
 };
 
 /* Parses a cost file: {"machine": "...", "link_gbps": G, "kinds": {"intra-stage": {"fixed_s":
@@ -263,9 +258,9 @@ int plan_fit_observe_step(struct plan_fit *f, int dp, int pp, double seconds);
  * kind's fitted fixed part (the largest fitted one for a kind not seen; the prior's
  * intra-stage estimate before any) plus the bytes over the prior's link. -1 on bad
  * arguments. */
-double plan_fit_stall_seconds(const struct plan_fit *f, enum plan_meas_kind k, double bytes);
+double plan_fit_stall_seconds(const struct plan_fit *f, enum plan_reconf k, double bytes);
 /* One migration measured whose bytes all stalled. Returns 0 or -EINVAL. */
-int plan_fit_observe_migration(struct plan_fit *f, enum plan_meas_kind k, double bytes,
+int plan_fit_observe_migration(struct plan_fit *f, enum plan_reconf k, double bytes,
                                double stall_s);
 /* What a live migration moves, as the cost model charges it (docs/planner.md): its weights
  * stall the new shape's first step; its optimizer moments move while that step runs, and
@@ -276,9 +271,9 @@ struct plan_fit_move {
 };
 /* plan_fit_stall_seconds and plan_fit_observe_migration for such a move: the prediction the
  * planner's own charge makes, and the fixed part the measurement leaves beside it. */
-double plan_fit_stall_seconds_move(const struct plan_fit *f, enum plan_meas_kind k,
+double plan_fit_stall_seconds_move(const struct plan_fit *f, enum plan_reconf k,
                                    const struct plan_fit_move *mv);
-int plan_fit_observe_move(struct plan_fit *f, enum plan_meas_kind k,
+int plan_fit_observe_move(struct plan_fit *f, enum plan_reconf k,
                           const struct plan_fit_move *mv, double stall_s);
 /* Whether stall predictions rest on measurements: a migration of this job was observed, or a
  * cost file (plan_fit_start_costs) gave every kind's figures. False with the prior alone. */

@@ -234,17 +234,21 @@ static int test_migration_figures(void) {
     ASSERT_OK(open_coord(&c));
     struct coord_rest_reply rep;
     json_t *j;
-    coord_metrics_add_migration(c, COORD_MIG_PEER_RESTORE, 1000, 0.25, 7);
-    coord_metrics_add_migration(c, COORD_MIG_PEER_RESTORE, 500, 0.5, 3);
-    coord_metrics_add_migration(c, COORD_MIG_CHECKPOINT_RESTORE, 0, 1.5, 40);
-    coord_metrics_add_migration(c, COORD_MIG_INTER_STAGE, 4096, 0.125, 0);
-    coord_metrics_add_migration(c, COORD_MIG_PEER_RESTORE, 9, -1.0, 9);
-    coord_metrics_add_migration(c, COORD_MIG_PEER_RESTORE, 9, NAN, 9);
-    coord_metrics_add_migration(c, COORD_MIG_NKINDS, 9, 1.0, 9);
+    coord_metrics_add_migration(c, PLAN_RECONF_PEER_RESTORE, 1000, 0.25, 7);
+    coord_metrics_add_migration(c, PLAN_RECONF_PEER_RESTORE, 500, 0.5, 3);
+    coord_metrics_add_migration(c, PLAN_RECONF_CHECKPOINT_RESTORE, 0, 1.5, 40);
+    coord_metrics_add_migration(c, PLAN_RECONF_INTER_STAGE, 4096, 0.125, 0);
+    coord_metrics_add_migration(c, PLAN_RECONF_PEER_RESTORE, 9, -1.0, 9);
+    coord_metrics_add_migration(c, PLAN_RECONF_PEER_RESTORE, 9, NAN, 9);
+    coord_metrics_add_migration(c, PLAN_RECONF_NKINDS, 9, 1.0, 9);
+    coord_metrics_add_migration(c, PLAN_RECONF_NONE, 9, 1.0, 9);
+    /* dp-resharding is counted in the summary apart; here each reconfiguration once */
+    coord_metrics_add_migration(c, PLAN_RECONF_DP_RESHARDING, 9, 1.0, 9);
 
     ASSERT_EQ(ask(c, "GET", "/v1/job", NULL, 0, false, 0, &rep, &j), 200);
     json_t *m = json_object_get(j, "migrations");
-    ASSERT_EQ(json_object_size(m), COORD_MIG_NKINDS);
+    ASSERT_EQ(json_object_size(m), PLAN_RECONF_NKINDS - 1); /* all but dp_resharding */
+    ASSERT_TRUE(!json_object_get(m, "dp_resharding"));
     static const struct {
         const char *kind;
         long long count, bytes, replayed;
@@ -305,15 +309,15 @@ static int test_cost_model(void) {
     m.steps = 4;
     m.step_predicted = 0.5; /* sums: means 0.125 and 0.25 */
     m.step_measured = 1.0;
-    m.n[COORD_COST_PIPELINE] = 2;
-    m.stall_predicted[COORD_COST_PIPELINE] = 0.75;
-    m.stall_measured[COORD_COST_PIPELINE] = 0.25;
-    m.n[COORD_COST_DP_RESHARDING] = 1;
-    m.stall_predicted[COORD_COST_DP_RESHARDING] = 0.5;
-    m.stall_measured[COORD_COST_DP_RESHARDING] = 0.125;
-    m.cal_n[COORD_COST_PIPELINE] = 1; /* the second pipeline move, after the first measured */
-    m.cal_predicted[COORD_COST_PIPELINE] = 0.0625;
-    m.cal_measured[COORD_COST_PIPELINE] = 0.03125;
+    m.n[PLAN_RECONF_PIPELINE] = 2;
+    m.stall_predicted[PLAN_RECONF_PIPELINE] = 0.75;
+    m.stall_measured[PLAN_RECONF_PIPELINE] = 0.25;
+    m.n[PLAN_RECONF_DP_RESHARDING] = 1;
+    m.stall_predicted[PLAN_RECONF_DP_RESHARDING] = 0.5;
+    m.stall_measured[PLAN_RECONF_DP_RESHARDING] = 0.125;
+    m.cal_n[PLAN_RECONF_PIPELINE] = 1; /* the second pipeline move, after the first measured */
+    m.cal_predicted[PLAN_RECONF_PIPELINE] = 0.0625;
+    m.cal_measured[PLAN_RECONF_PIPELINE] = 0.03125;
     coord_metrics_set_cost_model(c, &m);
     coord_metrics_set_cost_model(c, NULL);
     coord_metrics_set_cost_model(NULL, &m);
@@ -324,7 +328,7 @@ static int test_cost_model(void) {
     ASSERT_TRUE(json_real_value(json_object_get(cm, "step_seconds_predicted")) == 0.125);
     ASSERT_TRUE(json_real_value(json_object_get(cm, "step_seconds_measured")) == 0.25);
     json_t *kinds = json_object_get(cm, "kinds");
-    ASSERT_EQ(json_object_size(kinds), COORD_COST_NKINDS);
+    ASSERT_EQ(json_object_size(kinds), PLAN_RECONF_NLIVE);
     json_t *pk = json_object_get(kinds, "pipeline"), *dk = json_object_get(kinds, "dp_resharding");
     ASSERT_EQ(json_integer_value(json_object_get(pk, "count")), 2);
     ASSERT_TRUE(json_real_value(json_object_get(pk, "stall_seconds_predicted")) == 0.375);

@@ -46,16 +46,21 @@ static int test_parse(void) {
     ASSERT_OK(parse(COSTS, &m, &e));
     ASSERT_STREQ(m.machine, "test box");
     ASSERT_NEAR(m.link_gbps, 8, 0, 0);
-    ASSERT_NEAR(m.fixed_s[PLAN_MEAS_INTRA], 0.1, 0, 0);
-    ASSERT_NEAR(m.fixed_s[PLAN_MEAS_INTER], 0.2, 0, 0);
-    ASSERT_NEAR(m.fixed_s[PLAN_MEAS_PIPELINE], 0.3, 0, 0);
-    ASSERT_NEAR(m.fixed_s[PLAN_MEAS_DP_RESHARD], 0.4, 0, 0);
-    for (int k = 0; k < PLAN_MEAS_NKINDS; k++) {
+    ASSERT_NEAR(m.fixed_s[PLAN_RECONF_INTRA_STAGE], 0.1, 0, 0);
+    ASSERT_NEAR(m.fixed_s[PLAN_RECONF_INTER_STAGE], 0.2, 0, 0);
+    ASSERT_NEAR(m.fixed_s[PLAN_RECONF_PIPELINE], 0.3, 0, 0);
+    ASSERT_NEAR(m.fixed_s[PLAN_RECONF_DP_RESHARDING], 0.4, 0, 0);
+    for (int k = 0; k < PLAN_RECONF_NLIVE; k++) {
         ASSERT_NEAR(m.bytes_per_s[k], 5e8, 0, 0);
         ASSERT_NEAR(m.raw_bytes_per_s[k], 0, 0, 0);
     }
-    ASSERT_STREQ(plan_meas_kind_name(PLAN_MEAS_DP_RESHARD), "dp-resharding");
-    ASSERT_STREQ(plan_meas_kind_name(PLAN_MEAS_NKINDS), "?");
+    ASSERT_STREQ(plan_reconf_name(PLAN_RECONF_DP_RESHARDING), "dp-resharding");
+    ASSERT_STREQ(plan_reconf_name(PLAN_RECONF_NLIVE), "checkpoint-restore");
+    ASSERT_STREQ(plan_reconf_name(PLAN_RECONF_FRESH_START), "fresh-start");
+    ASSERT_STREQ(plan_reconf_name(PLAN_RECONF_NONE), "none");
+    ASSERT_STREQ(plan_reconf_name(PLAN_RECONF_NKINDS), "?");
+    ASSERT_STREQ(plan_reconf_label(PLAN_RECONF_PEER_RESTORE), "peer_restore");
+    ASSERT_STREQ(plan_reconf_label(PLAN_RECONF_NKINDS), "?");
     /* extra fields are allowed, raw_bytes_per_s is read */
     const char *extra = "{\"link_gbps\": 8, \"note\": [1], \"kinds\": {"
                         " \"intra-stage\": {\"fixed_s\": 0, \"bytes_per_s\": 1, \"samples\": 3},"
@@ -65,7 +70,7 @@ static int test_parse(void) {
                         " \"dp-resharding\": {\"fixed_s\": 0, \"bytes_per_s\": 1}}}";
     ASSERT_OK(parse(extra, &m, &e));
     ASSERT_STREQ(m.machine, "");
-    ASSERT_NEAR(m.raw_bytes_per_s[PLAN_MEAS_PIPELINE], 2, 0, 0);
+    ASSERT_NEAR(m.raw_bytes_per_s[PLAN_RECONF_PIPELINE], 2, 0, 0);
     return 0;
 }
 
@@ -169,23 +174,23 @@ static int test_charging(void) {
     /* over a 1 Gb/s link (1.25e8 bytes/s) the link does; raw TCP's figure does not enter */
     ASSERT_OK(plan_cost_use_measured(c, &m, 1));
     ASSERT_NEAR(plan_cost_transition_ms(c, 4, 1, 4, 1, &v3, 1, 1, 4, &k), 200.016, 1e-9, 0);
-    m.raw_bytes_per_s[PLAN_MEAS_INTER] = 5e8;
+    m.raw_bytes_per_s[PLAN_RECONF_INTER_STAGE] = 5e8;
     ASSERT_OK(plan_cost_use_measured(c, &m, 1));
     ASSERT_NEAR(plan_cost_transition_ms(c, 4, 1, 4, 1, &v3, 1, 1, 4, &k), 200.016, 1e-9, 0);
     /* moments that outlast the step stall for the rest: at 1 byte/ms, 1x4 -> 1x2's 400
      * params (1600 bytes of weights, 3200 of moments) against the 1x2 step's 400 ms */
-    for (int i = 0; i < PLAN_MEAS_NKINDS; i++)
+    for (int i = 0; i < PLAN_RECONF_NLIVE; i++)
         m.bytes_per_s[i] = 1000;
     ASSERT_OK(plan_cost_use_measured(c, &m, 0));
     double step_ms = 1000.0 * c->global_batch / plan_cost_throughput(c, 1, 2);
     ASSERT_TRUE(step_ms < 3200);
     ASSERT_NEAR(plan_cost_transition_ms(c, 4, 1, 4, 0, NULL, 0, 1, 2, &k),
                 300 + 1600 + (3200 - step_ms), 1e-9, 0);
-    m.bytes_per_s[PLAN_MEAS_PIPELINE] = 5e8;
+    m.bytes_per_s[PLAN_RECONF_PIPELINE] = 5e8;
     /* bad figures are refused */
-    m.bytes_per_s[PLAN_MEAS_PIPELINE] = 0;
+    m.bytes_per_s[PLAN_RECONF_PIPELINE] = 0;
     ASSERT_ERR(plan_cost_use_measured(c, &m, 10), -EINVAL);
-    m.bytes_per_s[PLAN_MEAS_PIPELINE] = 1;
+    m.bytes_per_s[PLAN_RECONF_PIPELINE] = 1;
     m.link_gbps = 0;
     ASSERT_ERR(plan_cost_use_measured(c, &m, 10), -EINVAL);
     ASSERT_ERR(plan_cost_use_measured(NULL, &m, 10), -EINVAL);
@@ -285,20 +290,20 @@ static int test_fit(void) {
     ASSERT_NEAR(plan_cost_throughput(c, 1, 2), 5, 0, 0); /* the prior is not touched */
     /* migrations: the prior's link is its p2p table, 1 MiB in 1.4 ms */
     double link = 1048576 / 1.4e-3;
-    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_MEAS_INTRA, 0), 1.065, 1e-12, 0);
-    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_MEAS_NKINDS, 0), -1, 0, 0);
-    ASSERT_ERR(plan_fit_observe_migration(f, PLAN_MEAS_PIPELINE, -1, 0.5), -EINVAL);
-    ASSERT_ERR(plan_fit_observe_migration(f, PLAN_MEAS_PIPELINE, 0, INFINITY), -EINVAL);
+    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_RECONF_INTRA_STAGE, 0), 1.065, 1e-12, 0);
+    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_RECONF_NLIVE, 0), -1, 0, 0);
+    ASSERT_ERR(plan_fit_observe_migration(f, PLAN_RECONF_PIPELINE, -1, 0.5), -EINVAL);
+    ASSERT_ERR(plan_fit_observe_migration(f, PLAN_RECONF_PIPELINE, 0, INFINITY), -EINVAL);
     ASSERT_FALSE(plan_fit_stall_calibrated(f)); /* the prior alone, whatever steps say */
     ASSERT_FALSE(plan_fit_stall_calibrated(NULL));
-    ASSERT_OK(plan_fit_observe_migration(f, PLAN_MEAS_PIPELINE, link * 0.5, 0.75));
+    ASSERT_OK(plan_fit_observe_migration(f, PLAN_RECONF_PIPELINE, link * 0.5, 0.75));
     ASSERT_TRUE(plan_fit_stall_calibrated(f));
-    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_MEAS_PIPELINE, link), 1.25, 1e-9, 0);
-    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_MEAS_INTRA, 0), 0.25, 1e-9, 0); /* largest */
-    ASSERT_OK(plan_fit_observe_migration(f, PLAN_MEAS_INTRA, 0, 0.05));
-    ASSERT_OK(plan_fit_observe_migration(f, PLAN_MEAS_INTRA, 0, 0.15));
-    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_MEAS_INTRA, 0), 0.1, 1e-12, 0);
-    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_MEAS_INTER, 0), 0.25, 1e-9, 0);
+    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_RECONF_PIPELINE, link), 1.25, 1e-9, 0);
+    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_RECONF_INTRA_STAGE, 0), 0.25, 1e-9, 0); /* largest */
+    ASSERT_OK(plan_fit_observe_migration(f, PLAN_RECONF_INTRA_STAGE, 0, 0.05));
+    ASSERT_OK(plan_fit_observe_migration(f, PLAN_RECONF_INTRA_STAGE, 0, 0.15));
+    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_RECONF_INTRA_STAGE, 0), 0.1, 1e-12, 0);
+    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_RECONF_INTER_STAGE, 0), 0.25, 1e-9, 0);
     /* now plan_decide's model charges live migrations with those figures */
     fc = plan_fit_cost(f);
     ASSERT_TRUE(fc->measured);
@@ -326,51 +331,51 @@ static int test_fit_start_costs(void) {
     struct plan_measured_costs m;
     memset(&m, 0, sizeof(m));
     m.link_gbps = 10;
-    for (int k = 0; k < PLAN_MEAS_NKINDS; k++) {
+    for (int k = 0; k < PLAN_RECONF_NLIVE; k++) {
         m.fixed_s[k] = 0.01 * (k + 1);
         m.bytes_per_s[k] = 1e9 * (k + 1);
     }
     struct plan_measured_costs bad = m;
-    bad.bytes_per_s[PLAN_MEAS_PIPELINE] = 0;
+    bad.bytes_per_s[PLAN_RECONF_PIPELINE] = 0;
     ASSERT_ERR(plan_fit_start_costs(f, &bad), -EINVAL);
     bad = m;
-    bad.fixed_s[PLAN_MEAS_INTER] = NAN;
+    bad.fixed_s[PLAN_RECONF_INTER_STAGE] = NAN;
     ASSERT_ERR(plan_fit_start_costs(f, &bad), -EINVAL);
     ASSERT_ERR(plan_fit_start_costs(NULL, &m), -EINVAL);
     /* before: the prior's guess; after: the file's figures */
-    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_MEAS_INTRA, 0), 1.065, 1e-12, 0);
+    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_RECONF_INTRA_STAGE, 0), 1.065, 1e-12, 0);
     ASSERT_FALSE(plan_fit_stall_calibrated(f));
     ASSERT_OK(plan_fit_start_costs(f, &m));
     ASSERT_TRUE(plan_fit_stall_calibrated(f)); /* the file's figures were measured */
-    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_MEAS_INTRA, 0), 0.01, 1e-12, 0);
-    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_MEAS_PIPELINE, 3e9), 0.03 + 1.0, 1e-12, 0);
+    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_RECONF_INTRA_STAGE, 0), 0.01, 1e-12, 0);
+    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_RECONF_PIPELINE, 3e9), 0.03 + 1.0, 1e-12, 0);
     ASSERT_TRUE(plan_fit_cost(f)->measured); /* charged from the start */
     /* a pipeline move measured: 0.5 s for 3e9 bytes at the file's 3e9 B/s: fixed -0.5 -> 0 */
-    ASSERT_OK(plan_fit_observe_migration(f, PLAN_MEAS_PIPELINE, 3e9, 0.5));
-    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_MEAS_PIPELINE, 0), 0, 1e-12, 0);
-    ASSERT_OK(plan_fit_observe_migration(f, PLAN_MEAS_PIPELINE, 0, 0.2));
-    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_MEAS_PIPELINE, 0), 0.1, 1e-12, 0);
-    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_MEAS_INTER, 2e9), 0.02 + 1.0, 1e-12, 0);
+    ASSERT_OK(plan_fit_observe_migration(f, PLAN_RECONF_PIPELINE, 3e9, 0.5));
+    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_RECONF_PIPELINE, 0), 0, 1e-12, 0);
+    ASSERT_OK(plan_fit_observe_migration(f, PLAN_RECONF_PIPELINE, 0, 0.2));
+    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_RECONF_PIPELINE, 0), 0.1, 1e-12, 0);
+    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_RECONF_INTER_STAGE, 2e9), 0.02 + 1.0, 1e-12, 0);
     /* A first migration paying one-time costs does not carry into the figure: the fixed part
      * is the median of the kind's last 8, so two typical ones outvote it, and once 8 more
      * came it is gone from the window (a mean said 0.4 and then 0.18 here). */
-    ASSERT_OK(plan_fit_observe_migration(f, PLAN_MEAS_INTER, 0, 1.0));
-    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_MEAS_INTER, 0), 1.0, 1e-12, 0);
-    ASSERT_OK(plan_fit_observe_migration(f, PLAN_MEAS_INTER, 0, 0.11));
-    ASSERT_OK(plan_fit_observe_migration(f, PLAN_MEAS_INTER, 0, 0.09));
-    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_MEAS_INTER, 0), 0.11, 1e-12, 0);
+    ASSERT_OK(plan_fit_observe_migration(f, PLAN_RECONF_INTER_STAGE, 0, 1.0));
+    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_RECONF_INTER_STAGE, 0), 1.0, 1e-12, 0);
+    ASSERT_OK(plan_fit_observe_migration(f, PLAN_RECONF_INTER_STAGE, 0, 0.11));
+    ASSERT_OK(plan_fit_observe_migration(f, PLAN_RECONF_INTER_STAGE, 0, 0.09));
+    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_RECONF_INTER_STAGE, 0), 0.11, 1e-12, 0);
     for (int i = 0; i < 4; i++) {
-        ASSERT_OK(plan_fit_observe_migration(f, PLAN_MEAS_INTER, 0, 0.12));
-        ASSERT_OK(plan_fit_observe_migration(f, PLAN_MEAS_INTER, 0, 0.08));
+        ASSERT_OK(plan_fit_observe_migration(f, PLAN_RECONF_INTER_STAGE, 0, 0.12));
+        ASSERT_OK(plan_fit_observe_migration(f, PLAN_RECONF_INTER_STAGE, 0, 0.08));
     }
-    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_MEAS_INTER, 0), 0.10, 1e-12, 0);
+    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_RECONF_INTER_STAGE, 0), 0.10, 1e-12, 0);
     /* an unseen kind is charged the largest median: inter's 0.10, not its 1.0 outlier */
     plan_fit_free(f);
     ASSERT_OK(plan_fit_new(c, &f));
-    ASSERT_OK(plan_fit_observe_migration(f, PLAN_MEAS_INTER, 0, 1.0));
+    ASSERT_OK(plan_fit_observe_migration(f, PLAN_RECONF_INTER_STAGE, 0, 1.0));
     for (int i = 0; i < 8; i++)
-        ASSERT_OK(plan_fit_observe_migration(f, PLAN_MEAS_INTER, 0, 0.1));
-    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_MEAS_INTRA, 0), 0.1, 1e-12, 0);
+        ASSERT_OK(plan_fit_observe_migration(f, PLAN_RECONF_INTER_STAGE, 0, 0.1));
+    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_RECONF_INTRA_STAGE, 0), 0.1, 1e-12, 0);
     plan_fit_free(f);
     plan_cost_free(c);
     return 0;
@@ -409,29 +414,29 @@ static int test_fit_move(void) {
     c->meas_at_boundary = true;
     ASSERT_OK(plan_fit_new(c, &fb));
     double link = 1048576 / 1.4e-3; /* the prior's p2p rate, bytes/s */
-    double base = plan_fit_stall_seconds(f, PLAN_MEAS_PIPELINE, 0);
+    double base = plan_fit_stall_seconds(f, PLAN_RECONF_PIPELINE, 0);
     ASSERT_TRUE(base > 0);
     struct plan_fit_move hidden = {0.5 * link, 1.0 * link, 1, 2};
     struct plan_fit_move outlasts = {0, 2.0 * link, 1, 2};
-    ASSERT_NEAR(plan_fit_stall_seconds_move(f, PLAN_MEAS_PIPELINE, &hidden), base + 0.5, 1e-9, 0);
-    ASSERT_NEAR(plan_fit_stall_seconds_move(f, PLAN_MEAS_PIPELINE, &outlasts), base + 0.4, 1e-9,
+    ASSERT_NEAR(plan_fit_stall_seconds_move(f, PLAN_RECONF_PIPELINE, &hidden), base + 0.5, 1e-9, 0);
+    ASSERT_NEAR(plan_fit_stall_seconds_move(f, PLAN_RECONF_PIPELINE, &outlasts), base + 0.4, 1e-9,
                 0);
-    ASSERT_NEAR(plan_fit_stall_seconds_move(fb, PLAN_MEAS_PIPELINE, &hidden), base + 1.5, 1e-9,
+    ASSERT_NEAR(plan_fit_stall_seconds_move(fb, PLAN_RECONF_PIPELINE, &hidden), base + 1.5, 1e-9,
                 0);
     /* all bytes in the stall: the older call */
-    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_MEAS_PIPELINE, 1.5 * link), base + 1.5, 1e-9, 0);
-    ASSERT_OK(plan_fit_observe_move(f, PLAN_MEAS_PIPELINE, &hidden, 0.75));
-    ASSERT_NEAR(plan_fit_stall_seconds_move(f, PLAN_MEAS_PIPELINE, &hidden), 0.75, 1e-9, 0);
-    ASSERT_NEAR(plan_fit_stall_seconds_move(f, PLAN_MEAS_PIPELINE, &outlasts), 0.65, 1e-9, 0);
+    ASSERT_NEAR(plan_fit_stall_seconds(f, PLAN_RECONF_PIPELINE, 1.5 * link), base + 1.5, 1e-9, 0);
+    ASSERT_OK(plan_fit_observe_move(f, PLAN_RECONF_PIPELINE, &hidden, 0.75));
+    ASSERT_NEAR(plan_fit_stall_seconds_move(f, PLAN_RECONF_PIPELINE, &hidden), 0.75, 1e-9, 0);
+    ASSERT_NEAR(plan_fit_stall_seconds_move(f, PLAN_RECONF_PIPELINE, &outlasts), 0.65, 1e-9, 0);
     /* a stall shorter than the charge leaves no fixed part */
-    ASSERT_OK(plan_fit_observe_move(f, PLAN_MEAS_INTRA, &hidden, 0.1));
-    ASSERT_NEAR(plan_fit_stall_seconds_move(f, PLAN_MEAS_INTRA, &hidden), 0.5, 1e-9, 0);
+    ASSERT_OK(plan_fit_observe_move(f, PLAN_RECONF_INTRA_STAGE, &hidden, 0.1));
+    ASSERT_NEAR(plan_fit_stall_seconds_move(f, PLAN_RECONF_INTRA_STAGE, &hidden), 0.5, 1e-9, 0);
     struct plan_fit_move bad = {-1, 0, 1, 2}, nan = {0, NAN, 1, 2};
-    ASSERT_NEAR(plan_fit_stall_seconds_move(f, PLAN_MEAS_PIPELINE, &bad), -1, 0, 0);
-    ASSERT_NEAR(plan_fit_stall_seconds_move(f, PLAN_MEAS_PIPELINE, NULL), -1, 0, 0);
-    ASSERT_ERR(plan_fit_observe_move(f, PLAN_MEAS_PIPELINE, &nan, 0.1), -EINVAL);
-    ASSERT_ERR(plan_fit_observe_move(f, PLAN_MEAS_NKINDS, &hidden, 0.1), -EINVAL);
-    ASSERT_ERR(plan_fit_observe_move(f, PLAN_MEAS_PIPELINE, &hidden, -1), -EINVAL);
+    ASSERT_NEAR(plan_fit_stall_seconds_move(f, PLAN_RECONF_PIPELINE, &bad), -1, 0, 0);
+    ASSERT_NEAR(plan_fit_stall_seconds_move(f, PLAN_RECONF_PIPELINE, NULL), -1, 0, 0);
+    ASSERT_ERR(plan_fit_observe_move(f, PLAN_RECONF_PIPELINE, &nan, 0.1), -EINVAL);
+    ASSERT_ERR(plan_fit_observe_move(f, PLAN_RECONF_NLIVE, &hidden, 0.1), -EINVAL);
+    ASSERT_ERR(plan_fit_observe_move(f, PLAN_RECONF_PIPELINE, &hidden, -1), -EINVAL);
     plan_fit_free(f);
     plan_fit_free(fb);
     plan_cost_free(c);

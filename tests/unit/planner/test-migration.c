@@ -328,7 +328,7 @@ static int test_none(void) {
     struct plan_migration *p = NULL;
     char err[256] = "";
     ASSERT_OK(plan_migration_new(&q, &p, err, sizeof(err)));
-    ASSERT_EQ(p->cls, PLAN_MIGCLASS_NONE);
+    ASSERT_EQ(p->cls, PLAN_RECONF_NONE);
     ASSERT_EQ(p->ntransfers, 0);
     ASSERT_EQ(p->bytes_moved, 0);
     ASSERT_EQ(p->bytes_kept, p->bytes_needed);
@@ -336,7 +336,7 @@ static int test_none(void) {
     ASSERT_EQ(p->worker_stage[4], -1);
     for (uint32_t i = 0; i < 4; i++)
         ASSERT_EQ(p->position_worker[w[i].stage * 2 + w[i].replica], i);
-    ASSERT_STREQ(plan_mig_class_name(p->cls), "none");
+    ASSERT_STREQ(plan_reconf_name(p->cls), "none");
     plan_migration_free(p);
     return 0;
 }
@@ -356,7 +356,7 @@ static int test_intra_stage(void) {
     struct plan_migration *p = NULL;
     char err[256] = "";
     ASSERT_OK(plan_migration_new(&q, &p, err, sizeof(err)));
-    ASSERT_EQ(p->cls, PLAN_MIGCLASS_INTRA_STAGE);
+    ASSERT_EQ(p->cls, PLAN_RECONF_INTRA_STAGE);
     ASSERT_EQ(p->bytes_kind[PLAN_STATE_PARAM], 0);
     /* Each stage: 4 layers x the other half (50) x 2 moments. */
     ASSERT_EQ(p->bytes_kind[PLAN_STATE_ADAM_M], 4 * 2 * 4 * 50);
@@ -393,7 +393,7 @@ static int test_inter_stage(void) {
     struct plan_migration *p = NULL;
     char err[256] = "";
     ASSERT_OK(plan_migration_new(&q, &p, err, sizeof(err)));
-    ASSERT_EQ(p->cls, PLAN_MIGCLASS_INTER_STAGE);
+    ASSERT_EQ(p->cls, PLAN_RECONF_INTER_STAGE);
     ASSERT_EQ(p->worker_stage[4], 1);
     ASSERT_EQ(p->worker_replica[4], 1);
     for (uint32_t i = 0; i < 3; i++) /* survivors stay in place */
@@ -428,7 +428,7 @@ static int test_pipeline(void) {
     struct plan_migration *p = NULL;
     char err[256] = "";
     ASSERT_OK(plan_migration_new(&q, &p, err, sizeof(err)));
-    ASSERT_EQ(p->cls, PLAN_MIGCLASS_PIPELINE);
+    ASSERT_EQ(p->cls, PLAN_RECONF_PIPELINE);
     ASSERT_EQ(p->bytes_kind[PLAN_STATE_PARAM], 0);   /* every worker already has its layers */
     ASSERT_EQ(p->bytes_kept, 4 * 4 * 400);
     ASSERT_EQ(p->bytes_moved, 4 * 800);
@@ -441,7 +441,7 @@ static int test_pipeline(void) {
         worker_set(&w2[i], "x", i, 0, true, false);
     q = make_req(8, EQ8, &b, &a, w2, 4);
     ASSERT_OK(plan_migration_new(&q, &p, err, sizeof(err)));
-    ASSERT_EQ(p->cls, PLAN_MIGCLASS_PIPELINE);
+    ASSERT_EQ(p->cls, PLAN_RECONF_PIPELINE);
     ASSERT_EQ(p->bytes_kept, 4 * 4 * 400);
     ASSERT_EQ(p->bytes_kind[PLAN_STATE_PARAM], 4 * 4 * 200);
     ASSERT_EQ(p->bytes_kind[PLAN_STATE_ADAM_M] + p->bytes_kind[PLAN_STATE_ADAM_V], 4 * 800);
@@ -467,7 +467,7 @@ static int test_reshard(void) {
     struct plan_migration *p = NULL;
     char err[256] = "";
     ASSERT_OK(plan_migration_new(&q, &p, err, sizeof(err)));
-    ASSERT_EQ(p->cls, PLAN_MIGCLASS_INTER_STAGE);
+    ASSERT_EQ(p->cls, PLAN_RECONF_INTER_STAGE);
     ASSERT_EQ(p->position_worker[0], 0);
     ASSERT_EQ(p->position_worker[1], 2);
     ASSERT_EQ(p->position_worker[2], 1);
@@ -493,7 +493,7 @@ static int test_reshard(void) {
     ASSERT_OK(plan_mig_layout_init(2, np, 1, 1, NULL, &c));
     q = make_req(2, np, &a, &c, w, 2);
     ASSERT_OK(plan_migration_new(&q, &p, err, sizeof(err)));
-    ASSERT_EQ(p->cls, PLAN_MIGCLASS_INTRA_STAGE);
+    ASSERT_EQ(p->cls, PLAN_RECONF_INTRA_STAGE);
     ASSERT_EQ(p->bytes_moved, 4 * 2 * 2 * 3);
     ASSERT_EQ(simulate(&q, p), 0);
     plan_migration_free(p);
@@ -514,7 +514,7 @@ static int test_balance(void) {
     struct plan_migration *p = NULL;
     char err[256] = "";
     ASSERT_OK(plan_migration_new(&q, &p, err, sizeof(err)));
-    ASSERT_EQ(p->cls, PLAN_MIGCLASS_INTER_STAGE);
+    ASSERT_EQ(p->cls, PLAN_RECONF_INTER_STAGE);
     uint64_t param_sent[8] = {0};
     int senders_of[8] = {0};
     for (size_t i = 0; i < p->ntransfers; i++)
@@ -562,7 +562,7 @@ static int test_tied(void) {
     struct plan_migration *p = NULL;
     char err[256] = "";
     ASSERT_OK(plan_migration_new(&q, &p, err, sizeof(err)));
-    ASSERT_EQ(p->cls, PLAN_MIGCLASS_PIPELINE);
+    ASSERT_EQ(p->cls, PLAN_RECONF_PIPELINE);
     ASSERT_EQ(simulate(&q, p), 0);
     uint32_t last = p->position_worker[2];
     if (last != 1) /* whoever is last either kept layer 0 or received it */
@@ -687,7 +687,7 @@ static int test_bad_requests(void) {
     fixed[0] = 3; /* a and d swap stages: an inter-stage plan, still valid */
     fixed[3] = 0;
     ASSERT_OK(plan_migration_new(&q, &p, err, sizeof(err)));
-    ASSERT_EQ(p->cls, PLAN_MIGCLASS_INTER_STAGE);
+    ASSERT_EQ(p->cls, PLAN_RECONF_INTER_STAGE);
     ASSERT_EQ(simulate(&q, p), 0);
     plan_migration_free(p);
     uint64_t huge[8];
@@ -717,7 +717,7 @@ static int test_bad_requests(void) {
     ASSERT_TRUE(plan_migration_free(NULL) == NULL);
     ASSERT_STREQ(plan_mig_state_name(PLAN_STATE_ADAM_V), "adam_v");
     ASSERT_STREQ(plan_mig_state_name(PLAN_STATE_NKINDS), "?");
-    ASSERT_STREQ(plan_mig_class_name(PLAN_MIGCLASS_PIPELINE), "pipeline");
+    ASSERT_STREQ(plan_reconf_name(PLAN_RECONF_PIPELINE), "pipeline");
     return 0;
 }
 
@@ -835,7 +835,7 @@ static void random_layout(uint32_t nl, const uint64_t *np, uint32_t dp, uint32_t
 static int test_random_plans(void) {
     rng_state = 0xC0FFEE5EEDull;
     int ok = 0, nodata = 0, nospc = 0, brute = 0;
-    int by_class[PLAN_MIGCLASS_NKINDS] = {0};
+    int by_class[1 + PLAN_RECONF_PIPELINE + 1] = {0}; /* none, intra, inter, pipeline */
     for (int it = 0; it < 6000; it++) {
         uint32_t nl = 1 + rnd(10);
         uint64_t np[10];
@@ -931,7 +931,8 @@ static int test_random_plans(void) {
             fprintf(stderr, "  case %d: %s\n", it, err);
         ASSERT_OK(r);
         ok++;
-        by_class[p->cls]++;
+        ASSERT_TRUE(p->cls >= PLAN_RECONF_NONE && p->cls <= PLAN_RECONF_PIPELINE);
+        by_class[1 + p->cls]++;
         ASSERT_OK(plan_migration_validate(&q, p, err, sizeof(err)));
         if (simulate(&q, p)) {
             fprintf(stderr, "  case %d failed the simulated execution\n", it);
@@ -962,7 +963,7 @@ static int test_random_plans(void) {
     ASSERT_GT(ok, 2000);
     ASSERT_GT(nodata, 100);
     ASSERT_GT(brute, 500);
-    for (int c = 0; c < PLAN_MIGCLASS_NKINDS; c++)
+    for (size_t c = 0; c < ST_ARRAY_SIZE(by_class); c++)
         ASSERT_GT(by_class[c], 20);
     return 0;
 }
@@ -987,14 +988,14 @@ static int test_large(void) {
     struct plan_migration *p = NULL;
     char err[256] = "";
     ASSERT_OK(plan_migration_new(&q, &p, err, sizeof(err)));
-    ASSERT_EQ(p->cls, PLAN_MIGCLASS_PIPELINE);
+    ASSERT_EQ(p->cls, PLAN_RECONF_PIPELINE);
     ASSERT_GT(p->bytes_kept, 0);
     ASSERT_EQ(p->bytes_kept + p->bytes_moved, p->bytes_needed);
     plan_migration_free(p);
     /* Same layout, a few replicas replaced by new workers: the shortcut path. */
     q.new_layout = &a;
     ASSERT_OK(plan_migration_new(&q, &p, err, sizeof(err)));
-    ASSERT_EQ(p->cls, PLAN_MIGCLASS_INTER_STAGE);
+    ASSERT_EQ(p->cls, PLAN_RECONF_INTER_STAGE);
     plan_migration_free(p);
     return 0;
 }
