@@ -59,7 +59,7 @@ static int cmd_info(const char *dir) {
         total += el;
     }
     printf("  total %" PRIu64 " floats (%.1f MiB), parameters %" PRIu64 "\n", total,
-           (double)total * 4 / 1048576.0, total / MIG_TENSOR_KINDS);
+           (double)total * 4 / 1048576.0, total / ST_STATE_NKINDS);
     mig_ckpt_free(c);
     return CLI_EXIT_OK;
 }
@@ -145,14 +145,14 @@ static int cmd_diff(const char *da, const char *db, double rtol) {
             rc = CLI_EXIT_INPUT;
             goto out;
         }
-        double maxrel[MIG_TENSOR_KINDS] = {0};
-        bool present[MIG_TENSOR_KINDS] = {0};
+        double maxrel[ST_STATE_NKINDS] = {0};
+        bool present[ST_STATE_NKINDS] = {0};
         for (size_t i = 0; i < la->ntensors; i++) {
             const struct mig_tensor *ta = &la->tensors[i];
             const struct mig_tensor *tb = mig_ckpt_layer_find(lb, ta->name, ta->kind);
             if (!tb || tb->count != ta->count) {
                 fprintf(stderr, "spottrain ckpt: different models: layer %d tensor '%s' (%s) "
-                        "%s in '%s'\n", l, ta->name, mig_tensor_kind_name(ta->kind),
+                        "%s in '%s'\n", l, ta->name, st_state_kind_name(ta->kind),
                         tb ? "has another size" : "is missing", db);
                 rc = CLI_EXIT_INPUT;
                 goto out;
@@ -164,10 +164,10 @@ static int cmd_diff(const char *da, const char *db, double rtol) {
                     maxrel[ta->kind] = d;
             }
         }
-        for (int k = 0; k < MIG_TENSOR_KINDS; k++) {
+        for (int k = 0; k < ST_STATE_NKINDS; k++) {
             if (!present[k])
                 continue;
-            printf("layer %d %s max_rel %.9g\n", l, mig_tensor_kind_name((enum mig_tensor_kind)k),
+            printf("layer %d %s max_rel %.9g\n", l, st_state_kind_name((enum st_state_kind)k),
                    maxrel[k]);
             worst = fmax(worst, maxrel[k]);
         }

@@ -174,9 +174,9 @@ static int print_json(const struct plan_situation_file *s, const struct plan_dec
             if (!lost[l])
                 continue;
             json_t *k = json_array();
-            for (int i = 0; i < PLAN_STATE_NKINDS; i++)
+            for (int i = 0; i < ST_STATE_NKINDS; i++)
                 if (lost[l] & (1 << i))
-                    json_array_append_new(k, json_string(plan_mig_state_name(i)));
+                    json_array_append_new(k, json_string(st_state_kind_name(i)));
             json_array_append_new(ll, json_pack("{s:i, s:o}", "layer", (int)l, "kinds", k));
         }
         json_object_set_new(root, "lost_layers", ll);
@@ -189,8 +189,8 @@ static int print_json(const struct plan_situation_file *s, const struct plan_dec
         json_object_set_new(m, "bytes_kept", json_integer((json_int_t)p->bytes_kept));
         json_object_set_new(m, "bytes_needed", json_integer((json_int_t)p->bytes_needed));
         json_t *bk = json_object();
-        for (int k = 0; k < PLAN_STATE_NKINDS; k++)
-            json_object_set_new(bk, plan_mig_state_name(k),
+        for (int k = 0; k < ST_STATE_NKINDS; k++)
+            json_object_set_new(bk, st_state_kind_name(k),
                                 json_integer((json_int_t)p->bytes_kind[k]));
         json_object_set_new(m, "bytes_by_kind", bk);
         for (uint32_t q = 0; q < p->npositions; q++) {
@@ -213,7 +213,7 @@ static int print_json(const struct plan_situation_file *s, const struct plan_dec
             json_array_append_new(
                 xs, json_pack("{s:s, s:s, s:i, s:s, s:I, s:I, s:I}", "src", s->w[t->src].id,
                               "dst", s->w[t->dst].id, "layer", (int)t->layer, "kind",
-                              plan_mig_state_name(t->kind), "offset", (json_int_t)t->offset,
+                              st_state_kind_name(t->kind), "offset", (json_int_t)t->offset,
                               "count", (json_int_t)t->count, "bytes",
                               (json_int_t)(t->count * PLAN_MIG_ELEM_BYTES)));
         }
@@ -272,8 +272,8 @@ static void print_text(const struct plan_situation_file *s, const struct plan_de
            "kept in place %s of %s\n",
            plan_reconf_name(p->cls), p->ntransfers, p->npairs,
            human_bytes(p->bytes_moved, b1, sizeof(b1)),
-           human_bytes(p->bytes_kind[PLAN_STATE_PARAM], b2, sizeof(b2)),
-           human_bytes(p->bytes_kind[PLAN_STATE_ADAM_M] + p->bytes_kind[PLAN_STATE_ADAM_V], b3,
+           human_bytes(p->bytes_kind[ST_STATE_PARAM], b2, sizeof(b2)),
+           human_bytes(p->bytes_kind[ST_STATE_ADAM_M] + p->bytes_kind[ST_STATE_ADAM_V], b3,
                        sizeof(b3)),
            human_bytes(p->bytes_kept, b4, sizeof(b4)),
            human_bytes(p->bytes_needed, b5, sizeof(b5)));
@@ -303,7 +303,7 @@ static void print_text(const struct plan_situation_file *s, const struct plan_de
     for (size_t i = 0; i < p->ntransfers; i++) {
         const struct plan_mig_transfer *t = &p->transfers[i];
         printf("  %s -> %s  layer %u %-6s [%llu, %llu)  %s\n", s->w[t->src].id, s->w[t->dst].id,
-               t->layer, plan_mig_state_name(t->kind), (unsigned long long)t->offset,
+               t->layer, st_state_kind_name(t->kind), (unsigned long long)t->offset,
                (unsigned long long)(t->offset + t->count),
                human_bytes(t->count * PLAN_MIG_ELEM_BYTES, b1, sizeof(b1)));
     }

@@ -62,6 +62,20 @@ void st_log_internal(int level, const char *subsys, const char *file, int line, 
  * migration planner's transfers both use, so a shard is the same bytes everywhere. */
 void st_shard(uint64_t n, int64_t dp, int64_t r, uint64_t *ret_lo, uint64_t *ret_hi);
 
+/* ---- what a layer's state is made of ------------------------------------------------ */
+
+/* A layer's parameters, or one of AdamW's two moments (the part ZeRO-1 shards across a
+ * stage's replicas). One enum for the planner's transfers, the coordinator's Migrate commands,
+ * the data plane and the checkpoint files; proto StateKind numbers them the same. */
+enum st_state_kind {
+    ST_STATE_PARAM = 0, /* parameters (a whole layer) */
+    ST_STATE_ADAM_M,    /* AdamW first moment */
+    ST_STATE_ADAM_V,    /* AdamW second moment */
+    ST_STATE_NKINDS
+};
+/* "param", "adam_m", "adam_v"; "?" for any other value. */
+const char *st_state_kind_name(enum st_state_kind k);
+
 /* ---- the peer-copy ring ------------------------------------------------------------- */
 
 /* The ring of in-memory peer copies over n positions: next[p] is the position that holds p's

@@ -298,6 +298,12 @@ void st_shard(uint64_t n, int64_t dp, int64_t r, uint64_t *ret_lo, uint64_t *ret
 }
 
 /* See common.h. */
+const char *st_state_kind_name(enum st_state_kind k) {
+    static const char *const names[ST_STATE_NKINDS] = {"param", "adam_m", "adam_v"};
+    return (unsigned)k < ST_STATE_NKINDS ? names[k] : "?";
+}
+
+/* See common.h. */
 int st_peer_ring(int n, const char *const *zones, int *next) {
     if (n < 1 || n > 4096 || !next)
         return -EINVAL;

@@ -55,9 +55,6 @@ enum coord_job_state {
     COORD_JOB_STOPPED
 };
 
-/* Kinds of state a Migrate transfer moves (proto StateKind). */
-enum coord_state_kind { COORD_KIND_PARAM = 0, COORD_KIND_ADAM_M, COORD_KIND_ADAM_V };
-
 
 /* One row of the worker table (a copy; the caller owns the array). */
 struct coord_worker {
@@ -92,7 +89,7 @@ struct coord_transfer {
     char src_worker_id[ST_UUID_STR_LEN];
     char dst_worker_id[ST_UUID_STR_LEN];
     int layer;
-    enum coord_state_kind kind;
+    enum st_state_kind kind;
     uint64_t offset, count; /* elements */
     bool from_copy;         /* src sends from its peer copy of a lost worker (peer restore) */
 };

@@ -668,7 +668,7 @@ static void cm_epoch_end(struct coord_loop *L) {
  * its moments only beyond it). */
 static void cm_predict(struct coord_loop *L, int dp, int pp, const struct plan_migration *plan) {
     double all = plan ? (double)plan->bytes_moved : 0;
-    double w = plan ? (double)plan->bytes_kind[PLAN_STATE_PARAM] : 0;
+    double w = plan ? (double)plan->bytes_kind[ST_STATE_PARAM] : 0;
     L->rc.move = (struct plan_fit_move){w, all - w, dp, pp};
     L->rc.pred_step = L->fit ? plan_fit_step_seconds(L->fit, dp, pp) : 0;
     L->rc.calibrated = L->fit_has_steps;
@@ -1266,7 +1266,7 @@ static int start_migrate(struct coord_loop *L, const struct wv *v, size_t nv, in
             tr[nt].from_copy = src[t] != x->src;
             snprintf(tr[nt].dst_worker_id, sizeof(tr[nt].dst_worker_id), "%s", v[x->dst].w.id);
             tr[nt].layer = (int)x->layer;
-            tr[nt].kind = (enum coord_state_kind)x->kind;
+            tr[nt].kind = (enum st_state_kind)x->kind;
             tr[nt].offset = x->offset;
             tr[nt].count = x->count;
             nt++;

@@ -502,7 +502,7 @@ int coord_migrate_peers(struct coord *c, const char *worker_id, const struct coo
     for (size_t i = 0; i < n; i++) {
         if (!coord__worker_find(c, t[i].src_worker_id) ||
             !coord__worker_find(c, t[i].dst_worker_id) || t[i].count == 0 || t[i].layer < 0 ||
-            (unsigned)t[i].kind > COORD_KIND_ADAM_V) {
+            (unsigned)t[i].kind >= ST_STATE_NKINDS) {
             r = -EINVAL;
             goto out;
         }

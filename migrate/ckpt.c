@@ -38,13 +38,6 @@
 #define MANIFEST_MAX (64u << 20)
 #define FORMAT_NAME "spottrain-checkpoint"
 
-static const char *const kind_names[MIG_TENSOR_KINDS] = {"param", "adam_m", "adam_v"};
-
-/* See migrate.h. */
-const char *mig_tensor_kind_name(enum mig_tensor_kind k) {
-    return (unsigned)k < MIG_TENSOR_KINDS ? kind_names[k] : NULL;
-}
-
 static size_t align_up(size_t v) {
     return (v + ALIGN - 1) & ~(size_t)(ALIGN - 1);
 }
@@ -187,7 +180,7 @@ static int parse_table(const unsigned char *b, const char *path, struct layer_hd
         e->offset = get64(b + at + 16);
         e->name_at = at + 24;
         at += 24;
-        if (e->kind >= MIG_TENSOR_KINDS)
+        if (e->kind >= ST_STATE_NKINDS)
             return ckerr(err, -EBADMSG, path, "bad tensor kind %" PRIu32 " in entry %" PRIu32,
                          e->kind, i);
         if (e->name_len == 0 || e->name_len > MIG_TENSOR_NAME_MAX ||
@@ -401,7 +394,7 @@ int mig_ckpt_write_layer(struct mig_ckpt_writer *w, int layer, const struct mig_
     uint64_t payload = 0;
     for (size_t i = 0; i < n; i++) {
         size_t len = t[i].name ? strlen(t[i].name) : 0;
-        if (len == 0 || len > MIG_TENSOR_NAME_MAX || (unsigned)t[i].kind >= MIG_TENSOR_KINDS ||
+        if (len == 0 || len > MIG_TENSOR_NAME_MAX || (unsigned)t[i].kind >= ST_STATE_NKINDS ||
             (t[i].count && !t[i].data))
             return -EINVAL;
         for (size_t j = 0; j < i; j++)
@@ -895,7 +888,7 @@ int mig_ckpt_read_layer(struct mig_ckpt *c, int layer, struct mig_ckpt_layer **r
     for (uint32_t i = 0; i < h.ntensors; i++)
         li->t[i] = (struct mig_tensor){
             .name = (const char *)buf + h.e[i].name_at,
-            .kind = (enum mig_tensor_kind)h.e[i].kind,
+            .kind = (enum st_state_kind)h.e[i].kind,
             .count = (size_t)h.e[i].count,
             .data = (float *)(void *)(buf + h.header_bytes + h.e[i].offset),
         };
@@ -911,7 +904,7 @@ out:
 
 /* See migrate.h. */
 const struct mig_tensor *mig_ckpt_layer_find(const struct mig_ckpt_layer *l, const char *name,
-                                             enum mig_tensor_kind kind) {
+                                             enum st_state_kind kind) {
     if (!l || !name)
         return NULL;
     for (size_t i = 0; i < l->ntensors; i++)

@@ -14,7 +14,7 @@
 
 static int xfer_check(const struct mig_xfer *x, int nranks) {
     if (x->src < 0 || x->dst < 0 || x->src >= nranks || x->dst >= nranks || x->src == x->dst ||
-        x->count == 0 || x->kind > MIG_ADAM_V || x->count > SIZE_MAX / sizeof(float))
+        x->count == 0 || x->kind > ST_STATE_ADAM_V || x->count > SIZE_MAX / sizeof(float))
         return -EINVAL;
     return 0;
 }

@@ -17,11 +17,11 @@
 struct mig_comm;
 
 /* One transfer, in comm ranks: src sends elements [offset, offset+count) of (layer, kind)
- * (kind is an enum mig_tensor_kind) to dst. Elements are float32. */
+ * (kind is an enum st_state_kind) to dst. Elements are float32. */
 struct mig_xfer {
     int src, dst;     /* comm ranks, different */
     uint32_t layer;
-    uint32_t kind;    /* MIG_PARAM, MIG_ADAM_M, MIG_ADAM_V */
+    uint32_t kind;    /* ST_STATE_PARAM, ST_STATE_ADAM_M, ST_STATE_ADAM_V */
     uint64_t offset;  /* first element within the layer's flat vector of that kind */
     uint64_t count;   /* elements, > 0 */
 };

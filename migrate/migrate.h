@@ -33,6 +33,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common.h" /* enum st_state_kind */
+
 struct st_error;
 
 /* ==== data plane ========================================================================= */
@@ -257,22 +259,13 @@ bool mig_transport_available(const char *name);
  * checks. Credentials and endpoints as each cloud's tools find them (common/aws-creds.h,
  * common/oauth.h; docs/aws.md, docs/gcp-azure.md). */
 
-enum mig_tensor_kind {
-    MIG_PARAM = 0,
-    MIG_ADAM_M = 1,
-    MIG_ADAM_V = 2,
-};
-#define MIG_TENSOR_KINDS 3
 #define MIG_TENSOR_NAME_MAX 128 /* bytes of a name, NUL excluded */
 #define MIG_CKPT_MAX_LAYERS 100000
-
-/* "param", "adam_m", "adam_v"; NULL for an unknown value. */
-const char *mig_tensor_kind_name(enum mig_tensor_kind k);
 
 /* A named float32 tensor. For writing, data is borrowed from the caller. */
 struct mig_tensor {
     const char *name;          /* e.g. "wte", "h.3.attn.c_attn.weight" */
-    enum mig_tensor_kind kind;
+    enum st_state_kind kind;
     size_t count;              /* elements */
     float *data;
 };
@@ -349,7 +342,7 @@ int mig_ckpt_read_layer(struct mig_ckpt *c, int layer, struct mig_ckpt_layer **r
 struct mig_ckpt_layer *mig_ckpt_layer_free(struct mig_ckpt_layer *l);
 /* The tensor (name, kind) of l, or NULL. */
 const struct mig_tensor *mig_ckpt_layer_find(const struct mig_ckpt_layer *l, const char *name,
-                                             enum mig_tensor_kind kind);
+                                             enum st_state_kind kind);
 
 /* Reads every layer file in full and checks its checksum against the file and the manifest.
  * Returns 0 or the error of the first bad file (err filled as in mig_ckpt_open). */

@@ -33,11 +33,6 @@ static int errf(char *err, size_t errlen, int r, const char *fmt, ...) {
     return r;
 }
 
-const char *plan_mig_state_name(enum plan_mig_state k) {
-    static const char *const names[] = {"param", "adam_m", "adam_v"};
-    return (unsigned)k < PLAN_STATE_NKINDS ? names[k] : "?";
-}
-
 void plan_mig_shard(uint64_t n, uint32_t dp, uint32_t r, uint64_t *ret_offset,
                     uint64_t *ret_count) {
     uint64_t lo, hi;
@@ -225,10 +220,10 @@ static bool tied_holds(const struct plan_mig_layout *l, uint32_t s, uint32_t lay
 }
 
 static bool stage_holds(const struct plan_mig_layout *l, uint32_t s, uint32_t layer,
-                        enum plan_mig_state kind) {
+                        enum st_state_kind kind) {
     if (in_range(l, s, layer))
         return true;
-    return kind == PLAN_STATE_PARAM && tied_holds(l, s, layer);
+    return kind == ST_STATE_PARAM && tied_holds(l, s, layer);
 }
 
 /* Stages of layout l holding the PARAM of layer: its range stage, then tied holders.
@@ -253,9 +248,9 @@ static uint32_t param_stages(const struct plan_mig_layout *l, const uint32_t *st
 /* Interval of (layer, kind) held by position (s, r); false when none. */
 static bool pos_holding(const struct plan_mig_layout *l, const uint64_t *np, uint32_t s,
                         uint32_t r, uint32_t layer, uint32_t kind, uint64_t *a, uint64_t *b) {
-    if (!stage_holds(l, s, layer, (enum plan_mig_state)kind))
+    if (!stage_holds(l, s, layer, (enum st_state_kind)kind))
         return false;
-    if (kind == PLAN_STATE_PARAM) {
+    if (kind == ST_STATE_PARAM) {
         *a = 0;
         *b = np[layer];
     } else {
@@ -269,9 +264,9 @@ static bool pos_holding(const struct plan_mig_layout *l, const uint64_t *np, uin
 
 int plan_mig_holding(const struct plan_mig_layout *l, const uint64_t *layer_params,
                      uint32_t nlayers, uint32_t stage, uint32_t replica, uint32_t layer,
-                     enum plan_mig_state kind, uint64_t *ret_offset, uint64_t *ret_count) {
+                     enum st_state_kind kind, uint64_t *ret_offset, uint64_t *ret_count) {
     if (!l || !layer_params || stage >= l->pp || replica >= l->dp || layer >= nlayers ||
-        (unsigned)kind >= PLAN_STATE_NKINDS || plan_mig_layout_check(l, nlayers, NULL, 0) < 0)
+        (unsigned)kind >= ST_STATE_NKINDS || plan_mig_layout_check(l, nlayers, NULL, 0) < 0)
         return -EINVAL;
     uint64_t a, b;
     if (!pos_holding(l, layer_params, stage, replica, layer, kind, &a, &b))
@@ -448,13 +443,13 @@ static int find_lost(const struct ctx *c, uint8_t *lost) {
             }
         }
         if (!param)
-            mask |= 1u << PLAN_STATE_PARAM;
+            mask |= 1u << ST_STATE_PARAM;
         for (uint32_t r = 0; r < c->ol->dp; r++) {
             uint64_t off, cnt;
             plan_mig_shard(c->np[l], c->ol->dp, r, &off, &cnt);
             int32_t w = c->old_at[so * c->ol->dp + r];
             if (cnt > 0 && (w < 0 || !w_live(c, (uint32_t)w)))
-                mask |= (1u << PLAN_STATE_ADAM_M) | (1u << PLAN_STATE_ADAM_V);
+                mask |= (1u << ST_STATE_ADAM_M) | (1u << ST_STATE_ADAM_V);
         }
         if (lost)
             lost[l] = mask;
@@ -955,12 +950,12 @@ static int plan_position(const struct ctx *c, struct pick *pk, uint32_t p, uint3
     pk->ntouched = 0;
     for (int pass = 0; pass < 2; pass++) {
         for (uint32_t l = 0; l < c->nlayers; l++) {
-            if (!stage_holds(nl, sn, l, PLAN_STATE_PARAM))
+            if (!stage_holds(nl, sn, l, ST_STATE_PARAM))
                 continue;
             uint64_t a, b;
             if (pass == 0)
                 *needed += c->np[l];
-            if (w_holding(c, w, l, PLAN_STATE_PARAM, &a, &b)) {
+            if (w_holding(c, w, l, ST_STATE_PARAM, &a, &b)) {
                 if (pass == 0)
                     *kept += c->np[l];
                 continue;
@@ -994,10 +989,10 @@ static int plan_position(const struct ctx *c, struct pick *pk, uint32_t p, uint3
             }
             if (best < 0) {
                 *lost_layer = l;
-                *lost_kind = PLAN_STATE_PARAM;
+                *lost_kind = ST_STATE_PARAM;
                 return -ENODATA;
             }
-            r = xfer_add(x, (uint32_t)best, w, l, PLAN_STATE_PARAM, 0, c->np[l]);
+            r = xfer_add(x, (uint32_t)best, w, l, ST_STATE_PARAM, 0, c->np[l]);
             if (r < 0)
                 return r;
             pk->load[best] += c->np[l];
@@ -1030,10 +1025,10 @@ static int plan_position(const struct ctx *c, struct pick *pk, uint32_t p, uint3
             }
             if (h < 0 || !w_live(c, (uint32_t)h)) {
                 *lost_layer = l;
-                *lost_kind = PLAN_STATE_ADAM_M;
+                *lost_kind = ST_STATE_ADAM_M;
                 return -ENODATA;
             }
-            for (uint32_t k = PLAN_STATE_ADAM_M; k <= PLAN_STATE_ADAM_V; k++) {
+            for (uint32_t k = ST_STATE_ADAM_M; k <= ST_STATE_ADAM_V; k++) {
                 r = xfer_add(x, (uint32_t)h, w, l, k, pa, pb - pa);
                 if (r < 0)
                     return r;
@@ -1220,7 +1215,7 @@ int plan_migration_new(const struct plan_mig_request *req, struct plan_migration
                           &lost_kind);
         if (r == -ENODATA) { /* find_lost said otherwise: keep the message honest anyway */
             r = errf(err, errlen, -ENODATA, "no live copy of layer %u %s", lost_layer,
-                     plan_mig_state_name((enum plan_mig_state)lost_kind));
+                     st_state_kind_name((enum st_state_kind)lost_kind));
             goto out;
         }
         if (r < 0)
@@ -1326,12 +1321,12 @@ int plan_migration_validate(const struct plan_mig_request *req, const struct pla
             goto out;
         }
     /* Each transfer on its own. */
-    uint64_t kind_bytes[PLAN_STATE_NKINDS] = {0}, moved = 0;
+    uint64_t kind_bytes[ST_STATE_NKINDS] = {0}, moved = 0;
     for (size_t i = 0; i < p->ntransfers; i++) {
         const struct plan_mig_transfer *x = &p->transfers[i];
         uint64_t a, b;
         if (x->src >= c.nw || x->dst >= c.nw || x->layer >= c.nlayers ||
-            x->kind >= PLAN_STATE_NKINDS || x->count == 0 || x->src == x->dst) {
+            x->kind >= ST_STATE_NKINDS || x->count == 0 || x->src == x->dst) {
             errf(err, errlen, r, "transfer %zu: bad fields (src %u dst %u layer %u kind %u "
                  "count %llu)", i, x->src, x->dst, x->layer, x->kind,
                  (unsigned long long)x->count);
@@ -1345,7 +1340,7 @@ int plan_migration_validate(const struct plan_mig_request *req, const struct pla
         if (!w_holding(&c, x->src, x->layer, x->kind, &a, &b) || x->offset < a ||
             x->offset + x->count > b) {
             errf(err, errlen, r, "transfer %zu: sender %u does not hold layer %u %s [%llu,+%llu)",
-                 i, x->src, x->layer, plan_mig_state_name((enum plan_mig_state)x->kind),
+                 i, x->src, x->layer, st_state_kind_name((enum st_state_kind)x->kind),
                  (unsigned long long)x->offset, (unsigned long long)x->count);
             goto out;
         }
@@ -1358,7 +1353,7 @@ int plan_migration_validate(const struct plan_mig_request *req, const struct pla
             x->offset < a || x->offset + x->count > b) {
             errf(err, errlen, r, "transfer %zu: receiver %u does not need layer %u %s "
                  "[%llu,+%llu)", i, x->dst, x->layer,
-                 plan_mig_state_name((enum plan_mig_state)x->kind),
+                 st_state_kind_name((enum st_state_kind)x->kind),
                  (unsigned long long)x->offset, (unsigned long long)x->count);
             goto out;
         }
@@ -1388,7 +1383,7 @@ int plan_migration_validate(const struct plan_mig_request *req, const struct pla
     for (uint32_t q = 0; q < c.nP; q++) {
         uint32_t w = p->position_worker[q], sn = q / c.nl->dp, rn = q % c.nl->dp;
         for (uint32_t l = 0; l < c.nlayers; l++) {
-            for (uint32_t k = 0; k < PLAN_STATE_NKINDS; k++) {
+            for (uint32_t k = 0; k < ST_STATE_NKINDS; k++) {
                 uint64_t a, b, ha = 0, hb = 0;
                 if (!pos_holding(c.nl, c.np, sn, rn, l, k, &a, &b))
                     continue;
@@ -1410,7 +1405,7 @@ int plan_migration_validate(const struct plan_mig_request *req, const struct pla
                     if (held && ha < at) {
                         errf(err, errlen, r, "worker %u layer %u %s: transfer overlaps the "
                              "elements it holds at %llu", w, l,
-                             plan_mig_state_name((enum plan_mig_state)k),
+                             st_state_kind_name((enum st_state_kind)k),
                              (unsigned long long)ha);
                         goto out;
                     }
@@ -1426,7 +1421,7 @@ int plan_migration_validate(const struct plan_mig_request *req, const struct pla
                     if (next != at) {
                         errf(err, errlen, r,
                              "worker %u layer %u %s: %s at element %llu (transfer from %u)", w,
-                             l, plan_mig_state_name((enum plan_mig_state)k),
+                             l, st_state_kind_name((enum st_state_kind)k),
                              next < at ? "overlap" : "gap", (unsigned long long)at, t[i].src);
                         goto out;
                     }
@@ -1435,7 +1430,7 @@ int plan_migration_validate(const struct plan_mig_request *req, const struct pla
                 }
                 if (at != b) {
                     errf(err, errlen, r, "worker %u layer %u %s: elements [%llu, %llu) missing",
-                         w, l, plan_mig_state_name((enum plan_mig_state)k),
+                         w, l, st_state_kind_name((enum st_state_kind)k),
                          (unsigned long long)at, (unsigned long long)b);
                     goto out;
                 }

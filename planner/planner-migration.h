@@ -32,6 +32,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common.h" /* enum st_state_kind: what a transfer carries */
 #include "reconf.h" /* enum plan_reconf: a plan's class */
 
 #define PLAN_MIG_MAX_LAYERS 4096  /* layers of a model */
@@ -45,17 +46,6 @@
 /* Stage selectors for tied extras; values >= 0 name a stage index. */
 #define PLAN_MIG_STAGE_FIRST (-1)
 #define PLAN_MIG_STAGE_LAST (-2)
-
-/* What a transfer carries. */
-enum plan_mig_state {
-    PLAN_STATE_PARAM = 0, /* parameters (whole layer) */
-    PLAN_STATE_ADAM_M,    /* AdamW first moment (ZeRO-1 shard) */
-    PLAN_STATE_ADAM_V,    /* AdamW second moment (ZeRO-1 shard) */
-    PLAN_STATE_NKINDS
-};
-
-/* "param", "adam_m", "adam_v"; "?" when out of range. */
-const char *plan_mig_state_name(enum plan_mig_state k);
 
 /* A tied extra: stage `stage` (>= 0, PLAN_MIG_STAGE_FIRST or PLAN_MIG_STAGE_LAST) also holds
  * the PARAM of `layer`. */
@@ -100,7 +90,7 @@ struct plan_mig_request {
 struct plan_mig_transfer {
     uint32_t src, dst;   /* worker indices */
     uint32_t layer;
-    uint32_t kind;       /* enum plan_mig_state */
+    uint32_t kind;       /* enum st_state_kind */
     uint64_t offset;     /* first element within the layer's flat vector */
     uint64_t count;      /* elements (> 0) */
 };
@@ -130,7 +120,7 @@ struct plan_migration {
     size_t npairs;
     uint64_t *sent_bytes;                /* [nworkers] */
     uint64_t *recv_bytes;                /* [nworkers] */
-    uint64_t bytes_kind[PLAN_STATE_NKINDS]; /* bytes moved per kind */
+    uint64_t bytes_kind[ST_STATE_NKINDS]; /* bytes moved per kind */
     uint64_t bytes_moved;                /* sum of bytes_kind */
     uint64_t bytes_kept;                 /* bytes the new positions already hold in place */
     uint64_t bytes_needed;               /* bytes all new positions hold after the migration */
@@ -166,7 +156,7 @@ void plan_mig_shard(uint64_t n, uint32_t dp, uint32_t r, uint64_t *ret_offset,
  * -EINVAL for out-of-range arguments. The engine uses this to know what a worker keeps. */
 int plan_mig_holding(const struct plan_mig_layout *l, const uint64_t *layer_params,
                      uint32_t nlayers, uint32_t stage, uint32_t replica, uint32_t layer,
-                     enum plan_mig_state kind, uint64_t *ret_offset, uint64_t *ret_count);
+                     enum st_state_kind kind, uint64_t *ret_offset, uint64_t *ret_count);
 
 /* Parameters per layer of the built-in GPT (GPT-2 block with biases, tied LM head):
  * layer 0 = vocab*hidden + seq_len*hidden, layers 1..layers = 12*h^2 + 13*h,

@@ -887,7 +887,7 @@ static int write_layer(struct worker_engine *e, struct mig_ckpt_writer *wr,
         for (int kind = 0; kind < 3; kind++) {
             struct mig_tensor *x = &t[3 * i + kind];
             x->name = names[i];
-            x->kind = (enum mig_tensor_kind)kind;
+            x->kind = (enum st_state_kind)kind;
             x->count = ti.numel;
             x->data = src[kind] + ti.offset;
         }
@@ -1003,10 +1003,10 @@ static int load_layer(struct worker_engine *e, struct mig_ckpt *ck, const char *
         for (int kind = 0; kind < 3; kind++) {
             if (kind > 0 && !m)
                 break;
-            const struct mig_tensor *t = mig_ckpt_layer_find(cl, ti.name, (enum mig_tensor_kind)kind);
+            const struct mig_tensor *t = mig_ckpt_layer_find(cl, ti.name, (enum st_state_kind)kind);
             if (!t || t->count != ti.numel) {
                 r = st_log_errno(-EINVAL, "Checkpoint '%s' layer %d: tensor '%s' (%s) %s", dir,
-                                 layer, ti.name, mig_tensor_kind_name((enum mig_tensor_kind)kind),
+                                 layer, ti.name, st_state_kind_name((enum st_state_kind)kind),
                                  t ? "has the wrong size" : "is missing");
                 break;
             }

@@ -299,7 +299,7 @@ static int part_buf(const struct worker_peer_part *p, const struct mig_xfer *x, 
         const struct worker_peer_layer *L = &p->l[k];
         if (L->layer != x->layer)
             continue;
-        if (x->kind == MIG_PARAM) {
+        if (x->kind == ST_STATE_PARAM) {
             if (!p->has_params)
                 return -ENODATA;
             if (x->offset + x->count > L->n)
@@ -309,7 +309,7 @@ static int part_buf(const struct worker_peer_part *p, const struct mig_xfer *x, 
         }
         if (x->offset < L->lo || x->offset + x->count > L->hi)
             return -ERANGE;
-        float *m = p->data + L->moff + (x->kind == MIG_ADAM_V ? L->hi - L->lo : 0);
+        float *m = p->data + L->moff + (x->kind == ST_STATE_ADAM_V ? L->hi - L->lo : 0);
         *ret = m + (x->offset - L->lo);
         return 0;
     }
@@ -321,7 +321,7 @@ int worker__peer_held_buf(const struct worker_peer_gen *g, const struct mig_xfer
                           float **ret) {
     if (!g || !x || !ret || !g->valid)
         return -EINVAL;
-    if (x->kind == MIG_PARAM && !g->held.has_params)
+    if (x->kind == ST_STATE_PARAM && !g->held.has_params)
         return part_buf(&g->own, x, ret); /* a replica of our stage: its parameters are ours */
     return part_buf(&g->held, x, ret);
 }

@@ -875,12 +875,12 @@ static int xfer_buf(void *userdata, const struct mig_xfer *x, bool send, float *
     enum worker_view view = send && b->reshaped ? WORKER_VIEW_OLD : WORKER_VIEW_CURRENT;
     TRY(worker_engine_layer(b->eng, view, (int)x->layer, &L));
     float *p;
-    if (x->kind == MIG_PARAM) {
+    if (x->kind == ST_STATE_PARAM) {
         if (x->offset + x->count > L.n)
             return -ERANGE;
         p = L.param + x->offset;
     } else {
-        float *base = x->kind == MIG_ADAM_M ? L.adam_m : L.adam_v;
+        float *base = x->kind == ST_STATE_ADAM_M ? L.adam_m : L.adam_v;
         if (!base || x->offset < L.shard_lo || x->offset + x->count > L.shard_hi)
             return -ERANGE;
         p = base + (x->offset - L.shard_lo);
@@ -1095,15 +1095,15 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
             TRY_GOTO(-ENOMEM, r, out);
         uint32_t top = 0;
         for (size_t i = 0; i < nx; i++)
-            if (x[i].kind == MIG_PARAM && x[i].layer > top)
+            if (x[i].kind == ST_STATE_PARAM && x[i].layer > top)
                 top = x[i].layer;
         for (uint32_t l = 0; l <= top; l++)
             for (size_t i = 0; i < nx; i++)
-                if (x[i].kind == MIG_PARAM && x[i].layer == l)
+                if (x[i].kind == ST_STATE_PARAM && x[i].layer == l)
                     xd[nd++] = x[i];
         nparam = nd;
         for (size_t i = 0; i < nx; i++)
-            if (x[i].kind != MIG_PARAM)
+            if (x[i].kind != ST_STATE_PARAM)
                 xd[nd++] = x[i];
         nx = 0;
     }
@@ -1522,7 +1522,7 @@ static void *bg_main(void *arg) {
             for (int kind = 0; kind < 3; kind++) {
                 struct mig_tensor *x = &t[3 * k + kind];
                 x->name = names[k];
-                x->kind = (enum mig_tensor_kind)kind;
+                x->kind = (enum st_state_kind)kind;
                 x->count = ti.numel;
                 x->data = b->snap[i] + (size_t)kind * b->n[i] + ti.offset;
             }

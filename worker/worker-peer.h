@@ -120,7 +120,7 @@ int worker__peer_fill(const struct worker_peer_gen *g, struct worker_engine *eng
  * fit eng). */
 int worker__peer_rollback(const struct worker_peer_gen *g, struct worker_engine *eng);
 
-/* The held part's range for transfer x (x->kind: MIG_PARAM, MIG_ADAM_M, MIG_ADAM_V; offsets
+/* The held part's range for transfer x (x->kind: any enum st_state_kind; offsets
  * of the whole layer as the migration planner writes them) in generation g; parameters of a
  * held part without them come from the own part. Returns 0, or -ERANGE when the held copy
  * does not cover it. */

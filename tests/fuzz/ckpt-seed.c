@@ -40,7 +40,7 @@ static int seed(const char *outdir, int n, int nlayers, int ntensors, size_t cou
         char names[3][32];
         for (int k = 0; k < ntensors; k++) {
             snprintf(names[k], sizeof(names[k]), "h.%d.w%d", l, k);
-            t[k] = (struct mig_tensor){names[k], (enum mig_tensor_kind)(k % 3), count, data};
+            t[k] = (struct mig_tensor){names[k], (enum st_state_kind)(k % 3), count, data};
         }
         r = mig_ckpt_write_layer(w, l, t, (size_t)ntensors);
     }

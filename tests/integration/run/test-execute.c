@@ -40,9 +40,10 @@ static int buf_cb(void *ud, const struct mig_xfer *x, bool send, float **ret) {
 }
 
 static const struct mig_xfer pairs_list[] = {
-    {0, 1, 0, MIG_PARAM, 0, 1000},   {0, 1, 0, MIG_PARAM, 2000, 500}, {1, 0, 1, MIG_ADAM_M, 0, LN},
-    {2, 3, 2, MIG_ADAM_V, 10, 4000}, {3, 2, 2, MIG_PARAM, 0, 7},      {0, 2, 1, MIG_ADAM_V, 100, 1},
-    {3, 1, 0, MIG_ADAM_M, 4999, 1},
+    {0, 1, 0, ST_STATE_PARAM, 0, 1000},   {0, 1, 0, ST_STATE_PARAM, 2000, 500},
+    {1, 0, 1, ST_STATE_ADAM_M, 0, LN},    {2, 3, 2, ST_STATE_ADAM_V, 10, 4000},
+    {3, 2, 2, ST_STATE_PARAM, 0, 7},      {0, 2, 1, ST_STATE_ADAM_V, 100, 1},
+    {3, 1, 0, ST_STATE_ADAM_M, 4999, 1},
 };
 
 static void fill(struct hold *h, int rank) {
@@ -110,21 +111,21 @@ static int rank_bad(int rank, int n, struct mig_endpoint *ep, const char *const 
     fill(&h, rank);
     RCHECK_R(mig_comm_new("tcp", ep, 2, rank, n, addrs, 10.0, &c), 0);
     struct mig_xfer bad[] = {
-        {0, 0, 0, MIG_PARAM, 0, 1},  /* src == dst */
-        {0, 5, 0, MIG_PARAM, 0, 1},  /* rank out of range */
-        {0, 1, 0, MIG_PARAM, 0, 0},  /* count 0 */
+        {0, 0, 0, ST_STATE_PARAM, 0, 1},  /* src == dst */
+        {0, 5, 0, ST_STATE_PARAM, 0, 1},  /* rank out of range */
+        {0, 1, 0, ST_STATE_PARAM, 0, 0},  /* count 0 */
         {0, 1, 0, 9, 0, 1},          /* unknown kind */
-        {-1, 1, 0, MIG_PARAM, 0, 1}, /* negative rank */
+        {-1, 1, 0, ST_STATE_PARAM, 0, 1}, /* negative rank */
     };
     for (size_t i = 0; i < ST_ARRAY_SIZE(bad); i++)
         RCHECK_R(mig_execute(c, &bad[i], 1, buf_cb, &h, NULL), -EINVAL);
     RCHECK_R(mig_execute(NULL, bad, 1, buf_cb, &h, NULL), -EINVAL);
     RCHECK_R(mig_execute(c, bad, 1, NULL, &h, NULL), -EINVAL);
     /* The callback's error comes back and nothing is sent (the peer posts nothing either). */
-    struct mig_xfer ok = {0, 1, 0, MIG_PARAM, 0, 10};
+    struct mig_xfer ok = {0, 1, 0, ST_STATE_PARAM, 0, 10};
     RCHECK_R(mig_execute(c, &ok, 1, fail_cb, &h, NULL), -ENOENT);
     /* Out-of-range for the holder: the callback refuses. */
-    struct mig_xfer far = {0, 1, 0, MIG_PARAM, LN - 1, 2};
+    struct mig_xfer far = {0, 1, 0, ST_STATE_PARAM, LN - 1, 2};
     RCHECK_R(mig_execute(c, &far, 1, buf_cb, &h, NULL), -ERANGE);
     /* An empty list is a no-op. */
     struct mig_exec_stats st;
@@ -153,8 +154,8 @@ static int rank_dead(int rank, int n, struct mig_endpoint *ep, const char *const
     RCHECK_R(mig_comm_new("tcp", ep, 3, rank, n, addrs, 5.0, &c), 0);
     if (rank == 2)
         _exit(0); /* dies before its part of the migration */
-    struct mig_xfer x[] = {{0, 1, 0, MIG_PARAM, 0, LN}, {2, 0, 1, MIG_PARAM, 0, LN},
-                           {2, 1, 2, MIG_PARAM, 0, LN}};
+    struct mig_xfer x[] = {{0, 1, 0, ST_STATE_PARAM, 0, LN}, {2, 0, 1, ST_STATE_PARAM, 0, LN},
+                           {2, 1, 2, ST_STATE_PARAM, 0, LN}};
     int r = mig_execute(c, x, ST_ARRAY_SIZE(x), buf_cb, &h, NULL);
     RCHECK(r < 0);
     mig_comm_free(c);
@@ -184,9 +185,9 @@ static int rank_cut(int rank, int n, struct mig_endpoint *ep, const char *const 
     RCHECK_R(mig_comm_new("tcp", ep, 5, rank, n, addrs, 10.0, &gone), 0);
     if (rank == 0)
         mig_execute_cut_at(2);
-    struct mig_xfer in = {1, 0, 0, MIG_ADAM_M, 0, LN};
-    struct mig_xfer out = {0, 1, 1, MIG_PARAM, 0, LN};
-    struct mig_xfer cut = {0, 1, 2, MIG_ADAM_V, 0, LN};
+    struct mig_xfer in = {1, 0, 0, ST_STATE_ADAM_M, 0, LN};
+    struct mig_xfer out = {0, 1, 1, ST_STATE_PARAM, 0, LN};
+    struct mig_xfer cut = {0, 1, 2, ST_STATE_ADAM_V, 0, LN};
     RCHECK_R(mig_execute(c, &in, 1, buf_cb, &h, NULL), 0);
     if (rank == 0) {
         mig_comm_cancel(gone);
@@ -196,7 +197,8 @@ static int rank_cut(int rank, int n, struct mig_endpoint *ep, const char *const 
     RCHECK_R(mig_execute(c, &out, 1, buf_cb, &h, NULL), 0);
     if (rank == 1)
         for (int i = 0; i < LN; i++)
-            RCHECK(h.v[1][MIG_PARAM][i] == ru_f32(SEED, 0, ((size_t)1 * 3 + MIG_PARAM) * LN + i));
+            RCHECK(h.v[1][ST_STATE_PARAM][i] ==
+                   ru_f32(SEED, 0, ((size_t)1 * 3 + ST_STATE_PARAM) * LN + i));
     double t0 = st_now();
     RCHECK_R(mig_execute(c, &cut, 1, buf_cb, &h, NULL), -ECONNRESET);
     RCHECK(st_now() - t0 < 5.0);

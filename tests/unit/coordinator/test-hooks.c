@@ -199,7 +199,7 @@ static int test_hooks_and_agent(void) {
     snprintf(t.src_worker_id, sizeof(t.src_worker_id), "%s", worker_agent_id(ag[0]));
     snprintf(t.dst_worker_id, sizeof(t.dst_worker_id), "%s", worker_agent_id(ag[1]));
     t.layer = 1;
-    t.kind = COORD_KIND_PARAM;
+    t.kind = ST_STATE_PARAM;
     t.count = 100;
     uint64_t cid = 0;
     ASSERT_OK(coord_migrate(c, worker_agent_id(ag[1]), &t, 1, 5, &cid));

@@ -215,7 +215,7 @@ static int test_coord_api(void) {
     snprintf(t.src_worker_id, sizeof(t.src_worker_id), "%s", a);
     snprintf(t.dst_worker_id, sizeof(t.dst_worker_id), "%s", b);
     t.count = 10;
-    t.kind = COORD_KIND_ADAM_M;
+    t.kind = ST_STATE_ADAM_M;
     uint64_t cid = 0;
     ASSERT_OK(coord_migrate(c, a, &t, 1, 7, &cid));
     ASSERT_EQ(cid, 2);

@@ -52,14 +52,14 @@ static int write_ckpt(const char *dir, uint64_t step, float bias, const char *mo
         size_t n = 0;
         for (int i = 0; i <= l; i++) {
             snprintf(names[i], sizeof(names[i]), "h.%d.w%d", l, i);
-            for (int k = 0; k < MIG_TENSOR_KINDS; k++) {
+            for (int k = 0; k < ST_STATE_NKINDS; k++) {
                 size_t cnt = 10 * (size_t)(l + 1) + (size_t)i;
                 bufs[n] = malloc(cnt * sizeof(float));
                 if (!bufs[n])
                     abort();
                 for (size_t e = 0; e < cnt; e++)
                     bufs[n][e] = val(l, i, k, e, bias);
-                t[n] = (struct mig_tensor){names[i], (enum mig_tensor_kind)k, cnt, bufs[n]};
+                t[n] = (struct mig_tensor){names[i], (enum st_state_kind)k, cnt, bufs[n]};
                 n++;
             }
         }
@@ -140,23 +140,23 @@ static int test_round_trip(void) {
         for (int i = 0; i <= l; i++) {
             char name[32];
             snprintf(name, sizeof(name), "h.%d.w%d", l, i);
-            for (int k = 0; k < MIG_TENSOR_KINDS; k++) {
+            for (int k = 0; k < ST_STATE_NKINDS; k++) {
                 const struct mig_tensor *t = mig_ckpt_layer_find(ly, name,
-                                                                 (enum mig_tensor_kind)k);
+                                                                 (enum st_state_kind)k);
                 ASSERT_TRUE(t != NULL);
                 ASSERT_EQ(t->count, 10 * (size_t)(l + 1) + (size_t)i);
                 for (size_t e = 0; e < t->count; e++)
                     ASSERT_TRUE(t->data[e] == val(l, i, k, e, 0));
             }
         }
-        ASSERT_TRUE(mig_ckpt_layer_find(ly, "nope", MIG_PARAM) == NULL);
+        ASSERT_TRUE(mig_ckpt_layer_find(ly, "nope", ST_STATE_PARAM) == NULL);
         mig_ckpt_layer_free(ly);
     }
     ASSERT_OK(mig_ckpt_verify(c, &err));
     ASSERT_ERR(mig_ckpt_layer_info(c, NLAYERS, NULL, NULL), -EINVAL);
     mig_ckpt_free(c);
-    ASSERT_STREQ(mig_tensor_kind_name(MIG_ADAM_V), "adam_v");
-    ASSERT_TRUE(mig_tensor_kind_name((enum mig_tensor_kind)3) == NULL);
+    ASSERT_STREQ(st_state_kind_name(ST_STATE_ADAM_V), "adam_v");
+    ASSERT_STREQ(st_state_kind_name((enum st_state_kind)3), "?");
     rm_rf(tmproot);
     return 0;
 }
@@ -270,9 +270,9 @@ static int test_corrupt(void) {
     /* Writer argument checks. */
     struct mig_ckpt_writer *w;
     float f[2] = {1, 2};
-    struct mig_tensor dup[2] = {{"a", MIG_PARAM, 2, f}, {"a", MIG_PARAM, 2, f}};
-    struct mig_tensor noname[1] = {{"", MIG_PARAM, 2, f}};
-    struct mig_tensor badkind[1] = {{"a", (enum mig_tensor_kind)5, 2, f}};
+    struct mig_tensor dup[2] = {{"a", ST_STATE_PARAM, 2, f}, {"a", ST_STATE_PARAM, 2, f}};
+    struct mig_tensor noname[1] = {{"", ST_STATE_PARAM, 2, f}};
+    struct mig_tensor badkind[1] = {{"a", (enum st_state_kind)5, 2, f}};
     ASSERT_OK(mig_ckpt_writer_new(dir, &w));
     ASSERT_ERR(mig_ckpt_write_layer(w, 0, dup, 2), -EINVAL);
     ASSERT_ERR(mig_ckpt_write_layer(w, 0, noname, 1), -EINVAL);
@@ -339,8 +339,8 @@ static int test_parallel_writers(void) {
                 m[e] = -(float)e;
                 v[e] = (float)i;
             }
-            struct mig_tensor t[3] = {{"w", MIG_PARAM, cnt, p}, {"w", MIG_ADAM_M, cnt, m},
-                                      {"w", MIG_ADAM_V, cnt, v}};
+            struct mig_tensor t[3] = {{"w", ST_STATE_PARAM, cnt, p}, {"w", ST_STATE_ADAM_M, cnt, m},
+                                      {"w", ST_STATE_ADAM_V, cnt, v}};
             int r = mig_ckpt_write_layer(w, i, t, 3);
             mig_ckpt_writer_free(w);
             free(p);
@@ -358,7 +358,7 @@ static int test_parallel_writers(void) {
     ASSERT_OK(mig_ckpt_commit(dir, &m, 4));
     ASSERT_OK(mig_ckpt_open(dir, &c, &err));
     ASSERT_OK(mig_ckpt_read_layer(c, 3, &l, &err));
-    const struct mig_tensor *t = mig_ckpt_layer_find(l, "w", MIG_PARAM);
+    const struct mig_tensor *t = mig_ckpt_layer_find(l, "w", ST_STATE_PARAM);
     ASSERT_TRUE(t != NULL);
     ASSERT_EQ(t->count, 100003);
     ASSERT_TRUE(t->data[100002] == 100005.0f);

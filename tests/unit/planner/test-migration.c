@@ -68,7 +68,7 @@ static uint32_t pattern(uint32_t layer, uint32_t kind, uint64_t e) {
 static bool model_holds(const struct plan_mig_layout *l, const uint64_t *np, uint32_t s,
                         uint32_t r, uint32_t layer, uint32_t kind, uint64_t *a, uint64_t *b) {
     bool in = layer >= l->stage_lo[s] && layer < l->stage_lo[s + 1];
-    if (!in && kind == PLAN_STATE_PARAM) {
+    if (!in && kind == ST_STATE_PARAM) {
         for (uint32_t i = 0; i < l->ntied; i++) {
             int32_t st = l->tied[i].stage == PLAN_MIG_STAGE_LAST    ? (int32_t)l->pp - 1
                          : l->tied[i].stage == PLAN_MIG_STAGE_FIRST ? 0
@@ -85,7 +85,7 @@ static bool model_holds(const struct plan_mig_layout *l, const uint64_t *np, uin
     }
     if (!in)
         return false;
-    if (kind == PLAN_STATE_PARAM) {
+    if (kind == ST_STATE_PARAM) {
         *a = 0;
         *b = np[layer];
     } else {
@@ -357,16 +357,16 @@ static int test_intra_stage(void) {
     char err[256] = "";
     ASSERT_OK(plan_migration_new(&q, &p, err, sizeof(err)));
     ASSERT_EQ(p->cls, PLAN_RECONF_INTRA_STAGE);
-    ASSERT_EQ(p->bytes_kind[PLAN_STATE_PARAM], 0);
+    ASSERT_EQ(p->bytes_kind[ST_STATE_PARAM], 0);
     /* Each stage: 4 layers x the other half (50) x 2 moments. */
-    ASSERT_EQ(p->bytes_kind[PLAN_STATE_ADAM_M], 4 * 2 * 4 * 50);
-    ASSERT_EQ(p->bytes_kind[PLAN_STATE_ADAM_V], 4 * 2 * 4 * 50);
+    ASSERT_EQ(p->bytes_kind[ST_STATE_ADAM_M], 4 * 2 * 4 * 50);
+    ASSERT_EQ(p->bytes_kind[ST_STATE_ADAM_V], 4 * 2 * 4 * 50);
     ASSERT_EQ(p->worker_stage[3], -1); /* leaving */
     /* Stage 1's missing shard can only come from the leaving worker d. */
     uint32_t s1 = p->position_worker[1];
     ASSERT_EQ(w[s1].stage, 1);
     for (uint32_t l = 4; l < 8; l++) {
-        const struct plan_mig_transfer *t = find_xfer(p, s1, l, PLAN_STATE_ADAM_M, 50);
+        const struct plan_mig_transfer *t = find_xfer(p, s1, l, ST_STATE_ADAM_M, 50);
         ASSERT_TRUE(t != NULL);
         ASSERT_EQ(t->src, 3);
         ASSERT_EQ(t->count, 50);
@@ -399,14 +399,14 @@ static int test_inter_stage(void) {
     for (uint32_t i = 0; i < 3; i++) /* survivors stay in place */
         ASSERT_EQ(p->position_worker[w[i].stage * 2 + w[i].replica], i);
     /* Layers 4..7 and tied layer 0: PARAM from c (peer), ADAM from d. */
-    ASSERT_EQ(p->bytes_kind[PLAN_STATE_PARAM], 4 * 5 * 100);
-    ASSERT_EQ(p->bytes_kind[PLAN_STATE_ADAM_M], 4 * 4 * 50);
+    ASSERT_EQ(p->bytes_kind[ST_STATE_PARAM], 4 * 5 * 100);
+    ASSERT_EQ(p->bytes_kind[ST_STATE_ADAM_M], 4 * 4 * 50);
     for (size_t i = 0; i < p->ntransfers; i++) {
         const struct plan_mig_transfer *t = &p->transfers[i];
         ASSERT_EQ(t->dst, 4);
-        ASSERT_EQ(t->src, t->kind == PLAN_STATE_PARAM ? 2u : 3u);
+        ASSERT_EQ(t->src, t->kind == ST_STATE_PARAM ? 2u : 3u);
     }
-    ASSERT_TRUE(find_xfer(p, 4, 0, PLAN_STATE_PARAM, 0) != NULL);
+    ASSERT_TRUE(find_xfer(p, 4, 0, ST_STATE_PARAM, 0) != NULL);
     ASSERT_EQ(p->npairs, 2);
     ASSERT_EQ(simulate(&q, p), 0);
     plan_migration_free(p);
@@ -429,7 +429,7 @@ static int test_pipeline(void) {
     char err[256] = "";
     ASSERT_OK(plan_migration_new(&q, &p, err, sizeof(err)));
     ASSERT_EQ(p->cls, PLAN_RECONF_PIPELINE);
-    ASSERT_EQ(p->bytes_kind[PLAN_STATE_PARAM], 0);   /* every worker already has its layers */
+    ASSERT_EQ(p->bytes_kind[ST_STATE_PARAM], 0);   /* every worker already has its layers */
     ASSERT_EQ(p->bytes_kept, 4 * 4 * 400);
     ASSERT_EQ(p->bytes_moved, 4 * 800);
     ASSERT_EQ(simulate(&q, p), 0);
@@ -443,8 +443,8 @@ static int test_pipeline(void) {
     ASSERT_OK(plan_migration_new(&q, &p, err, sizeof(err)));
     ASSERT_EQ(p->cls, PLAN_RECONF_PIPELINE);
     ASSERT_EQ(p->bytes_kept, 4 * 4 * 400);
-    ASSERT_EQ(p->bytes_kind[PLAN_STATE_PARAM], 4 * 4 * 200);
-    ASSERT_EQ(p->bytes_kind[PLAN_STATE_ADAM_M] + p->bytes_kind[PLAN_STATE_ADAM_V], 4 * 800);
+    ASSERT_EQ(p->bytes_kind[ST_STATE_PARAM], 4 * 4 * 200);
+    ASSERT_EQ(p->bytes_kind[ST_STATE_ADAM_M] + p->bytes_kind[ST_STATE_ADAM_V], 4 * 800);
     for (uint32_t i = 0; i < 4; i++) /* old stage s lands in new stage s / 2 */
         ASSERT_EQ(p->worker_stage[i], (int)i / 2);
     ASSERT_EQ(simulate(&q, p), 0);
@@ -472,7 +472,7 @@ static int test_reshard(void) {
     ASSERT_EQ(p->position_worker[1], 2);
     ASSERT_EQ(p->position_worker[2], 1);
     for (uint32_t l = 0; l < 2; l++)
-        for (uint32_t k = PLAN_STATE_ADAM_M; k <= PLAN_STATE_ADAM_V; k++) {
+        for (uint32_t k = ST_STATE_ADAM_M; k <= ST_STATE_ADAM_V; k++) {
             const struct plan_mig_transfer *t1 = find_xfer(p, 2, l, k, 2);
             const struct plan_mig_transfer *t2 = find_xfer(p, 2, l, k, 3);
             ASSERT_TRUE(t1 && t2);
@@ -483,8 +483,8 @@ static int test_reshard(void) {
         }
     /* a keeps [0,2) and sends [2,3) to new; b keeps [4,6) and sends [3,4); also b's [3,4)
      * is no longer b's: b at replica 2 needs [4,6) only. */
-    ASSERT_EQ(p->bytes_kind[PLAN_STATE_ADAM_M], 4 * 2 * 2);
-    ASSERT_EQ(p->bytes_kind[PLAN_STATE_PARAM], 4 * 12);
+    ASSERT_EQ(p->bytes_kind[ST_STATE_ADAM_M], 4 * 2 * 2);
+    ASSERT_EQ(p->bytes_kind[ST_STATE_PARAM], 4 * 12);
     ASSERT_EQ(simulate(&q, p), 0);
     plan_migration_free(p);
 
@@ -518,7 +518,7 @@ static int test_balance(void) {
     uint64_t param_sent[8] = {0};
     int senders_of[8] = {0};
     for (size_t i = 0; i < p->ntransfers; i++)
-        if (p->transfers[i].kind == PLAN_STATE_PARAM) {
+        if (p->transfers[i].kind == ST_STATE_PARAM) {
             param_sent[p->transfers[i].src] += p->transfers[i].count;
             if (p->transfers[i].layer == 0)
                 senders_of[p->transfers[i].dst]++;
@@ -547,10 +547,10 @@ static int test_tied(void) {
     ASSERT_OK(plan_mig_layout_init(6, np, 1, 3, NULL, &b));
     ASSERT_OK(plan_mig_layout_add_tied(&b, PLAN_MIG_STAGE_LAST, 0));
     uint64_t off, cnt;
-    ASSERT_EQ(plan_mig_holding(&a, np, 6, 1, 0, 0, PLAN_STATE_PARAM, &off, &cnt), 1);
+    ASSERT_EQ(plan_mig_holding(&a, np, 6, 1, 0, 0, ST_STATE_PARAM, &off, &cnt), 1);
     ASSERT_EQ(cnt, np[0]);
-    ASSERT_EQ(plan_mig_holding(&a, np, 6, 1, 0, 0, PLAN_STATE_ADAM_M, &off, &cnt), 0);
-    ASSERT_ERR(plan_mig_holding(&a, np, 6, 2, 0, 0, PLAN_STATE_PARAM, &off, &cnt), -EINVAL);
+    ASSERT_EQ(plan_mig_holding(&a, np, 6, 1, 0, 0, ST_STATE_ADAM_M, &off, &cnt), 0);
+    ASSERT_ERR(plan_mig_holding(&a, np, 6, 2, 0, 0, ST_STATE_PARAM, &off, &cnt), -EINVAL);
 
     /* 1 x 2 -> 1 x 3 with a new worker: the new last stage needs layer 0's PARAM, which both
      * old stages hold (stage 0 in range, stage 1 tied). */
@@ -566,9 +566,9 @@ static int test_tied(void) {
     ASSERT_EQ(simulate(&q, p), 0);
     uint32_t last = p->position_worker[2];
     if (last != 1) /* whoever is last either kept layer 0 or received it */
-        ASSERT_TRUE(find_xfer(p, last, 0, PLAN_STATE_PARAM, 0) != NULL);
+        ASSERT_TRUE(find_xfer(p, last, 0, ST_STATE_PARAM, 0) != NULL);
     for (size_t i = 0; i < p->ntransfers; i++) /* never optimizer state of a tied extra */
-        ASSERT_FALSE(p->transfers[i].layer == 0 && p->transfers[i].kind != PLAN_STATE_PARAM &&
+        ASSERT_FALSE(p->transfers[i].layer == 0 && p->transfers[i].kind != ST_STATE_PARAM &&
                      p->worker_stage[p->transfers[i].dst] != 0);
     plan_migration_free(p);
 
@@ -577,7 +577,7 @@ static int test_tied(void) {
     w[0].alive = false;
     uint8_t lost[6];
     ASSERT_EQ(plan_migration_lost(&q, lost), (int)a.stage_lo[1]);
-    ASSERT_EQ(lost[0], (1 << PLAN_STATE_ADAM_M) | (1 << PLAN_STATE_ADAM_V));
+    ASSERT_EQ(lost[0], (1 << ST_STATE_ADAM_M) | (1 << ST_STATE_ADAM_V));
     if (a.stage_lo[1] > 1)
         ASSERT_EQ(lost[1], 7);
     ASSERT_EQ(lost[5], 0);
@@ -715,8 +715,8 @@ static int test_bad_requests(void) {
     ASSERT_ERR(plan_migration_new(&q, NULL, err, sizeof(err)), -EINVAL);
     ASSERT_ERR(plan_migration_lost(NULL, NULL), -EINVAL);
     ASSERT_TRUE(plan_migration_free(NULL) == NULL);
-    ASSERT_STREQ(plan_mig_state_name(PLAN_STATE_ADAM_V), "adam_v");
-    ASSERT_STREQ(plan_mig_state_name(PLAN_STATE_NKINDS), "?");
+    ASSERT_STREQ(st_state_kind_name(ST_STATE_ADAM_V), "adam_v");
+    ASSERT_STREQ(st_state_kind_name(ST_STATE_NKINDS), "?");
     ASSERT_STREQ(plan_reconf_name(PLAN_RECONF_PIPELINE), "pipeline");
     return 0;
 }
@@ -773,7 +773,7 @@ static int test_validate_rejects(void) {
     struct plan_mig_transfer *extra = malloc((n + 1) * sizeof(*extra));
     ASSERT_TRUE(extra != NULL);
     memcpy(extra, p->transfers, n * sizeof(*extra));
-    extra[n] = (struct plan_mig_transfer){1, 0, 0, PLAN_STATE_PARAM, 0, 6};
+    extra[n] = (struct plan_mig_transfer){1, 0, 0, ST_STATE_PARAM, 0, 6};
     p->transfers = extra;
     p->ntransfers = n + 1;
     ASSERT_ERR(plan_migration_validate(&q, p, err, sizeof(err)), -EINVAL);

@@ -261,7 +261,7 @@ static int test_ranges(void) {
     ASSERT_TRUE(g != NULL);
     const struct worker_peer_layer *L = &g->held.l[1];
     float *p = NULL;
-    struct mig_xfer x = {.src = 0, .dst = 1, .layer = (uint32_t)L->layer, .kind = MIG_PARAM,
+    struct mig_xfer x = {.src = 0, .dst = 1, .layer = (uint32_t)L->layer, .kind = ST_STATE_PARAM,
                          .offset = 3, .count = 5};
     ASSERT_OK(worker__peer_held_buf(g, &x, &p));
     ASSERT_TRUE(p == g->own.data + g->own.l[1].off + 3); /* a replica's: from our own part */
@@ -269,12 +269,12 @@ static int test_ranges(void) {
     x.offset = L->n - 1;
     x.count = 2; /* past the layer */
     ASSERT_ERR(worker__peer_held_buf(g, &x, &p), -ERANGE);
-    x.kind = MIG_ADAM_V;
+    x.kind = ST_STATE_ADAM_V;
     x.offset = L->lo;
     x.count = L->hi - L->lo;
     ASSERT_OK(worker__peer_held_buf(g, &x, &p));
     ASSERT_TRUE(p == g->held.data + L->moff + (L->hi - L->lo));
-    x.kind = MIG_ADAM_M;
+    x.kind = ST_STATE_ADAM_M;
     x.offset = 0; /* rank 1's shard starts at the middle: rank 0's half is not held */
     x.count = 1;
     ASSERT_TRUE(L->lo > 0);
@@ -344,12 +344,12 @@ static int test_fill(void) {
         /* The own part's ranges, as worker__peer_held_buf serves the held one's. */
         float *p = NULL;
         struct mig_xfer t = {.src = 0, .dst = 1, .layer = (uint32_t)x->layer,
-                             .kind = MIG_ADAM_V, .offset = 1, .count = sh - 1};
+                             .kind = ST_STATE_ADAM_V, .offset = 1, .count = sh - 1};
         ASSERT_OK(worker__peer_own_buf(g, &t, &p));
         ASSERT_TRUE(p == g->own.data + x->moff + sh + 1);
         t.count = sh; /* one past the shard */
         ASSERT_ERR(worker__peer_own_buf(g, &t, &p), -ERANGE);
-        t.kind = MIG_PARAM;
+        t.kind = ST_STATE_PARAM;
         t.offset = 0;
         t.count = x->n;
         ASSERT_OK(worker__peer_own_buf(g, &t, &p));
