@@ -98,6 +98,13 @@ void *st_realloc(void *p, size_t n);
 char *st_strdup(const char *s);
 char *st_strndup(const char *s, size_t n);
 void st_free(void *p);
+
+/* Makes room for element n of a growable array arr of cap elements (arr and cap are lvalues):
+ * when n == cap, reallocates arr to twice cap elements, or `first` when cap is 0. Evaluates to
+ * 0, or -ENOMEM with arr and cap unchanged. (git's ALLOC_GROW, as a function.) */
+#define ST_GROW(arr, n, cap, first) \
+    st_grow_((void **)&(arr), (n), &(cap), sizeof(*(arr)), (first))
+int st_grow_(void **arr, size_t n, size_t *cap, size_t elem, size_t first);
 /* Test hook: the nth allocation from now (1-based) and every later one fail; 0 disables. */
 void st_alloc_fail_after(long n);
 

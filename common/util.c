@@ -56,6 +56,20 @@ void *st_realloc(void *p, size_t n) {
     return realloc(p, n ? n : 1);
 }
 
+int st_grow_(void **arr, size_t n, size_t *cap, size_t elem, size_t first) {
+    if (n < *cap)
+        return 0;
+    size_t ncap = *cap ? 2 * *cap : first;
+    if (ncap <= n || ncap > SIZE_MAX / elem)
+        return -ENOMEM;
+    void *p = st_realloc(*arr, ncap * elem);
+    if (!p)
+        return -ENOMEM;
+    *arr = p;
+    *cap = ncap;
+    return 0;
+}
+
 char *st_strdup(const char *s) {
     return s ? st_strndup(s, strlen(s)) : NULL;
 }

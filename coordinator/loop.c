@@ -14,214 +14,13 @@
 #include <string.h>
 
 #include "check.h" /* TRY */
-#include "cloud.h"
-#include "common.h"
-#include "coord-loop.h"
-#include "coordinator.h"
-#include "planner.h"
-
-#define LOOP_MAGIC 0x4c4f4f50u /* "LOOP" */
-#define LOOP_MAX_HIST 4096
-#define LOOP_SPARE_STAGE (-1)
-#define LOOP_EVENTS 256 /* events kept for coord_loop_event_next() */
-#define LOOP_FAILED_GRACE 1.0 /* seconds a failed step waits for its cause to be known dead */
-#define LOOP_COPIES_SETTLE 2.0 /* seconds a loss waits for the survivors' copies to be heard */
-
-enum loop_phase {
-    PH_WAIT_FIRST = 0, /* no epoch yet: waiting for the first workers */
-    PH_RESYNC,         /* after a coordinator restart: learning where the workers stopped */
-    PH_RUNNING,
-    PH_RECONF,         /* an epoch was ordered; waiting for its participants */
-    PH_FINISH_SAVE,    /* every step done; the final checkpoint was ordered */
-    PH_STOPPING,
-    PH_DONE,
-};
+#include "loop-internal.h"
 
 static const char *phase_name(enum loop_phase p) {
     static const char *const n[] = {"waiting", "resync", "training", "reconfiguring",
                                     "saving", "stopping", "done"};
     return n[p];
 }
-
-/* What the loop learned about one worker from its notices (hooks). */
-struct lworker {
-    char id[ST_UUID_STR_LEN];
-    bool terminate;            /* relayed a cloud interruption notice */
-    double terminate_at;       /* st_now() when it first did */
-    uint64_t reconf_epoch;     /* last epoch it reported "reconfigured" for */
-    uint64_t reconf_fail_epoch;
-    uint64_t recv, sent;       /* bytes of that reconfiguration */
-    uint64_t replayed;         /* steps its rollback to a peer copy undid */
-    uint64_t prewarmed;        /* bytes its new engine took from its warm reserve */
-    double stall;
-    struct coord_loop_stall_parts parts; /* of that reconfiguration; rest unused */
-    double deferred, waited;   /* its state after the boundary: moving, waited for */
-    uint64_t fail_epoch;       /* epoch in which a step or checkpoint failed; 0 = none */
-    double step_seconds;       /* wall seconds of its last step */
-    uint64_t meas_epoch;       /* epoch whose step times it reports are measured (the first
-                                * report of an epoch is not: warm-up counts in the stall) */
-    uint64_t step;             /* steps done, as last reported (not the table's maximum:
-                                * a restore moves it back) */
-    bool reported;             /* it reported to this loop (since the coordinator started) */
-    uint64_t report_epoch;     /* the epoch its last report was of */
-    double report_at;          /* st_now() of its last report */
-    double loss;
-    uint64_t ckpt_step;        /* last checkpoint written */
-    char ckpt_dir[ST_SPEC_PATH_MAX];
-    uint64_t ckw_step;         /* last background checkpoint whose layers it wrote */
-    int ckw_stage;
-    double ckw_seconds;        /* how long writing those layers took */
-    char ckw_dir[ST_SPEC_PATH_MAX];
-    uint64_t pc_epoch[2], pc_step[2]; /* its peer-copy generations (epoch, step; 0 = none) */
-    uint64_t first_epoch;      /* last epoch whose first step it reported */
-    double first_seconds;      /* end of its last step before that epoch to the end of this */
-    double first_step_seconds; /* that step's own time */
-};
-
-/* A cloud instance as the provider reported it. */
-struct linst {
-    char name[CLOUD_NAME_MAX];
-    char node[CLOUD_NAME_MAX]; /* the node name events use; "" until a signal names it */
-    bool noticed, dead;
-    double deadline;
-};
-
-/* A worker as one tick sees it. */
-struct wv {
-    struct coord_worker w;
-    uint64_t step;             /* steps done (last report) */
-    double loss;
-    bool dead, leaving, failed, positioned;
-    bool reported;             /* its step is from a report of the current epoch to this loop */
-    double relayed_at;         /* st_now() when it relayed a notice the provider did not see */
-    double step_seconds;       /* wall seconds of its last step (0: none reported) */
-};
-
-struct reconf {
-    uint64_t epoch, at;
-    bool restore;
-    char (*pos)[ST_UUID_STR_LEN]; /* worker at each new position s*dp + r */
-    double started;
-    /* st_now() the reconfiguration last moved: ordered, a participant reported a step (it
-     * trains toward the boundary, or its first step after it) or its end. It times out after
-     * reconfig_timeout without any: a lease of slow steps ahead, or a first step that waits
-     * for moments after the boundary, is not a hang. */
-    double alive;
-    uint64_t progress;  /* participants' steps plus those done, as of alive */
-    size_t npart;
-    char (*part)[ST_UUID_STR_LEN];
-    struct coord_loop_record rec;
-    int dp, pp;
-    int split[PLAN_MIG_MAX_STAGES + 1];
-    uint64_t first_lease;      /* the new epoch's first lease, sent with a migration's
-                                * orders (Migrate.lease); 0 = none */
-    double pred_step, pred_stall, pred_stall_dp; /* the fitted model's, when ordered */
-    struct plan_fit_move move; /* what the plan moves, as the cost model charges it */
-    bool calibrated;           /* pred_step had measured steps behind it */
-    bool stall_calibrated;     /* pred_stall had measured migrations behind it */
-    char why[240];             /* the event line's tail: why this epoch (set at the order) */
-};
-
-struct coord_loop {
-    uint32_t magic;
-    struct coord_loop_config cfg;
-    struct coord *c;
-    pthread_mutex_t lock; /* lw, events from hooks */
-    struct lworker *lw;
-    size_t nlw, caplw;
-    bool membership;
-
-    struct linst *inst;
-    size_t ninst, capinst;
-
-    enum loop_phase phase;
-    uint64_t epoch;
-    int dp, pp;
-    int split[PLAN_MIG_MAX_STAGES + 1];
-    uint64_t lease, total;
-    int nlayers;
-    uint64_t layer_params[PLAN_MIG_MAX_LAYERS];
-    struct reconf rc;
-    int restore_tries;        /* failed reconfigurations since progress past fail_at */
-    uint64_t fail_at;         /* highest boundary a reconfiguration failed at */
-    bool need_restore;        /* a restore is owed once workers are available */
-
-    double t0, last_tick, next_plan, last_ckpt, last_grant, shape_since;
-    double resync_since, resync_changed;
-    uint64_t resync_step;
-    int hist[LOOP_MAX_HIST];
-    int nhist;
-    int planned_avail;        /* available workers at the last decision */
-    double rate_t;
-    uint64_t rate_step;
-    uint64_t last_ckpt_step;
-    bool ckpt_pending;        /* a periodic checkpoint waits for its stages' layer files */
-    uint64_t ckpt_pend_step;
-    uint64_t ckpt_top;         /* the highest step a periodic checkpoint was committed at */
-    int ckpt_pend_dp, ckpt_pend_pp;
-    char ckpt_pend_dir[ST_SPEC_PATH_MAX + 32];
-    double steps_per_s;
-    bool save_ordered, cancel;
-    double stop_at;
-    int forecast;
-
-    struct coord_loop_summary sum;
-    struct coord_loop_status st;
-
-    /* Events not yet taken by coord_loop_event_next(): a ring, newest overwrite oldest. */
-    char events[LOOP_EVENTS][320];
-    uint64_t nevents;         /* events ever recorded; event k sits at k % LOOP_EVENTS */
-    enum plan_predictor predictor;
-    uint64_t decisions;       /* planner consultations */
-
-    /* The last epoch that ran (made steps possible): peer copies are of its layout. */
-    uint64_t run_epoch;
-    int run_dp, run_pp;
-    int run_split[PLAN_MIG_MAX_STAGES + 1];
-    char (*run_pos)[ST_UUID_STR_LEN]; /* run_dp * run_pp */
-    char (*prev_pos)[ST_UUID_STR_LEN]; /* the positions of the epoch that ran before it */
-    int prev_n;
-    uint64_t max_step;        /* highest step a positioned worker reported since run_epoch */
-    uint64_t peer_failed_at;  /* step of the last peer restore that failed; replays it never */
-    bool peer_refused;        /* a worker said the copies do not fit */
-    bool peer_refused_said;   /* and the event said so (once) */
-    uint64_t peer_refused_need; /* bytes per worker they would have needed */
-    /* Stall bookkeeping: records [chain, stall_rec] wait for the first step of the epoch that
-     * ended them (stall_rec, ok); -1 = nothing pending. */
-    int chain, stall_rec;
-    char stall_why[240];      /* stall_rec's rc.why: the next order may come before its step */
-    /* Wall seconds the provider's (trace) clock was held before the first epoch ran: the
-     * trace's events start with training, however long the workers took to come up, so a
-     * run replays the same trace against the same steps whatever the machine's load. */
-    double hold;
-    double prov_t0;           /* st_now() when the (started) provider was set: trace time 0 */
-    double failed_since;      /* a positioned worker's step failed, none known dead; 0 = no */
-    /* The running epoch's watchdog (phase_running): the positioned workers' steps summed, and
-     * st_now() that sum last changed, in epoch run_seen. */
-    uint64_t run_progress;
-    double run_alive;
-    uint64_t run_seen;
-    double lost_since;        /* a positioned worker known dead, no recovery ordered; 0 = no */
-    /* Which shapes may run (the planner's rules, shared with validate) and the wait for a
-     * fleet that can host one. */
-    struct plan_rules rules;        /* the spec's rules, pins included */
-    struct plan_rules rules_forced; /* the same without pins: forced shapes override them */
-    struct plan_feasibility feas;
-    double wait_since;              /* loop time the current wait began; 0 = not waiting */
-    bool wait_told;                 /* its event was recorded */
-    char waiting[200];              /* status line while waiting; "" otherwise */
-
-    /* The cost model fitted online (planner/fitted.c); NULL without cfg.cost. */
-    struct plan_fit *fit;
-    uint64_t ep_epoch;        /* epoch whose steps are being measured (L->lock) */
-    double ep_step_sum;       /* step seconds reported in it, one per worker and step (L->lock) */
-    uint64_t ep_steps;
-    double ep_fed_sum;        /* the part of those already fed to the fit */
-    uint64_t ep_fed;
-    double ep_pred;           /* its step time as predicted when decided */
-    bool ep_calibrated;
-    bool fit_has_steps;
-};
 
 /* The provider's clock at wall time now (see hold). */
 static double trace_now(const struct coord_loop *L, double now) {
@@ -278,148 +77,6 @@ static const char *fmt_secs(char *buf, size_t size, double s) {
     return buf;
 }
 
-/* ---- hooks (completion-queue thread) ------------------------------------------------------ */
-
-static struct lworker *lw_get(struct coord_loop *L, const char *id) {
-    for (size_t i = 0; i < L->nlw; i++)
-        if (!strcmp(L->lw[i].id, id))
-            return &L->lw[i];
-    if (L->nlw == L->caplw) {
-        size_t cap = L->caplw ? 2 * L->caplw : 16;
-        struct lworker *v = st_realloc(L->lw, cap * sizeof(*v));
-        if (!v)
-            return NULL;
-        L->lw = v;
-        L->caplw = cap;
-    }
-    struct lworker *w = &L->lw[L->nlw++];
-    memset(w, 0, sizeof(*w));
-    snprintf(w->id, sizeof(w->id), "%s", id);
-    return w;
-}
-
-/* Value of "key=" in a notice's detail (space-separated key=value words). */
-static bool kv(const char *s, const char *key, char *out, size_t size) {
-    size_t k = strlen(key);
-    for (const char *p = s; p && *p;) {
-        if (!strncmp(p, key, k) && p[k] == '=' && (p == s || p[-1] == ' ')) {
-            const char *v = p + k + 1, *e = strchr(v, ' ');
-            size_t n = e ? (size_t)(e - v) : strlen(v);
-            if (!strcmp(key, "dir"))
-                n = strlen(v); /* last, may hold spaces */
-            if (n >= size)
-                return false;
-            memcpy(out, v, n);
-            out[n] = '\0';
-            return true;
-        }
-        p = strchr(p, ' ');
-        if (p)
-            p++;
-    }
-    return false;
-}
-
-static uint64_t kv_u64(const char *s, const char *key) {
-    char b[32];
-    return kv(s, key, b, sizeof(b)) ? strtoull(b, NULL, 10) : 0;
-}
-
-static double kv_f(const char *s, const char *key) {
-    char b[32];
-    return kv(s, key, b, sizeof(b)) ? strtod(b, NULL) : 0.0;
-}
-
-static void hook_report(struct coord *c, const struct coord_report *r, void *userdata) {
-    struct coord_loop *L = userdata;
-    (void)c;
-    pthread_mutex_lock(&L->lock);
-    struct lworker *w = lw_get(L, r->worker_id);
-    if (w && r->step_seconds > 0 && r->step != w->step && r->epoch == L->ep_epoch) {
-        if (w->meas_epoch == r->epoch) {
-            L->ep_step_sum += r->step_seconds; /* a new step of the measured epoch */
-            L->ep_steps++;
-        }
-        w->meas_epoch = r->epoch;
-    }
-    if (w && r->step_seconds > 0)
-        w->step_seconds = r->step_seconds;
-    if (w) {
-        w->step = r->step;
-        w->loss = r->loss;
-        w->reported = true;
-        w->report_epoch = r->epoch;
-        w->report_at = st_now();
-    }
-    for (size_t i = 0; w && i < r->nnotices; i++) {
-        const char *k = r->notices[i].kind, *d = r->notices[i].detail ? r->notices[i].detail : "";
-        if (!strcmp(k, "terminate")) {
-            if (!w->terminate) {
-                L->sum.worker_notices++;
-                w->terminate_at = st_now();
-            }
-            w->terminate = true;
-        } else if (!strcmp(k, "reconfigured")) {
-            w->reconf_epoch = kv_u64(d, "epoch");
-            w->recv = kv_u64(d, "recv");
-            w->sent = kv_u64(d, "sent");
-            w->replayed = kv_u64(d, "replayed");
-            w->prewarmed = kv_u64(d, "prewarmed");
-            w->stall = kv_f(d, "stall");
-            w->parts = (struct coord_loop_stall_parts){kv_f(d, "wait"), kv_f(d, "connect"),
-                                                       kv_f(d, "reshape"), kv_f(d, "transfer"),
-                                                       kv_f(d, "commit"), 0.0};
-            w->deferred = kv_f(d, "deferred");
-            w->waited = kv_f(d, "waited");
-        } else if (!strcmp(k, "reconfig-failed")) {
-            w->reconf_fail_epoch = kv_u64(d, "epoch");
-        } else if (!strcmp(k, "step-failed")) {
-            w->fail_epoch = kv_u64(d, "epoch");
-        } else if (!strcmp(k, "ckpt-written")) {
-            w->ckw_step = kv_u64(d, "step");
-            w->ckw_stage = (int)kv_u64(d, "stage");
-            w->ckw_seconds = kv_f(d, "seconds");
-            if (!kv(d, "dir", w->ckw_dir, sizeof(w->ckw_dir)))
-                w->ckw_dir[0] = '\0';
-        } else if (!strcmp(k, "peer-copy")) {
-            /* The generations the worker holds now (it keeps two). */
-            w->pc_epoch[0] = kv_u64(d, "epoch");
-            w->pc_step[0] = kv_u64(d, "step");
-            w->pc_epoch[1] = kv_u64(d, "prev_epoch");
-            w->pc_step[1] = kv_u64(d, "prev_step");
-        } else if (!strcmp(k, "peer-copy-refused")) {
-            if (!L->peer_refused)
-                L->peer_refused_need = kv_u64(d, "need");
-            L->peer_refused = true;
-        } else if (!strcmp(k, "first-step")) {
-            w->first_epoch = kv_u64(d, "epoch");
-            w->first_seconds = kv_f(d, "seconds");
-            w->first_step_seconds = kv_f(d, "step_seconds");
-        } else if (!strcmp(k, "checkpointed")) {
-            w->ckpt_step = kv_u64(d, "step");
-            if (!kv(d, "dir", w->ckpt_dir, sizeof(w->ckpt_dir)))
-                w->ckpt_dir[0] = '\0';
-        }
-    }
-    pthread_mutex_unlock(&L->lock);
-}
-
-static void hook_membership(struct coord *c, void *userdata) {
-    struct coord_loop *L = userdata;
-    (void)c;
-    pthread_mutex_lock(&L->lock);
-    L->membership = true;
-    pthread_mutex_unlock(&L->lock);
-}
-
-/* See coord-loop.h. */
-void coord_loop_hooks(struct coord_loop *L, struct coord_hooks *h) {
-    memset(h, 0, sizeof(*h));
-    h->userdata = L;
-    h->on_report = hook_report;
-    h->on_membership = hook_membership;
-}
-
 /* ---- helpers -------------------------------------------------------------------------------- */
 
 static struct linst *inst_find(struct coord_loop *L, const char *name) {
@@ -433,14 +90,8 @@ static struct linst *inst_get(struct coord_loop *L, const char *name) {
     struct linst *x = inst_find(L, name);
     if (x)
         return x;
-    if (L->ninst == L->capinst) {
-        size_t cap = L->capinst ? 2 * L->capinst : 16;
-        struct linst *v = st_realloc(L->inst, cap * sizeof(*v));
-        if (!v)
-            return NULL;
-        L->inst = v;
-        L->capinst = cap;
-    }
+    if (ST_GROW(L->inst, L->ninst, L->capinst, 16) < 0)
+        return NULL;
     x = &L->inst[L->ninst++];
     memset(x, 0, sizeof(*x));
     snprintf(x->name, sizeof(x->name), "%s", name);
@@ -518,7 +169,7 @@ static int view_get(struct coord_loop *L, struct wv **ret, size_t *ret_n) {
     for (size_t i = 0; i < n; i++) {
         v[i].w = w[i];
         struct linst *x = w[i].instance_id[0] ? inst_find(L, w[i].instance_id) : NULL;
-        struct lworker *lw = lw_get(L, w[i].id);
+        struct lworker *lw = loop__lw_get(L, w[i].id);
         v[i].dead = w[i].state == COORD_WORKER_LOST || w[i].state == COORD_WORKER_STOPPED ||
                     (x && x->dead);
         v[i].leaving = (x && x->noticed) || (lw && lw->terminate);
@@ -584,147 +235,6 @@ static uint64_t forced_next(const struct coord_loop *L, uint64_t step) {
         if (L->cfg.forced[i].step > step)
             return L->cfg.forced[i].step;
     return 0;
-}
-
-/* ---- the fitted cost model: measured steps and migrations in, predictions out ---------- */
-
-/* The live kind the fitted model keeps figures for (a restore's prediction, never compared,
- * is made as for an intra-stage move). */
-static enum plan_reconf meas_kind(enum plan_reconf k) {
-    return (unsigned)k < PLAN_RECONF_NLIVE ? k : PLAN_RECONF_INTRA_STAGE;
-}
-
-/* The cost model decisions are taken on: the fitted one, unless the spec says
- * planner.learn: false (then the spec's fleet figures; the fit still predicts, for the
- * summary's predicted-against-measured figures). */
-static const struct plan_cost *decide_cost(const struct coord_loop *L) {
-    return L->fit && L->cfg.spec.planner.learn ? plan_fit_cost(L->fit) : L->cfg.cost;
-}
-
-/* Feeds the steps measured since the last call (their mean) to the fit. */
-static void cm_feed(struct coord_loop *L) {
-    pthread_mutex_lock(&L->lock);
-    double sum = L->ep_step_sum - L->ep_fed_sum;
-    uint64_t n = L->ep_steps - L->ep_fed;
-    L->ep_fed_sum = L->ep_step_sum;
-    L->ep_fed = L->ep_steps;
-    pthread_mutex_unlock(&L->lock);
-    if (L->fit && n > 0 && L->dp > 0 && plan_fit_observe_step(L->fit, L->dp, L->pp, sum / n) == 0)
-        L->fit_has_steps = true;
-}
-
-/* Adds the measured epoch's steps to the summary's predicted-against-measured figures. */
-static void cm_account(const struct coord_loop *L, struct coord_loop_summary *S) {
-    if (L->ep_calibrated && L->ep_steps > 0) {
-        S->cost_model.steps += L->ep_steps;
-        S->cost_model.step_predicted += L->ep_pred * (double)L->ep_steps;
-        S->cost_model.step_measured += L->ep_step_sum;
-    }
-}
-
-/* Shows the cost model against what happened, the running epoch's steps included, in GET
- * /v1/job and /metrics (the summary's figures as the job stands). */
-static void cm_publish(struct coord_loop *L) {
-    struct coord_loop_summary s;
-    struct coord_cost_model cm;
-    memset(&cm, 0, sizeof(cm));
-    pthread_mutex_lock(&L->lock);
-    s.cost_model = L->sum.cost_model;
-    cm_account(L, &s);
-    pthread_mutex_unlock(&L->lock);
-    cm.steps = s.cost_model.steps;
-    cm.step_predicted = s.cost_model.step_predicted;
-    cm.step_measured = s.cost_model.step_measured;
-    for (int k = 0; k < PLAN_RECONF_NLIVE; k++) {
-        cm.n[k] = s.cost_model.n[k];
-        cm.stall_predicted[k] = s.cost_model.stall_predicted[k];
-        cm.stall_measured[k] = s.cost_model.stall_measured[k];
-        cm.cal_n[k] = s.cost_model.cal_n[k];
-        cm.cal_predicted[k] = s.cost_model.cal_predicted[k];
-        cm.cal_measured[k] = s.cost_model.cal_measured[k];
-    }
-    coord_metrics_set_cost_model(L->c, &cm);
-}
-
-/* The running epoch ends (a reconfiguration is ordered): account and feed its steps. */
-static void cm_epoch_end(struct coord_loop *L) {
-    cm_feed(L);
-    /* A figure, not an event: the summary's cost_model tabulates it (events stay one line
-     * each per epoch). */
-    if (L->ep_epoch && L->ep_steps > 0)
-        st_log(ST_LOG_INFO, "loop", "Epoch %" PRIu64 " (%dx%d): step time %.4f s predicted "
-               "when decided, %.4f s measured over %" PRIu64 " worker-steps", L->ep_epoch, L->dp,
-               L->pp, L->ep_pred, L->ep_step_sum / (double)L->ep_steps, L->ep_steps);
-    pthread_mutex_lock(&L->lock);
-    cm_account(L, &L->sum);
-    L->ep_epoch = 0;
-    L->ep_step_sum = L->ep_fed_sum = 0;
-    L->ep_steps = L->ep_fed = 0;
-    pthread_mutex_unlock(&L->lock);
-}
-
-/* Predictions for the reconfiguration being ordered (L->rc), before anything of it ran: the
- * planner's own charge of what plan moves (NULL: nothing; its weights stall the first step,
- * its moments only beyond it). */
-static void cm_predict(struct coord_loop *L, int dp, int pp, const struct plan_migration *plan) {
-    double all = plan ? (double)plan->bytes_moved : 0;
-    double w = plan ? (double)plan->bytes_kind[ST_STATE_PARAM] : 0;
-    L->rc.move = (struct plan_fit_move){w, all - w, dp, pp};
-    L->rc.pred_step = L->fit ? plan_fit_step_seconds(L->fit, dp, pp) : 0;
-    L->rc.calibrated = L->fit_has_steps;
-    L->rc.pred_stall = L->fit ? plan_fit_stall_seconds_move(L->fit, meas_kind(L->rc.rec.kind),
-                                                            &L->rc.move) : 0;
-    L->rc.pred_stall_dp = L->fit ? plan_fit_stall_seconds_move(L->fit, PLAN_RECONF_DP_RESHARDING,
-                                                               &L->rc.move) : 0;
-    L->rc.stall_calibrated = L->fit && plan_fit_stall_calibrated(L->fit);
-}
-
-/* Epoch L->epoch runs from now: measure its steps against the prediction made for it. */
-static void cm_epoch_begin(struct coord_loop *L, double pred, bool calibrated) {
-    pthread_mutex_lock(&L->lock);
-    L->ep_epoch = L->epoch;
-    L->ep_step_sum = L->ep_fed_sum = 0;
-    L->ep_steps = L->ep_fed = 0;
-    L->ep_pred = pred;
-    L->ep_calibrated = calibrated && pred > 0;
-    pthread_mutex_unlock(&L->lock);
-}
-
-/* One migration of kind k into the cost model's sums: all, and apart the calibrated. */
-static void cm_count(struct coord_loop *L, int k, double predicted, bool calibrated,
-                     double stall) {
-    __typeof__(L->sum.cost_model) *cm = &L->sum.cost_model;
-    cm->n[k]++;
-    cm->stall_predicted[k] += predicted;
-    cm->stall_measured[k] += stall;
-    if (calibrated) {
-        cm->cal_n[k]++;
-        cm->cal_predicted[k] += predicted;
-        cm->cal_measured[k] += stall;
-    }
-}
-
-/* A live migration finished: compare (in the summary and on its record) and learn. */
-static void cm_migration(struct coord_loop *L, struct coord_loop_record *rec, uint64_t moved,
-                         double stall) {
-    if (!L->fit || rec->kind >= PLAN_RECONF_CHECKPOINT_RESTORE) /* live migrations only */
-        return;
-    rec->stall_predicted = L->rc.pred_stall;
-    rec->stall_calibrated = L->rc.stall_calibrated;
-    cm_count(L, rec->kind, L->rc.pred_stall, L->rc.stall_calibrated, stall);
-    /* The wire's bytes, split as the plan's were. */
-    struct plan_fit_move mv = L->rc.move;
-    double planned = mv.weight_bytes + mv.moment_bytes;
-    double scale = planned > 0 ? (double)moved / planned : 0;
-    mv.weight_bytes *= scale;
-    mv.moment_bytes *= scale;
-    if (planned <= 0)
-        mv.weight_bytes = (double)moved;
-    (void)plan_fit_observe_move(L->fit, meas_kind(rec->kind), &mv, stall);
-    if (rec->dp_reshard) {
-        cm_count(L, PLAN_RECONF_DP_RESHARDING, L->rc.pred_stall_dp, L->rc.stall_calibrated, stall);
-        (void)plan_fit_observe_move(L->fit, PLAN_RECONF_DP_RESHARDING, &mv, stall);
-    }
 }
 
 /* Why (dp, pp) cannot run on n workers, in words, for a decision message; mirrors
@@ -811,9 +321,9 @@ static void choose_shape(struct coord_loop *L, int n, uint64_t at, const struct 
         o.dp_min = s->planner.dp_min;
         o.dp_max = s->planner.dp_max;
         struct plan_decision d;
-        cm_feed(L);
+        loop__cm_feed(L);
         double t0 = st_now();
-        int r = plan_decide(decide_cost(L), &sit, &o, &d);
+        int r = plan_decide(loop__decide_cost(L), &sit, &o, &d);
         decided = st_now() - t0;
         consulted = true;
         if (r == 0 && d.shape.dp > 0) {
@@ -850,7 +360,7 @@ static void choose_shape(struct coord_loop *L, int n, uint64_t at, const struct 
         struct coord_planner_decision pd = {
             .dp = dp, .pp = pp, .at_step = at, .decide_seconds = decided,
             .expected_samples_per_s =
-                dp > 0 ? plan_cost_throughput(decide_cost(L), dp,
+                dp > 0 ? plan_cost_throughput(loop__decide_cost(L), dp,
                                               pp) : 0,
         };
         snprintf(pd.reason, sizeof(pd.reason), "%s", why);
@@ -1006,7 +516,7 @@ static int start_restore(struct coord_loop *L, const struct wv *v, size_t nv, do
     st_free(es);
     if (r < 0)
         goto out;
-    cm_epoch_end(L);
+    loop__cm_epoch_end(L);
     shape_time(L, now);
     memset(&L->rc.rec, 0, sizeof(L->rc.rec));
     L->rc.rec.stall_predicted = -1; /* cm_migration sets a live migration's */
@@ -1016,7 +526,7 @@ static int start_restore(struct coord_loop *L, const struct wv *v, size_t nv, do
      * first epoch is neither (not counted). */
     L->rc.rec.kind = dir[0] ? PLAN_RECONF_CHECKPOINT_RESTORE : PLAN_RECONF_FRESH_START;
     L->rc.rec.steps_replayed = restore && L->max_step > step ? L->max_step - step : 0;
-    cm_predict(L, dp, pp, NULL);
+    loop__cm_predict(L, dp, pp, NULL);
     L->rc.rec.from_dp = L->epoch ? L->dp : 0;
     L->rc.rec.from_pp = L->epoch ? L->pp : 0;
     L->rc.rec.to_dp = dp;
@@ -1070,7 +580,7 @@ static uint64_t lease_window(struct coord_loop *L, const struct wv *v, size_t nv
     double slowest = 0;
     pthread_mutex_lock(&L->lock);
     for (size_t i = 0; i < nv; i++) {
-        struct lworker *lw = v[i].positioned ? lw_get(L, v[i].w.id) : NULL;
+        struct lworker *lw = v[i].positioned ? loop__lw_get(L, v[i].w.id) : NULL;
         if (lw)
             slowest = ST_MAX(slowest, lw->step_seconds);
     }
@@ -1293,7 +803,7 @@ static int start_migrate(struct coord_loop *L, const struct wv *v, size_t nv, in
     st_log(ST_LOG_INFO, "loop", "Epoch %" PRIu64 " ordered at step %" PRIu64 ": %zu orders in "
            "%.6f s, %.6f s after the decision began", epoch, at, np + 1, st_now() - t_order,
            st_now() - now);
-    cm_epoch_end(L);
+    loop__cm_epoch_end(L);
     /* A peer restore's old epoch has stopped; a migration's trains on until the boundary,
      * in its shape (counted when the reconfiguration ends). */
     if (ps)
@@ -1313,7 +823,7 @@ static int start_migrate(struct coord_loop *L, const struct wv *v, size_t nv, in
     L->rc.rec.to_dp = dp;
     L->rc.rec.to_pp = pp;
     L->rc.rec.planned_bytes = plan->bytes_moved;
-    cm_predict(L, dp, pp, plan);
+    loop__cm_predict(L, dp, pp, plan);
     snprintf(L->rc.rec.reason, sizeof(L->rc.rec.reason), "%s", reason);
     L->rc.epoch = epoch;
     L->rc.at = at;
@@ -1370,7 +880,7 @@ static bool copies_heard(struct coord_loop *L, const struct wv *v, size_t nv, do
     for (size_t i = 0; i < nv && all; i++) {
         if (!v[i].positioned || v[i].dead)
             continue;
-        const struct lworker *w = lw_get(L, v[i].w.id);
+        const struct lworker *w = loop__lw_get(L, v[i].w.id);
         all = w && w->report_at >= L->lost_since;
     }
     pthread_mutex_unlock(&L->lock);
@@ -1386,8 +896,9 @@ static bool pc_has(const struct lworker *w, uint64_t epoch, uint64_t step) {
 
 /* After an unannounced loss: restores from the peer copies of the last running epoch when
  * one step's copies survive for every position (each alive owner holds its own, each dead
- * owner's successor in the copies' ring holds it), onto the available workers. Returns 0 when ordered, -ENODATA
- * when no copy serves (the caller restores from disk), or another negative errno. */
+ * owner's successor in the copies' ring holds it), onto the available workers. Returns 0 when
+ * ordered, -ENODATA when no copy serves (the caller restores from disk), or another negative
+ * errno. */
 static int start_peer_restore(struct coord_loop *L, const struct wv *v, size_t nv, double now,
                               const char *reason) {
     int n = L->run_dp * L->run_pp, r = 0;
@@ -1421,7 +932,7 @@ static int start_peer_restore(struct coord_loop *L, const struct wv *v, size_t n
     pthread_mutex_lock(&L->lock);
     for (int p = 0; p < n; p++)
         for (int k = 0; k < 2; k++) {
-            struct lworker *w = lw_get(L, L->run_pos[p]);
+            struct lworker *w = loop__lw_get(L, L->run_pos[p]);
             if (!w || w->pc_epoch[k] != L->run_epoch || (found && w->pc_step[k] <= ps.step))
                 continue;
             uint64_t cand = w->pc_step[k];
@@ -1429,9 +940,9 @@ static int start_peer_restore(struct coord_loop *L, const struct wv *v, size_t n
             for (int q = 0; ok && q < n; q++) {
                 const struct wv *o = &v[vi[q]], *sc = &v[vi[next[q]]];
                 if (!o->dead)
-                    ok = pc_has(lw_get(L, o->w.id), L->run_epoch, cand);
+                    ok = pc_has(loop__lw_get(L, o->w.id), L->run_epoch, cand);
                 else
-                    ok = !sc->dead && pc_has(lw_get(L, sc->w.id), L->run_epoch, cand);
+                    ok = !sc->dead && pc_has(loop__lw_get(L, sc->w.id), L->run_epoch, cand);
             }
             if (ok) {
                 ps.step = cand;
@@ -1528,7 +1039,7 @@ static void stall_done(struct coord_loop *L, const struct wv *v, size_t nv) {
         }
         if (!positioned || v[i].dead)
             continue;
-        struct lworker *w = lw_get(L, v[i].w.id);
+        struct lworker *w = loop__lw_get(L, v[i].w.id);
         if (!w || w->first_epoch != L->epoch) {
             all = false;
             break;
@@ -1588,7 +1099,7 @@ static void stall_done(struct coord_loop *L, const struct wv *v, size_t nv) {
         S->stall[PLAN_RECONF_DP_RESHARDING] += stall;
     coord_metrics_add_migration(L->c, rec->kind, rec->moved_bytes, stall,
                                 rec->steps_replayed);
-    cm_migration(L, rec, rec->moved_bytes, stall);
+    loop__cm_migration(L, rec, rec->moved_bytes, stall);
     /* The epoch's one line: what ran, what it cost, and why. Epochs of the chain that the
      * next one replaced before their first step get theirs first (their stall is the
      * chain's, counted once under the last). */
@@ -1652,7 +1163,7 @@ static void phase_reconf(struct coord_loop *L, const struct wv *v, size_t nv, do
     stall_done(L, v, nv);
     pthread_mutex_lock(&L->lock);
     for (size_t k = 0; k < L->rc.npart; k++) {
-        struct lworker *w = lw_get(L, L->rc.part[k]);
+        struct lworker *w = loop__lw_get(L, L->rc.part[k]);
         const struct wv *x = NULL;
         for (size_t i = 0; i < nv; i++)
             if (!strcmp(v[i].w.id, L->rc.part[k]))
@@ -1745,7 +1256,7 @@ static void phase_reconf(struct coord_loop *L, const struct wv *v, size_t nv, do
     L->last_grant = 0;
     L->shape_since = now;
     L->phase = PH_RUNNING;
-    cm_epoch_begin(L, L->rc.pred_step, L->rc.calibrated);
+    loop__cm_epoch_begin(L, L->rc.pred_step, L->rc.calibrated);
     /* The job's start has no cost to wait for: its one line now. Any other epoch gets its
      * line from stall_done(), once its stall is known (one line per event, with its cost). */
     const struct coord_loop_record *rec = &L->rc.rec;
@@ -1759,7 +1270,8 @@ static void phase_reconf(struct coord_loop *L, const struct wv *v, size_t nv, do
 }
 
 /* "node-3 was noticed", "node-1 and node-2 were lost": the positioned workers that are lost
- * (lost = true: dead, or failed when none is dead) or leaving, by the node names the cloud gave, for an event's "because". */
+ * (lost = true: dead, or failed when none is dead) or leaving, by the node names the cloud
+ * gave, for an event's "because". */
 static void who(struct coord_loop *L, const struct wv *v, size_t nv, bool lost,
                 const char *verb, char *buf, size_t size) {
     size_t k = 0;
@@ -2024,7 +1536,7 @@ static void phase_resync(struct coord_loop *L, const struct wv *v, size_t nv, do
     L->rate_t = now;
     L->shape_since = now;
     L->phase = PH_RUNNING;
-    cm_epoch_begin(L, L->fit ? plan_fit_step_seconds(L->fit, L->dp, L->pp) : 0,
+    loop__cm_epoch_begin(L, L->fit ? plan_fit_step_seconds(L->fit, L->dp, L->pp) : 0,
                    L->fit_has_steps);
     set_event(L, "resumed epoch %" PRIu64 " (%dx%d) at step %" PRIu64 " after a restart",
               L->epoch, L->dp, L->pp, lo);
@@ -2129,7 +1641,7 @@ static void phase_finish_save(struct coord_loop *L, const struct wv *v, size_t n
             continue;
         if (v[i].dead || v[i].failed)
             dead = true;
-        struct lworker *w = lw_get(L, v[i].w.id);
+        struct lworker *w = loop__lw_get(L, v[i].w.id);
         if (!w || w->ckpt_step != L->total || strcmp(w->ckpt_dir, L->cfg.save_dir))
             all = false;
     }
@@ -2236,7 +1748,7 @@ int coord_loop_tick(struct coord_loop *L, double now) {
     for (size_t i = 0; i < L->ninst; i++)
         noticed += L->inst[i].noticed && !L->inst[i].dead;
     coord_metrics_set_noticed(L->c, noticed);
-    cm_publish(L);
+    loop__cm_publish(L);
 
     ckpt_commit_check(L);
     if (L->peer_refused && !L->peer_refused_said) {
@@ -2416,7 +1928,7 @@ int coord_loop_event_next(struct coord_loop *L, uint64_t *cursor, char *buf, siz
 void coord_loop_summary(struct coord_loop *L, struct coord_loop_summary *ret) {
     *ret = L->sum;
     pthread_mutex_lock(&L->lock);
-    cm_account(L, ret); /* the epoch still running */
+    loop__cm_account(L, ret); /* the epoch still running */
     pthread_mutex_unlock(&L->lock);
 }
 

@@ -951,14 +951,8 @@ static int step_add(void *userdata, const char *s, bool is_dir) {
     unsigned long long step = strtoull(s + 5, &end, 10);
     if (*end || errno)
         return 0;
-    if (L->n == L->cap) {
-        size_t ncap = L->cap ? 2 * L->cap : 16;
-        struct step_dir *nv = st_realloc(L->v, ncap * sizeof(*L->v));
-        if (!nv)
-            return -ENOMEM;
-        L->v = nv;
-        L->cap = ncap;
-    }
+    if (ST_GROW(L->v, L->n, L->cap, 16) < 0)
+        return -ENOMEM;
     L->v[L->n].step = step;
     snprintf(L->v[L->n].name, sizeof(L->v[L->n].name), "%s", s);
     L->n++;
@@ -1086,14 +1080,8 @@ static int name_add(void *userdata, const char *name, bool is_dir) {
     struct name_list *L = userdata;
     if (is_dir || strlen(name) >= 256)
         return 0;
-    if (L->n == L->cap) {
-        size_t ncap = L->cap ? 2 * L->cap : 64;
-        char (*nv)[256] = st_realloc(L->v, ncap * sizeof(*L->v));
-        if (!nv)
-            return -ENOMEM;
-        L->v = nv;
-        L->cap = ncap;
-    }
+    if (ST_GROW(L->v, L->n, L->cap, 64) < 0)
+        return -ENOMEM;
     snprintf(L->v[L->n++], 256, "%s", name);
     return 0;
 }

@@ -172,6 +172,35 @@ static int test_peer_ring(void) {
     return 0;
 }
 
+/* ST_GROW: room for element n, doubling from `first`; a failed allocation leaves the array as
+ * it was; a count that cannot double is refused. */
+static int test_grow(void) {
+    struct pair {
+        int a, b;
+    } *v = NULL;
+    size_t n = 0, cap = 0;
+    for (int i = 0; i < 100; i++) {
+        ASSERT_OK(ST_GROW(v, n, cap, 4));
+        ASSERT_LT(n, cap);
+        v[n++] = (struct pair){i, -i};
+    }
+    ASSERT_EQ(cap, 128); /* 4, 8, ..., 128 */
+    st_alloc_fail_after(1);
+    for (; n < cap; n++)
+        ASSERT_OK(ST_GROW(v, n, cap, 4)); /* room left: nothing allocated */
+    ASSERT_EQ(ST_GROW(v, n, cap, 4), -ENOMEM);
+    st_alloc_fail_after(0);
+    ASSERT_EQ(cap, 128);
+    for (int i = 0; i < 100; i++)
+        ASSERT_TRUE(v[i].a == i && v[i].b == -i);
+    size_t huge = SIZE_MAX / sizeof(*v) / 2 + 1;
+    ASSERT_EQ(ST_GROW(v, huge, huge, 4), -ENOMEM); /* 2 x huge elements do not fit size_t */
+    ASSERT_EQ(ST_GROW(v, 128, cap, 4), 0);
+    ASSERT_EQ(cap, 256);
+    st_free(v);
+    return 0;
+}
+
 TEST_MAIN(TEST(test_duration), TEST(test_size), TEST(test_uuid), TEST(test_files),
           TEST(test_error_format), TEST(test_alloc_failure), TEST(test_try),
-          TEST(test_peer_ring))
+          TEST(test_peer_ring), TEST(test_grow))
