@@ -27,6 +27,11 @@ double plan__measured_inter_ms(const struct plan_cost *c, int D, int dp, int pp,
                                double stage_params);
 double plan__measured_repartition_ms(const struct plan_cost *c, int D, int P, const char *dead,
                                      int dp, int pp);
+/* Minimum-cost assignment (the Hungarian algorithm) on the n x m cost matrix a, row-major,
+ * n <= m: writes ret_col[i], the distinct column of row i, so that the sum of a[i][ret_col[i]]
+ * is least. Costs stay far below INT64_MAX / 4 in magnitude (its "infinity"; the migration
+ * planner's are byte counts). O(n^2 m). Returns 0 or -ENOMEM (hungarian.c). */
+int plan__hungarian(const int64_t *a, uint32_t n, uint32_t m, uint32_t *ret_col);
 /* Parcae's pipeline split of L layers into pp stages: bounds[0..pp]. Returns 0 or -EINVAL. */
 int plan__partition(int L, int pp, int *bounds);
 /* The analytic model's description of a spec's built-in GPT and hardware (plan_cost_from_spec

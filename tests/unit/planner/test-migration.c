@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "common.h"
+#include "planner-internal.h" /* plan__hungarian */
 #include "planner.h"
 #include "test.h"
 
@@ -1054,8 +1055,50 @@ static int test_alloc_failures(void) {
     return 0;
 }
 
+/* The least sum over injective maps of rows 0..n-1 into columns (used[] marks taken ones). */
+static int64_t brute_min(const int64_t *a, uint32_t n, uint32_t m, uint32_t i, bool *used) {
+    if (i == n)
+        return 0;
+    int64_t best = INT64_MAX;
+    for (uint32_t j = 0; j < m; j++) {
+        if (used[j])
+            continue;
+        used[j] = true;
+        int64_t s = a[(size_t)i * m + j] + brute_min(a, n, m, i + 1, used);
+        used[j] = false;
+        best = ST_MIN(best, s);
+    }
+    return best;
+}
+
+/* plan__hungarian against exhaustive search on small matrices, square and wide, with the
+ * many ties and the negated byte counts the planner gives it. */
+static int test_hungarian(void) {
+    rng_state = 0x4A4E47ull;
+    for (int it = 0; it < 3000; it++) {
+        uint32_t n = 1 + rnd(6), m = n + rnd(3);
+        int64_t a[8 * 8];
+        uint32_t col[8];
+        bool used[8] = {false};
+        uint32_t range = rnd(2) ? 3 : 1000000; /* few values: ties everywhere */
+        for (uint32_t k = 0; k < n * m; k++)
+            a[k] = -(int64_t)rnd(range) * (rnd(4) ? 1 : 4096);
+        ASSERT_OK(plan__hungarian(a, n, m, col));
+        int64_t sum = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            ASSERT_LT(col[i], m);
+            ASSERT_FALSE(used[col[i]]); /* distinct columns */
+            used[col[i]] = true;
+            sum += a[(size_t)i * m + col[i]];
+        }
+        bool none[8] = {false};
+        ASSERT_TRUE(sum == brute_min(a, n, m, 0, none));
+    }
+    return 0;
+}
+
 TEST_MAIN(TEST(test_stage_split), TEST(test_stage_split_random), TEST(test_none),
           TEST(test_intra_stage), TEST(test_inter_stage), TEST(test_pipeline), TEST(test_reshard),
           TEST(test_balance), TEST(test_tied), TEST(test_lost_stage), TEST(test_bad_requests),
           TEST(test_validate_rejects), TEST(test_random_plans), TEST(test_large),
-          TEST(test_alloc_failures))
+          TEST(test_alloc_failures), TEST(test_hungarian))
