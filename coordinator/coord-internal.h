@@ -131,6 +131,10 @@ struct coord {
 
 /* ---- state.c (all called with c->lock held unless said otherwise) ------------------- */
 
+/* Joined, active or spare: a worker the job can still command. */
+static inline bool coord__worker_live(enum coord_worker_state s) {
+    return s == COORD_WORKER_JOINED || s == COORD_WORKER_ACTIVE || s == COORD_WORKER_SPARE;
+}
 struct coord_wk *coord__worker_find(struct coord *c, const char *id);
 /* Heartbeat deadline in seconds and the Report interval it implies. */
 double coord__deadline(const struct coord *c);
@@ -147,8 +151,6 @@ int coord__apply_report(struct coord *c, const Spottrain__V1__ReportRequest *req
 void coord__tick(struct coord *c, double now);
 /* Public-row copy with last_seen_ago filled in. */
 void coord__worker_copy(const struct coord *c, const struct coord_wk *wk, struct coord_worker *out);
-/* Appends the redelivery set (last Configure + unacked) to a fresh stream. */
-int coord__watch_fill(struct coord *c, struct coord_wk *wk, struct coord_watch *w);
 /* Counts workers by state into counts[COORD_WORKER_NSTATES]. */
 void coord__count_states(const struct coord *c, size_t counts[COORD_WORKER_NSTATES]);
 /* What the instance-hours spent so far would have cost on demand: spend scaled by the spec's
@@ -157,6 +159,19 @@ double coord__on_demand_dollars(const struct coord *c);
 /* Event with the lock held. */
 int64_t coord__event_locked(struct coord *c, const char *kind, const char *worker_id,
                             const char *fmt, ...) ST_PRINTF(4, 5);
+
+/* ---- commands.c (c->lock held) ------------------------------------------------------ */
+
+/* Appends the redelivery set (last Configure + unacked) to a fresh stream. */
+int coord__watch_fill(struct coord *c, struct coord_wk *wk, struct coord_watch *w);
+/* The job is pending or running: it takes new commands. */
+bool coord__job_accepts_commands(const struct coord *c);
+/* Journals and sends epoch (dp, pp)'s Configure to the workers of a[n] (coord_configure_epoch
+ * with the lock held; the built-in policy's tick calls it too). */
+int coord__configure_locked(struct coord *c, int dp, int pp, const struct coord_assignment *a,
+                            size_t n, const char *rendezvous,
+                            const struct coord_epoch_setup *setup, uint64_t start_step,
+                            const char *reason, uint64_t *ret_epoch);
 
 /* ---- grpc-server.c ------------------------------------------------------------------ */
 
