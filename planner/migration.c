@@ -15,16 +15,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common.h"              /* st_malloc, st_calloc, st_realloc, st_free */
-#include "planner-internal.h" /* plan__hungarian */
-#include "planner-migration.h"
+#include "common.h"             /* st_malloc, st_calloc, st_realloc, st_free */
+#include "migration-internal.h" /* struct plan__ctx, shared with mig-validate.c */
+#include "planner-internal.h"   /* plan__hungarian */
 
 #define PLAN_MIG_MAX_LAYER_ELEMS (1ull << 50) /* keeps r*n within 64 bits */
 
 /* ---- small helpers -------------------------------------------------------------------- */
 
-static int errf(char *err, size_t errlen, int r, const char *fmt, ...) ST_PRINTF(4, 5);
-static int errf(char *err, size_t errlen, int r, const char *fmt, ...) {
+int plan__errf(char *err, size_t errlen, int r, const char *fmt, ...) {
     if (err && errlen) {
         va_list ap;
         va_start(ap, fmt);
@@ -156,30 +155,31 @@ int plan_mig_layout_add_tied(struct plan_mig_layout *l, int32_t stage, uint32_t 
 int plan_mig_layout_check(const struct plan_mig_layout *l, uint32_t nlayers, char *err,
                           size_t errlen) {
     if (!l)
-        return errf(err, errlen, -EINVAL, "no layout");
+        return plan__errf(err, errlen, -EINVAL, "no layout");
     if (l->dp == 0 || l->pp == 0)
-        return errf(err, errlen, -EINVAL, "dp and pp must be >= 1 (got %u x %u)", l->dp, l->pp);
+        return plan__errf(err, errlen, -EINVAL, "dp and pp must be >= 1 (got %u x %u)", l->dp,
+                          l->pp);
     if (l->pp > PLAN_MIG_MAX_STAGES || l->pp > nlayers)
-        return errf(err, errlen, -EINVAL, "pp %u exceeds the %u layers", l->pp, nlayers);
+        return plan__errf(err, errlen, -EINVAL, "pp %u exceeds the %u layers", l->pp, nlayers);
     if ((uint64_t)l->dp * l->pp > PLAN_MIG_MAX_POSITIONS)
-        return errf(err, errlen, -EINVAL, "dp*pp = %llu exceeds %u positions",
-                    (unsigned long long)l->dp * l->pp, PLAN_MIG_MAX_POSITIONS);
+        return plan__errf(err, errlen, -EINVAL, "dp*pp = %llu exceeds %u positions",
+                          (unsigned long long)l->dp * l->pp, PLAN_MIG_MAX_POSITIONS);
     if (l->stage_lo[0] != 0 || l->stage_lo[l->pp] != nlayers)
-        return errf(err, errlen, -EINVAL, "stage ranges must start at 0 and end at %u layers",
-                    nlayers);
+        return plan__errf(err, errlen, -EINVAL, "stage ranges must start at 0 and end at %u layers",
+                          nlayers);
     for (uint32_t s = 0; s < l->pp; s++)
         if (l->stage_lo[s + 1] <= l->stage_lo[s])
-            return errf(err, errlen, -EINVAL, "stage %u has an empty or reversed layer range",
-                        s);
+            return plan__errf(err, errlen, -EINVAL, "stage %u has an empty or reversed layer range",
+                              s);
     if (l->ntied > PLAN_MIG_MAX_TIED)
-        return errf(err, errlen, -EINVAL, "too many tied entries (%u)", l->ntied);
+        return plan__errf(err, errlen, -EINVAL, "too many tied entries (%u)", l->ntied);
     for (uint32_t i = 0; i < l->ntied; i++) {
         if (l->tied[i].stage < PLAN_MIG_STAGE_LAST || l->tied[i].stage >= (int32_t)l->pp)
-            return errf(err, errlen, -EINVAL, "tied entry %u: bad stage %d", i,
-                        l->tied[i].stage);
+            return plan__errf(err, errlen, -EINVAL, "tied entry %u: bad stage %d", i,
+                              l->tied[i].stage);
         if (l->tied[i].layer >= nlayers)
-            return errf(err, errlen, -EINVAL, "tied entry %u: layer %u out of range", i,
-                        l->tied[i].layer);
+            return plan__errf(err, errlen, -EINVAL, "tied entry %u: layer %u out of range", i,
+                              l->tied[i].layer);
     }
     return 0;
 }
@@ -247,7 +247,7 @@ static uint32_t param_stages(const struct plan_mig_layout *l, const uint32_t *st
 }
 
 /* Interval of (layer, kind) held by position (s, r); false when none. */
-static bool pos_holding(const struct plan_mig_layout *l, const uint64_t *np, uint32_t s,
+bool plan__pos_holding(const struct plan_mig_layout *l, const uint64_t *np, uint32_t s,
                         uint32_t r, uint32_t layer, uint32_t kind, uint64_t *a, uint64_t *b) {
     if (!stage_holds(l, s, layer, (enum st_state_kind)kind))
         return false;
@@ -270,7 +270,7 @@ int plan_mig_holding(const struct plan_mig_layout *l, const uint64_t *layer_para
         (unsigned)kind >= ST_STATE_NKINDS || plan_mig_layout_check(l, nlayers, NULL, 0) < 0)
         return -EINVAL;
     uint64_t a, b;
-    if (!pos_holding(l, layer_params, stage, replica, layer, kind, &a, &b))
+    if (!plan__pos_holding(l, layer_params, stage, replica, layer, kind, &a, &b))
         return 0;
     if (ret_offset)
         *ret_offset = a;
@@ -294,18 +294,7 @@ int plan_mig_gpt_layer_params(uint32_t layers, uint32_t hidden, uint32_t vocab,
 
 /* ---- request context ------------------------------------------------------------------ */
 
-struct ctx {
-    const struct plan_mig_request *req;
-    const struct plan_mig_layout *ol, *nl; /* old, new layouts */
-    const uint64_t *np;                    /* layer_params */
-    uint32_t nlayers, nw;
-    uint32_t oP, nP;                       /* old / new positions */
-    int32_t *old_at;                       /* [oP]: worker at old position, -1 none */
-    uint32_t *so_of;                       /* [nlayers]: old stage of layer */
-    uint32_t *sn_of;                       /* [nlayers]: new stage of layer */
-};
-
-static void ctx_done(struct ctx *c) {
+void plan__ctx_done(struct plan__ctx *c) {
     st_free(c->old_at);
     st_free(c->so_of);
     st_free(c->sn_of);
@@ -313,53 +302,53 @@ static void ctx_done(struct ctx *c) {
     c->so_of = c->sn_of = NULL;
 }
 
-static bool w_live(const struct ctx *c, uint32_t w) {
+static bool w_live(const struct plan__ctx *c, uint32_t w) {
     return c->req->workers[w].alive;
 }
 
-static bool w_has_old(const struct ctx *c, uint32_t w) {
+static bool w_has_old(const struct plan__ctx *c, uint32_t w) {
     return c->req->workers[w].stage >= 0;
 }
 
 /* What worker w holds (old) of (layer, kind); false when nothing or when w is dead. */
-static bool w_holding(const struct ctx *c, uint32_t w, uint32_t layer, uint32_t kind,
+bool plan__w_holding(const struct plan__ctx *c, uint32_t w, uint32_t layer, uint32_t kind,
                       uint64_t *a, uint64_t *b) {
     const struct plan_mig_worker *wk = &c->req->workers[w];
     if (!wk->alive || wk->stage < 0)
         return false;
-    return pos_holding(c->ol, c->np, (uint32_t)wk->stage, (uint32_t)wk->replica, layer, kind, a,
-                       b);
+    return plan__pos_holding(c->ol, c->np, (uint32_t)wk->stage, (uint32_t)wk->replica, layer,
+                             kind, a, b);
 }
 
 /* Validates the request and builds the lookup tables. */
-static int ctx_init(struct ctx *c, const struct plan_mig_request *req, char *err,
+int plan__ctx_init(struct plan__ctx *c, const struct plan_mig_request *req, char *err,
                     size_t errlen) {
     memset(c, 0, sizeof(*c));
     if (!req)
-        return errf(err, errlen, -EINVAL, "no request");
+        return plan__errf(err, errlen, -EINVAL, "no request");
     if (req->nlayers == 0 || req->nlayers > PLAN_MIG_MAX_LAYERS || !req->layer_params)
-        return errf(err, errlen, -EINVAL, "model needs 1..%u layers (got %u)",
-                    PLAN_MIG_MAX_LAYERS, req->nlayers);
+        return plan__errf(err, errlen, -EINVAL, "model needs 1..%u layers (got %u)",
+                          PLAN_MIG_MAX_LAYERS, req->nlayers);
     uint64_t total = 0;
     for (uint32_t l = 0; l < req->nlayers; l++) {
         if (req->layer_params[l] > PLAN_MIG_MAX_LAYER_ELEMS)
-            return errf(err, errlen, -EINVAL, "layer %u: %llu elements is too large", l,
-                        (unsigned long long)req->layer_params[l]);
+            return plan__errf(err, errlen, -EINVAL, "layer %u: %llu elements is too large", l,
+                              (unsigned long long)req->layer_params[l]);
         total += req->layer_params[l];
     }
     if (total > PLAN_MIG_MAX_LAYER_ELEMS * 4) /* keeps matching weights far from overflow */
-        return errf(err, errlen, -EINVAL, "model of %llu elements is too large",
-                    (unsigned long long)total);
+        return plan__errf(err, errlen, -EINVAL, "model of %llu elements is too large",
+                          (unsigned long long)total);
     if (!req->old_layout || !req->new_layout)
-        return errf(err, errlen, -EINVAL, "old and new layouts are required");
+        return plan__errf(err, errlen, -EINVAL, "old and new layouts are required");
     char sub[200];
     if (plan_mig_layout_check(req->old_layout, req->nlayers, sub, sizeof(sub)) < 0)
-        return errf(err, errlen, -EINVAL, "old layout: %s", sub);
+        return plan__errf(err, errlen, -EINVAL, "old layout: %s", sub);
     if (plan_mig_layout_check(req->new_layout, req->nlayers, sub, sizeof(sub)) < 0)
-        return errf(err, errlen, -EINVAL, "new layout: %s", sub);
+        return plan__errf(err, errlen, -EINVAL, "new layout: %s", sub);
     if (req->nworkers > PLAN_MIG_MAX_WORKERS || (req->nworkers && !req->workers))
-        return errf(err, errlen, -EINVAL, "bad worker count %u (max %u)", req->nworkers,
-                    PLAN_MIG_MAX_WORKERS);
+        return plan__errf(err, errlen, -EINVAL, "bad worker count %u (max %u)", req->nworkers,
+                          PLAN_MIG_MAX_WORKERS);
     c->req = req;
     c->ol = req->old_layout;
     c->nl = req->new_layout;
@@ -372,7 +361,7 @@ static int ctx_init(struct ctx *c, const struct plan_mig_request *req, char *err
     c->so_of = st_malloc(c->nlayers * sizeof(uint32_t));
     c->sn_of = st_malloc(c->nlayers * sizeof(uint32_t));
     if (!c->old_at || !c->so_of || !c->sn_of) {
-        ctx_done(c);
+        plan__ctx_done(c);
         return -ENOMEM;
     }
     for (uint32_t p = 0; p < c->oP; p++)
@@ -386,36 +375,36 @@ static int ctx_init(struct ctx *c, const struct plan_mig_request *req, char *err
     for (uint32_t w = 0; w < c->nw; w++) {
         const struct plan_mig_worker *wk = &req->workers[w];
         if (!memchr(wk->id, '\0', sizeof(wk->id))) {
-            ctx_done(c);
-            return errf(err, errlen, -EINVAL, "worker %u: id is not NUL-terminated", w);
+            plan__ctx_done(c);
+            return plan__errf(err, errlen, -EINVAL, "worker %u: id is not NUL-terminated", w);
         }
         if (wk->leaving && !wk->alive) {
-            ctx_done(c);
-            return errf(err, errlen, -EINVAL, "worker %u ('%s'): leaving but not alive", w,
-                        wk->id);
+            plan__ctx_done(c);
+            return plan__errf(err, errlen, -EINVAL, "worker %u ('%s'): leaving but not alive", w,
+                              wk->id);
         }
         if (wk->stage < 0) {
             if (wk->stage != -1) {
-                ctx_done(c);
-                return errf(err, errlen, -EINVAL, "worker %u ('%s'): bad stage %d", w, wk->id,
-                            wk->stage);
+                plan__ctx_done(c);
+                return plan__errf(err, errlen, -EINVAL, "worker %u ('%s'): bad stage %d", w, wk->id,
+                                  wk->stage);
             }
             continue;
         }
         if ((uint32_t)wk->stage >= c->ol->pp || wk->replica < 0 ||
             (uint32_t)wk->replica >= c->ol->dp) {
-            ctx_done(c);
-            return errf(err, errlen, -EINVAL,
-                        "worker %u ('%s'): position (%d, %d) outside the old %u x %u layout", w,
-                        wk->id, wk->stage, wk->replica, c->ol->dp, c->ol->pp);
+            plan__ctx_done(c);
+            return plan__errf(err, errlen, -EINVAL,
+                              "worker %u ('%s'): position (%d, %d) outside the old %u x %u "
+                              "layout", w, wk->id, wk->stage, wk->replica, c->ol->dp, c->ol->pp);
         }
         uint32_t p = (uint32_t)wk->stage * c->ol->dp + (uint32_t)wk->replica;
         if (c->old_at[p] >= 0) {
             int32_t prev = c->old_at[p];
-            ctx_done(c);
-            return errf(err, errlen, -EINVAL,
-                        "workers %d and %u both hold old position (stage %d, replica %d)", prev,
-                        w, wk->stage, wk->replica);
+            plan__ctx_done(c);
+            return plan__errf(err, errlen, -EINVAL,
+                              "workers %d and %u both hold old position (stage %d, replica %d)",
+                              prev, w, wk->stage, wk->replica);
         }
         c->old_at[p] = (int32_t)w;
     }
@@ -425,7 +414,7 @@ static int ctx_init(struct ctx *c, const struct plan_mig_request *req, char *err
 /* ---- lost state ----------------------------------------------------------------------- */
 
 /* Fills lost[l] (may be NULL) and returns the number of layers with anything lost. */
-static int find_lost(const struct ctx *c, uint8_t *lost) {
+static int find_lost(const struct plan__ctx *c, uint8_t *lost) {
     int nlost = 0;
     for (uint32_t l = 0; l < c->nlayers; l++) {
         uint8_t mask = 0;
@@ -461,12 +450,12 @@ static int find_lost(const struct ctx *c, uint8_t *lost) {
 }
 
 int plan_migration_lost(const struct plan_mig_request *req, uint8_t *ret_lost_kinds) {
-    struct ctx c;
-    int r = ctx_init(&c, req, NULL, 0);
+    struct plan__ctx c;
+    int r = plan__ctx_init(&c, req, NULL, 0);
     if (r < 0)
         return r;
     r = find_lost(&c, ret_lost_kinds);
-    ctx_done(&c);
+    plan__ctx_done(&c);
     return r;
 }
 
@@ -481,7 +470,7 @@ static uint32_t uf_find(uint32_t *parent, uint32_t x) {
 }
 
 /* Chooses pos_worker[nP] (worker per new position). */
-static int choose_assignment(const struct ctx *c, uint32_t *pos_worker, char *err,
+static int choose_assignment(const struct plan__ctx *c, uint32_t *pos_worker, char *err,
                              size_t errlen) {
     const struct plan_mig_layout *ol = c->ol, *nl = c->nl;
     uint32_t nP = c->nP;
@@ -495,9 +484,9 @@ static int choose_assignment(const struct ctx *c, uint32_t *pos_worker, char *er
     for (uint32_t w = 0; w < c->nw; w++)
         navail += c->req->workers[w].alive && !c->req->workers[w].leaving;
     if (navail < nP)
-        return errf(err, errlen, -ENOSPC,
-                    "the %u x %u target needs %u workers but only %u are alive and staying",
-                    nl->dp, nl->pp, nP, navail);
+        return plan__errf(err, errlen, -ENOSPC,
+                          "the %u x %u target needs %u workers but only %u are alive and staying",
+                          nl->dp, nl->pp, nP, navail);
 
     if (c->req->fixed_position) {
         for (uint32_t p = 0; p < nP; p++)
@@ -508,19 +497,21 @@ static int choose_assignment(const struct ctx *c, uint32_t *pos_worker, char *er
                 continue;
             const struct plan_mig_worker *wk = &c->req->workers[w];
             if ((uint32_t)p >= nP)
-                return errf(err, errlen, -EINVAL, "worker %u: fixed position %d out of range",
-                            w, p);
+                return plan__errf(err, errlen, -EINVAL, "worker %u: fixed position %d out of range",
+                                  w, p);
             if (!wk->alive || wk->leaving)
-                return errf(err, errlen, -EINVAL,
-                            "worker %u ('%s'): fixed position but dead or leaving", w, wk->id);
+                return plan__errf(err, errlen, -EINVAL,
+                                  "worker %u ('%s'): fixed position but dead or leaving", w,
+                                  wk->id);
             if (pos_worker[p] != UINT32_MAX)
-                return errf(err, errlen, -EINVAL, "fixed position %d given to two workers", p);
+                return plan__errf(err, errlen, -EINVAL, "fixed position %d given to two workers",
+                                  p);
             pos_worker[p] = w;
         }
         for (uint32_t p = 0; p < nP; p++)
             if (pos_worker[p] == UINT32_MAX)
-                return errf(err, errlen, -EINVAL, "fixed assignment leaves position %u empty",
-                            p);
+                return plan__errf(err, errlen, -EINVAL, "fixed assignment leaves position %u empty",
+                                  p);
         return 0;
     }
 
@@ -699,7 +690,7 @@ static int choose_assignment(const struct ctx *c, uint32_t *pos_worker, char *er
                                 c->req->workers[next].leaving))
             next++;
         if (next >= c->nw) { /* cannot happen: navail >= nP was checked */
-            r = errf(err, errlen, -ENOSPC, "not enough workers for position %u", p);
+            r = plan__errf(err, errlen, -ENOSPC, "not enough workers for position %u", p);
             goto out;
         }
         pos_worker[p] = next;
@@ -747,7 +738,7 @@ static int xfer_add(struct xfers *x, uint32_t src, uint32_t dst, uint32_t layer,
 
 /* Stable counting sort of v[0..n) by src (by_src) or dst into a new array (caller frees).
  * O(n + nw): plans reach ~10^6 transfers, where qsort dominated the planning time. */
-static struct plan_mig_transfer *bucket_sort(const struct plan_mig_transfer *v, size_t n,
+struct plan_mig_transfer *plan__bucket_sort(const struct plan_mig_transfer *v, size_t n,
                                              uint32_t nw, bool by_src) {
     size_t *start = st_calloc((size_t)nw + 1, sizeof(size_t));
     struct plan_mig_transfer *out = st_malloc((n ? n : 1) * sizeof(*out));
@@ -766,7 +757,7 @@ static struct plan_mig_transfer *bucket_sort(const struct plan_mig_transfer *v, 
     return out;
 }
 
-static int cmp_xfer_dst(const void *pa, const void *pb) {
+int plan__cmp_xfer_dst(const void *pa, const void *pb) {
     const struct plan_mig_transfer *a = pa, *b = pb;
     if (a->dst != b->dst)
         return a->dst < b->dst ? -1 : 1;
@@ -808,15 +799,15 @@ static bool key_less(const struct key *a, const struct key *b) {
     return a->w < b->w;
 }
 
-static struct key make_key(const struct ctx *c, const struct pick *pk, uint32_t w, uint32_t sn,
-                           uint64_t score) {
+static struct key make_key(const struct plan__ctx *c, const struct pick *pk, uint32_t w,
+                           uint32_t sn, uint64_t score) {
     struct key k = {pk->new_stage[w] == (int32_t)sn ? 0 : 1, ~score,
                     c->req->workers[w].leaving ? 1 : 0, pk->load[w], w};
     return k;
 }
 
 /* The sender of old stage g for a dst in new stage sn (cached per dst). */
-static int32_t group_sender(const struct ctx *c, struct pick *pk, uint32_t g, uint32_t sn) {
+static int32_t group_sender(const struct plan__ctx *c, struct pick *pk, uint32_t g, uint32_t sn) {
     if (pk->chosen[g] >= 0)
         return pk->chosen[g];
     int32_t best = -1;
@@ -836,7 +827,7 @@ static int32_t group_sender(const struct ctx *c, struct pick *pk, uint32_t g, ui
 }
 
 /* Adds the transfers that bring position p's needs to worker w. */
-static int plan_position(const struct ctx *c, struct pick *pk, uint32_t p, uint32_t w,
+static int plan_position(const struct plan__ctx *c, struct pick *pk, uint32_t p, uint32_t w,
                          struct xfers *x, uint64_t *kept, uint64_t *needed, uint32_t *lost_layer,
                          uint32_t *lost_kind) {
     const struct plan_mig_layout *ol = c->ol, *nl = c->nl;
@@ -851,7 +842,7 @@ static int plan_position(const struct ctx *c, struct pick *pk, uint32_t p, uint3
             uint64_t a, b;
             if (pass == 0)
                 *needed += c->np[l];
-            if (w_holding(c, w, l, ST_STATE_PARAM, &a, &b)) {
+            if (plan__w_holding(c, w, l, ST_STATE_PARAM, &a, &b)) {
                 if (pass == 0)
                     *kept += c->np[l];
                 continue;
@@ -950,7 +941,7 @@ struct plan_migration *plan_migration_free(struct plan_migration *p) {
     return NULL;
 }
 
-static enum plan_reconf classify(const struct ctx *c, const struct plan_migration *p) {
+static enum plan_reconf classify(const struct plan__ctx *c, const struct plan_migration *p) {
     const struct plan_mig_layout *ol = c->ol, *nl = c->nl;
     bool same_ranges = ol->pp == nl->pp &&
                        memcmp(ol->stage_lo, nl->stage_lo, (ol->pp + 1) * sizeof(uint32_t)) == 0;
@@ -970,9 +961,9 @@ static enum plan_reconf classify(const struct ctx *c, const struct plan_migratio
 }
 
 /* Sorts, merges adjacent ranges, and fills pairs and counters. */
-static int finish_plan(const struct ctx *c, struct plan_migration *p, struct xfers *x) {
+static int finish_plan(const struct plan__ctx *c, struct plan_migration *p, struct xfers *x) {
     /* Group by sender, keeping the generation order (receiver position, then layer) inside. */
-    struct plan_mig_transfer *sorted = bucket_sort(x->v, x->n, c->nw, true);
+    struct plan_mig_transfer *sorted = plan__bucket_sort(x->v, x->n, c->nw, true);
     if (!sorted)
         return -ENOMEM;
     st_free(x->v);
@@ -1028,7 +1019,7 @@ static int finish_plan(const struct ctx *c, struct plan_migration *p, struct xfe
     return 0;
 }
 
-static int lost_message(const struct ctx *c, char *err, size_t errlen) {
+static int lost_message(const struct plan__ctx *c, char *err, size_t errlen) {
     uint8_t *lost = st_calloc(c->nlayers, 1);
     if (!lost)
         return -ENOMEM;
@@ -1057,9 +1048,9 @@ static int lost_message(const struct ctx *c, char *err, size_t errlen) {
 int plan_migration_new(const struct plan_mig_request *req, struct plan_migration **ret_plan,
                        char *err, size_t errlen) {
     if (!ret_plan)
-        return errf(err, errlen, -EINVAL, "no result pointer");
-    struct ctx c;
-    int r = ctx_init(&c, req, err, errlen);
+        return plan__errf(err, errlen, -EINVAL, "no result pointer");
+    struct plan__ctx c;
+    int r = plan__ctx_init(&c, req, err, errlen);
     if (r < 0)
         return r;
     struct plan_migration *p = NULL;
@@ -1110,8 +1101,8 @@ int plan_migration_new(const struct plan_mig_request *req, struct plan_migration
         r = plan_position(&c, &pk, q, p->position_worker[q], &x, &kept, &needed, &lost_layer,
                           &lost_kind);
         if (r == -ENODATA) { /* find_lost said otherwise: keep the message honest anyway */
-            r = errf(err, errlen, -ENODATA, "no live copy of layer %u %s", lost_layer,
-                     st_state_kind_name((enum st_state_kind)lost_kind));
+            r = plan__errf(err, errlen, -ENODATA, "no live copy of layer %u %s", lost_layer,
+                           st_state_kind_name((enum st_state_kind)lost_kind));
             goto out;
         }
         if (r < 0)
@@ -1137,227 +1128,6 @@ out:
     st_free(pk.chosen);
     st_free(pk.touched);
     st_free(pk.load);
-    ctx_done(&c);
-    return r;
-}
-
-/* ---- validation ----------------------------------------------------------------------- */
-
-/* First index in sorted (by dst, layer, kind, offset) t[0..n) not before (dst, layer, kind). */
-static size_t lower_bound(const struct plan_mig_transfer *t, size_t n, uint32_t dst,
-                          uint32_t layer, uint32_t kind) {
-    size_t a = 0, b = n;
-    struct plan_mig_transfer key = {0, dst, layer, kind, 0, 0};
-    while (a < b) {
-        size_t m = a + (b - a) / 2;
-        if (cmp_xfer_dst(&t[m], &key) < 0)
-            a = m + 1;
-        else
-            b = m;
-    }
-    return a;
-}
-
-int plan_migration_validate(const struct plan_mig_request *req, const struct plan_migration *p,
-                            char *err, size_t errlen) {
-    struct ctx c;
-    int r = ctx_init(&c, req, err, errlen);
-    if (r < 0)
-        return r;
-    struct plan_mig_transfer *t = NULL;
-    int32_t *pos_of = NULL;
-    uint64_t *sent = NULL, *recv = NULL;
-    r = -EINVAL;
-    if (!p || p->magic != PLAN_MIG_MAGIC) {
-        errf(err, errlen, r, "not a migration plan");
-        goto out;
-    }
-    if (p->nworkers != c.nw || p->npositions != c.nP) {
-        errf(err, errlen, r, "plan is for %u workers / %u positions, request has %u / %u",
-             p->nworkers, p->npositions, c.nw, c.nP);
-        goto out;
-    }
-    r = -ENOMEM;
-    size_t nw1 = c.nw ? c.nw : 1;
-    pos_of = st_malloc(nw1 * sizeof(int32_t));
-    sent = st_calloc(nw1, sizeof(uint64_t));
-    recv = st_calloc(nw1, sizeof(uint64_t));
-    t = st_malloc((p->ntransfers ? p->ntransfers : 1) * sizeof(*t));
-    if (!pos_of || !sent || !recv || !t)
-        goto out;
-    r = -EINVAL;
-    for (uint32_t w = 0; w < c.nw; w++)
-        pos_of[w] = -1;
-    /* The assignment: a bijection of alive, staying workers onto the positions. */
-    for (uint32_t q = 0; q < c.nP; q++) {
-        uint32_t w = p->position_worker[q];
-        if (w >= c.nw) {
-            errf(err, errlen, r, "position %u: worker %u out of range", q, w);
-            goto out;
-        }
-        if (!req->workers[w].alive || req->workers[w].leaving) {
-            errf(err, errlen, r, "position %u: worker %u ('%s') is %s", q, w,
-                 req->workers[w].id, req->workers[w].alive ? "leaving" : "dead");
-            goto out;
-        }
-        if (pos_of[w] >= 0) {
-            errf(err, errlen, r, "worker %u holds positions %d and %u", w, pos_of[w], q);
-            goto out;
-        }
-        pos_of[w] = (int32_t)q;
-        if (p->worker_stage[w] != (int32_t)(q / c.nl->dp) ||
-            p->worker_replica[w] != (int32_t)(q % c.nl->dp)) {
-            errf(err, errlen, r, "worker %u: stage/replica disagree with position %u", w, q);
-            goto out;
-        }
-    }
-    for (uint32_t w = 0; w < c.nw; w++)
-        if (pos_of[w] < 0 && (p->worker_stage[w] != -1 || p->worker_replica[w] != -1)) {
-            errf(err, errlen, r, "worker %u has a stage but no position", w);
-            goto out;
-        }
-    /* Each transfer on its own. */
-    uint64_t kind_bytes[ST_STATE_NKINDS] = {0}, moved = 0;
-    for (size_t i = 0; i < p->ntransfers; i++) {
-        const struct plan_mig_transfer *x = &p->transfers[i];
-        uint64_t a, b;
-        if (x->src >= c.nw || x->dst >= c.nw || x->layer >= c.nlayers ||
-            x->kind >= ST_STATE_NKINDS || x->count == 0 || x->src == x->dst) {
-            errf(err, errlen, r, "transfer %zu: bad fields (src %u dst %u layer %u kind %u "
-                 "count %llu)", i, x->src, x->dst, x->layer, x->kind,
-                 (unsigned long long)x->count);
-            goto out;
-        }
-        if (!req->workers[x->src].alive) {
-            errf(err, errlen, r, "transfer %zu: sender %u ('%s') is dead", i, x->src,
-                 req->workers[x->src].id);
-            goto out;
-        }
-        if (!w_holding(&c, x->src, x->layer, x->kind, &a, &b) || x->offset < a ||
-            x->offset + x->count > b) {
-            errf(err, errlen, r, "transfer %zu: sender %u does not hold layer %u %s [%llu,+%llu)",
-                 i, x->src, x->layer, st_state_kind_name((enum st_state_kind)x->kind),
-                 (unsigned long long)x->offset, (unsigned long long)x->count);
-            goto out;
-        }
-        if (pos_of[x->dst] < 0) {
-            errf(err, errlen, r, "transfer %zu: receiver %u has no new position", i, x->dst);
-            goto out;
-        }
-        uint32_t q = (uint32_t)pos_of[x->dst];
-        if (!pos_holding(c.nl, c.np, q / c.nl->dp, q % c.nl->dp, x->layer, x->kind, &a, &b) ||
-            x->offset < a || x->offset + x->count > b) {
-            errf(err, errlen, r, "transfer %zu: receiver %u does not need layer %u %s "
-                 "[%llu,+%llu)", i, x->dst, x->layer,
-                 st_state_kind_name((enum st_state_kind)x->kind),
-                 (unsigned long long)x->offset, (unsigned long long)x->count);
-            goto out;
-        }
-        uint64_t bytes = x->count * PLAN_MIG_ELEM_BYTES;
-        kind_bytes[x->kind] += bytes;
-        moved += bytes;
-        sent[x->src] += bytes;
-        recv[x->dst] += bytes;
-        t[i] = *x;
-    }
-    if (p->ntransfers) { /* order (dst, layer, kind, offset): buckets, then small sorts */
-        struct plan_mig_transfer *byd = bucket_sort(t, p->ntransfers, c.nw, false);
-        if (!byd) {
-            r = -ENOMEM;
-            goto out;
-        }
-        st_free(t);
-        t = byd;
-        for (size_t i = 0, j; i < p->ntransfers; i = j) {
-            for (j = i + 1; j < p->ntransfers && t[j].dst == t[i].dst; j++)
-                ;
-            qsort(t + i, j - i, sizeof(*t), cmp_xfer_dst);
-        }
-    }
-    /* Coverage: held-in-place plus transfers tile every need exactly. */
-    uint64_t kept = 0, needed = 0;
-    for (uint32_t q = 0; q < c.nP; q++) {
-        uint32_t w = p->position_worker[q], sn = q / c.nl->dp, rn = q % c.nl->dp;
-        for (uint32_t l = 0; l < c.nlayers; l++) {
-            for (uint32_t k = 0; k < ST_STATE_NKINDS; k++) {
-                uint64_t a, b, ha = 0, hb = 0;
-                if (!pos_holding(c.nl, c.np, sn, rn, l, k, &a, &b))
-                    continue;
-                needed += b - a;
-                bool held = w_holding(&c, w, l, k, &ha, &hb);
-                if (held) {
-                    ha = ST_MAX(ha, a);
-                    hb = ST_MIN(hb, b);
-                    held = hb > ha;
-                }
-                if (held)
-                    kept += hb - ha;
-                uint64_t at = a;
-                size_t i = lower_bound(t, p->ntransfers, w, l, k);
-                for (;;) {
-                    bool more = i < p->ntransfers && t[i].dst == w && t[i].layer == l &&
-                                t[i].kind == k;
-                    uint64_t next = more ? t[i].offset : UINT64_MAX;
-                    if (held && ha < at) {
-                        errf(err, errlen, r, "worker %u layer %u %s: transfer overlaps the "
-                             "elements it holds at %llu", w, l,
-                             st_state_kind_name((enum st_state_kind)k),
-                             (unsigned long long)ha);
-                        goto out;
-                    }
-                    if (held && ha <= next) {
-                        if (ha != at)
-                            break;
-                        at = hb;
-                        held = false;
-                        continue;
-                    }
-                    if (!more)
-                        break;
-                    if (next != at) {
-                        errf(err, errlen, r,
-                             "worker %u layer %u %s: %s at element %llu (transfer from %u)", w,
-                             l, st_state_kind_name((enum st_state_kind)k),
-                             next < at ? "overlap" : "gap", (unsigned long long)at, t[i].src);
-                        goto out;
-                    }
-                    at = next + t[i].count;
-                    i++;
-                }
-                if (at != b) {
-                    errf(err, errlen, r, "worker %u layer %u %s: elements [%llu, %llu) missing",
-                         w, l, st_state_kind_name((enum st_state_kind)k),
-                         (unsigned long long)at, (unsigned long long)b);
-                    goto out;
-                }
-            }
-        }
-    }
-    if (moved != p->bytes_moved || kept * PLAN_MIG_ELEM_BYTES != p->bytes_kept ||
-        needed * PLAN_MIG_ELEM_BYTES != p->bytes_needed ||
-        memcmp(kind_bytes, p->bytes_kind, sizeof(kind_bytes)) != 0 ||
-        p->bytes_kept + p->bytes_moved != p->bytes_needed) {
-        errf(err, errlen, r, "byte counters disagree with the transfers");
-        goto out;
-    }
-    for (uint32_t w = 0; w < c.nw; w++)
-        if (sent[w] != p->sent_bytes[w] || recv[w] != p->recv_bytes[w]) {
-            errf(err, errlen, r, "worker %u: sent/received byte counters are wrong", w);
-            goto out;
-        }
-    uint64_t pair_bytes = 0;
-    for (size_t i = 0; i < p->npairs; i++)
-        pair_bytes += p->pairs[i].bytes;
-    if (pair_bytes != moved) {
-        errf(err, errlen, r, "pair byte counters disagree with the transfers");
-        goto out;
-    }
-    r = 0;
-out:
-    st_free(t);
-    st_free(pos_of);
-    st_free(sent);
-    st_free(recv);
-    ctx_done(&c);
+    plan__ctx_done(&c);
     return r;
 }
