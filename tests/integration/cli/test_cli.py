@@ -117,5 +117,27 @@ with tempfile.TemporaryDirectory() as d:
     check(p.returncode == 2 and "no .devpack (run scripts/device-pack)" in p.stderr,
           f"device-check without a pack exits 2 ({p.returncode}: {p.stderr!r})")
 
+# scripts/soak (the suite again and again under load): --help, and each bad argument refused
+# with exit 2 and why, before anything is cloned; outside a git checkout it says so.
+SOAK = os.path.join(SRC, "scripts", "soak")
+p = subprocess.run([SOAK, "--help"], capture_output=True, text=True, timeout=30)
+check(p.returncode == 0 and "Usage: scripts/soak" in p.stdout, "soak --help")
+for args, why in ((["--runs", "0"], "--runs wants a positive integer"),
+                  (["--runs", "x"], "--runs wants a positive integer"),
+                  (["--load", "-1"], "--load wants an integer >= 0"),
+                  (["--runs"], "--runs wants a value"),
+                  (["--dir"], "--dir wants a value"),
+                  (["--bogus"], "unknown argument '--bogus'")):
+    p = subprocess.run([SOAK] + args, capture_output=True, text=True, timeout=30)
+    check(p.returncode == 2 and why in p.stderr, f"soak {args}: {p.returncode} {p.stderr!r}")
+with tempfile.TemporaryDirectory() as d:
+    os.mkdir(os.path.join(d, "scripts"))
+    shutil.copy(SOAK, os.path.join(d, "scripts"))
+    p = subprocess.run([os.path.join(d, "scripts", "soak"), "--runs", "1"], capture_output=True,
+                       text=True, timeout=30, env=dict(os.environ, GIT_CEILING_DIRECTORIES=d))
+    check(p.returncode == 2 and "not a git checkout" in p.stderr,
+          f"soak outside a checkout exits 2 ({p.returncode}: {p.stderr!r})")
+    check(not os.path.exists(os.path.join(d, "build-soak")), "soak made nothing there")
+
 print(f"{len(failures) == 0 and 'all' or len(failures)} {'passed' if not failures else 'failed'}")
 sys.exit(1 if failures else 0)
