@@ -1,6 +1,7 @@
-/* loop-hooks.c: what the planning loop learns from workers' reports and notices (the
- * coordinator's hooks, called on its completion-queue thread under nothing but L->lock).
- * Notices are "kind" plus space-separated key=value words (worker/runner.c writes them). */
+/* loop-hooks.c: what the planning loop learns from workers' reports and notices. These are
+ * the coordinator's hooks: its completion-queue thread calls them without the coordinator's
+ * lock, and they take L->lock. A notice is a kind plus space-separated key=value words
+ * (worker/runner.c writes them). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
