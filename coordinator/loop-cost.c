@@ -126,7 +126,7 @@ static void cm_count(struct coord_loop *L, int k, double predicted, bool calibra
 /* A live migration finished: compare (in the summary and on its record) and learn. */
 void loop__cm_migration(struct coord_loop *L, struct coord_loop_record *rec, uint64_t moved,
                         double stall) {
-    if (!L->fit || rec->kind >= PLAN_RECONF_CHECKPOINT_RESTORE) /* live migrations only */
+    if (!L->fit || (unsigned)rec->kind >= PLAN_RECONF_NLIVE) /* live migrations only */
         return;
     rec->stall_predicted = L->rc.pred_stall;
     rec->stall_calibrated = L->rc.stall_calibrated;
@@ -139,7 +139,7 @@ void loop__cm_migration(struct coord_loop *L, struct coord_loop_record *rec, uin
     mv.moment_bytes *= scale;
     if (planned <= 0)
         mv.weight_bytes = (double)moved;
-    (void)plan_fit_observe_move(L->fit, meas_kind(rec->kind), &mv, stall);
+    (void)plan_fit_observe_move(L->fit, rec->kind, &mv, stall);
     if (rec->dp_reshard) {
         cm_count(L, PLAN_RECONF_DP_RESHARDING, L->rc.pred_stall_dp, L->rc.stall_calibrated, stall);
         (void)plan_fit_observe_move(L->fit, PLAN_RECONF_DP_RESHARDING, &mv, stall);

@@ -283,19 +283,28 @@ static void metric(char **buf, size_t *len, size_t *cap, const char *fmt, ...) {
     }
 }
 
-/* A counter of the cost model by kind: spottrain_cost_model_<name>{kind="..."}, counts n or
- * sums v. */
-static void cost_series(char **b, size_t *len, size_t *cap, const char *name, const char *help,
-                        const uint64_t *n, const double *v) {
-    metric(b, len, cap, "# HELP spottrain_cost_model_%s %s\n"
-           "# TYPE spottrain_cost_model_%s counter\n", name, help, name);
-    for (int k = 0; k < PLAN_RECONF_NLIVE; k++) {
+/* A counter by reconfiguration kind, name{kind="..."}: counts n or sums v, over the first
+ * nkinds kinds; counted_only leaves out the kinds /metrics does not count apart
+ * (coord__counted_kind: a dp-resharding counts under its base kind). */
+struct kind_series {
+    const char *name, *help;
+    int nkinds;
+    bool counted_only;
+    const uint64_t *n; /* counts, or */
+    const double *v;   /* sums */
+};
+
+static void kind_series(char **b, size_t *len, size_t *cap, const struct kind_series *s) {
+    metric(b, len, cap, "# HELP %s %s\n# TYPE %s counter\n", s->name, s->help, s->name);
+    for (int k = 0; k < s->nkinds; k++) {
+        if (s->counted_only && !coord__counted_kind((enum plan_reconf)k))
+            continue;
         const char *kind = plan_reconf_label((enum plan_reconf)k);
-        if (n)
-            metric(b, len, cap, "spottrain_cost_model_%s{kind=\"%s\"} %llu\n", name, kind,
-                   (unsigned long long)n[k]);
+        if (s->n)
+            metric(b, len, cap, "%s{kind=\"%s\"} %llu\n", s->name, kind,
+                   (unsigned long long)s->n[k]);
         else
-            metric(b, len, cap, "spottrain_cost_model_%s{kind=\"%s\"} %.6f\n", name, kind, v[k]);
+            metric(b, len, cap, "%s{kind=\"%s\"} %.6f\n", s->name, kind, s->v[k]);
     }
 }
 
@@ -329,34 +338,19 @@ char *coord__metrics_text(struct coord *c) {
     for (int s = 0; s < COORD_WORKER_NSTATES; s++)
         M("spottrain_workers{state=\"%s\"} %zu\n",
           coord_worker_state_name((enum coord_worker_state)s), counts[s]);
-    M("# HELP spottrain_migrations_total Migrations executed, by kind.\n"
-      "# TYPE spottrain_migrations_total counter\n");
-    for (int k = 0; k < PLAN_RECONF_NKINDS; k++)
-        if (coord__counted_kind((enum plan_reconf)k))
-            M("spottrain_migrations_total{kind=\"%s\"} %llu\n",
-              plan_reconf_label((enum plan_reconf)k),
-              (unsigned long long)c->mig_count[k]);
-    M("# HELP spottrain_migration_bytes_total Bytes moved by migrations, by kind.\n"
-      "# TYPE spottrain_migration_bytes_total counter\n");
-    for (int k = 0; k < PLAN_RECONF_NKINDS; k++)
-        if (coord__counted_kind((enum plan_reconf)k))
-            M("spottrain_migration_bytes_total{kind=\"%s\"} %llu\n",
-              plan_reconf_label((enum plan_reconf)k),
-              (unsigned long long)c->mig_bytes[k]);
-    M("# HELP spottrain_migration_stall_seconds_total Seconds training stalled, by the kind "
-      "of the reconfiguration that ended it (shared/DESIGN.md).\n"
-      "# TYPE spottrain_migration_stall_seconds_total counter\n");
-    for (int k = 0; k < PLAN_RECONF_NKINDS; k++)
-        if (coord__counted_kind((enum plan_reconf)k))
-            M("spottrain_migration_stall_seconds_total{kind=\"%s\"} %.6f\n",
-              plan_reconf_label((enum plan_reconf)k), c->mig_stall[k]);
-    M("# HELP spottrain_steps_replayed_total Steps done before an unannounced loss and trained "
-      "again after the restore, by kind.\n# TYPE spottrain_steps_replayed_total counter\n");
-    for (int k = 0; k < PLAN_RECONF_NKINDS; k++)
-        if (coord__counted_kind((enum plan_reconf)k))
-            M("spottrain_steps_replayed_total{kind=\"%s\"} %llu\n",
-              plan_reconf_label((enum plan_reconf)k),
-              (unsigned long long)c->mig_replayed[k]);
+    const struct kind_series migrations[] = {
+        {"spottrain_migrations_total", "Migrations executed, by kind.", PLAN_RECONF_NKINDS,
+         true, c->mig_count, NULL},
+        {"spottrain_migration_bytes_total", "Bytes moved by migrations, by kind.",
+         PLAN_RECONF_NKINDS, true, c->mig_bytes, NULL},
+        {"spottrain_migration_stall_seconds_total", "Seconds training stalled, by the kind of "
+         "the reconfiguration that ended it (shared/DESIGN.md).", PLAN_RECONF_NKINDS, true, NULL,
+         c->mig_stall},
+        {"spottrain_steps_replayed_total", "Steps done before an unannounced loss and trained "
+         "again after the restore, by kind.", PLAN_RECONF_NKINDS, true, c->mig_replayed, NULL},
+    };
+    for (size_t i = 0; i < ST_ARRAY_SIZE(migrations); i++)
+        kind_series(&b, &len, &cap, &migrations[i]);
     const struct coord_cost_model *cm = &c->cost_model;
     M("# HELP spottrain_cost_model_steps_total Steps whose step time the planner's cost model "
       "predicted when their epoch was decided, with measured steps behind the prediction.\n"
@@ -369,26 +363,26 @@ char *coord__metrics_text(struct coord *c) {
     M("# HELP spottrain_cost_model_step_seconds_measured_total The measured step time, summed "
       "over the same steps.\n# TYPE spottrain_cost_model_step_seconds_measured_total counter\n"
       "spottrain_cost_model_step_seconds_measured_total %.6f\n", cm->step_measured);
-    const struct {
-        const char *name, *help;
-        const uint64_t *n; /* counts, or */
-        const double *v;   /* sums */
-    } series[] = {
-        {"migrations_total", "Live migrations whose stall the cost model predicted when they "
-         "were ordered, by kind (dp_resharding also counts under its base kind).", cm->n, NULL},
-        {"stall_seconds_predicted_total", "Their predicted stalls, summed, by kind.", NULL,
-         cm->stall_predicted},
-        {"stall_seconds_measured_total", "Their measured stalls, summed, by kind.", NULL,
-         cm->stall_measured},
-        {"calibrated_migrations_total", "Of those, the migrations whose prediction rested on "
-         "measured migrations (this job's or a cost file's), by kind.", cm->cal_n, NULL},
-        {"calibrated_stall_seconds_predicted_total", "Their predicted stalls, summed, by kind.",
-         NULL, cm->cal_predicted},
-        {"calibrated_stall_seconds_measured_total", "Their measured stalls, summed, by kind.",
-         NULL, cm->cal_measured},
+#define COST(name, help, n, v) \
+    {"spottrain_cost_model_" name, help, PLAN_RECONF_NLIVE, false, n, v}
+    const struct kind_series costs[] = {
+        COST("migrations_total", "Live migrations whose stall the cost model predicted when "
+             "they were ordered, by kind (dp_resharding also counts under its base kind).",
+             cm->n, NULL),
+        COST("stall_seconds_predicted_total", "Their predicted stalls, summed, by kind.", NULL,
+             cm->stall_predicted),
+        COST("stall_seconds_measured_total", "Their measured stalls, summed, by kind.", NULL,
+             cm->stall_measured),
+        COST("calibrated_migrations_total", "Of those, the migrations whose prediction rested "
+             "on measured migrations (this job's or a cost file's), by kind.", cm->cal_n, NULL),
+        COST("calibrated_stall_seconds_predicted_total", "Their predicted stalls, summed, by "
+             "kind.", NULL, cm->cal_predicted),
+        COST("calibrated_stall_seconds_measured_total", "Their measured stalls, summed, by "
+             "kind.", NULL, cm->cal_measured),
     };
-    for (size_t i = 0; i < ST_ARRAY_SIZE(series); i++)
-        cost_series(&b, &len, &cap, series[i].name, series[i].help, series[i].n, series[i].v);
+#undef COST
+    for (size_t i = 0; i < ST_ARRAY_SIZE(costs); i++)
+        kind_series(&b, &len, &cap, &costs[i]);
     double stall = c->stall_total;
     for (int k = 0; k < PLAN_RECONF_NKINDS; k++)
         stall += c->mig_stall[k];
