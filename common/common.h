@@ -76,6 +76,41 @@ enum st_state_kind {
 /* "param", "adam_m", "adam_v"; "?" for any other value. */
 const char *st_state_kind_name(enum st_state_kind k);
 
+/* ---- what a worker's notice tells the coordinator ----------------------------------- */
+
+/* The figures a worker's notice carries for the coordinator (proto NoticeFigures), beside its
+ * words for people (Notice.detail, which nothing parses). worker/runner.c fills them,
+ * coordinator/loop-hooks.c reads them; zero means not said. By notice kind:
+ *   reconfigured        epoch, step, sent, recv, replayed, prewarmed, seconds, stall and its
+ *                       parts (wait, connect, reshape, transfer, commit), deferred, waited
+ *   reconfig-failed     epoch
+ *   step-failed         epoch, step
+ *   peer-copy-failed    epoch, step
+ *   data-auth-failed    epoch
+ *   ckpt-failed         step
+ *   first-step          epoch, step, seconds, step_seconds
+ *   peer-copy           epoch and step of the newest generation held, prev_epoch and
+ *                       prev_step of the other, seconds, blocked
+ *   peer-copy-refused   epoch, need
+ *   ckpt-written        step, stage, seconds, dir
+ *   checkpointed        step, seconds, dir */
+#define ST_NOTICE_DIR_MAX 512
+struct st_notice_figures {
+    uint64_t epoch, step;
+    uint64_t prev_epoch, prev_step;
+    uint64_t sent, recv;   /* bytes on the wire */
+    uint64_t replayed;     /* steps trained again after a restore */
+    uint64_t prewarmed;    /* bytes a new engine took from the warm reserve */
+    uint64_t need;         /* bytes of peer copies per worker the layout needs */
+    int32_t stage;
+    double seconds;        /* what the notice is about took this long */
+    double step_seconds;   /* of the first step alone */
+    double blocked;        /* of seconds, what training waited for */
+    double stall, wait, connect, reshape, transfer, commit; /* the stall, and where it went */
+    double deferred, waited; /* state moved after the boundary; what training waited for it */
+    char dir[ST_NOTICE_DIR_MAX]; /* a checkpoint's directory */
+};
+
 /* ---- the peer-copy ring ------------------------------------------------------------- */
 
 /* The ring of in-memory peer copies over n positions: next[p] is the position that holds p's

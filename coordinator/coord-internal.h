@@ -270,6 +270,9 @@ void coord__dp_free_packed(void *data, size_t len);
 int coord__validate_join(const Spottrain__V1__JoinRequest *m, char *why, size_t whysz);
 int coord__validate_watch(const Spottrain__V1__WatchRequest *m, char *why, size_t whysz);
 int coord__validate_report(const Spottrain__V1__ReportRequest *m, char *why, size_t whysz);
+/* A notice's figures from its proto, validated by coord__validate_report (the dir fits); all
+ * zero when m is NULL (sent without figures). grpc-server.c gives them to on_report. */
+void coord__notice_figures(struct st_notice_figures *f, const Spottrain__V1__NoticeFigures *m);
 /* Checks "HOST:PORT" (port 0..65535, host non-empty). */
 int coord__parse_hostport(const char *s, char *ret_host, size_t hostsz, int *ret_port);
 

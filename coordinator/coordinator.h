@@ -98,7 +98,8 @@ struct coord_transfer {
 struct coord_notice {
     const char *kind;   /* "terminate", "rebalance", ... */
     double at;          /* Unix seconds when it takes effect */
-    const char *detail;
+    const char *detail; /* for people: nothing parses it */
+    struct st_notice_figures figures; /* what the coordinator acts on (zero: none sent) */
 };
 
 /* A Report as hooks see it; pointers valid only during the hook call. */

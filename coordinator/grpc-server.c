@@ -322,6 +322,22 @@ static void start_watch(struct coord *c, struct coord_rpc *rpc,
 
 /* ---- unary methods ---------------------------------------------------------------------- */
 
+/* See coord-internal.h. */
+void coord__notice_figures(struct st_notice_figures *f, const Spottrain__V1__NoticeFigures *m) {
+    *f = (struct st_notice_figures){0};
+    if (!m)
+        return;
+    *f = (struct st_notice_figures){
+        .epoch = m->epoch, .step = m->step, .prev_epoch = m->prev_epoch,
+        .prev_step = m->prev_step, .sent = m->sent, .recv = m->recv, .replayed = m->replayed,
+        .prewarmed = m->prewarmed, .need = m->need, .stage = m->stage, .seconds = m->seconds,
+        .step_seconds = m->step_seconds, .blocked = m->blocked, .stall = m->stall,
+        .wait = m->wait, .connect = m->connect, .reshape = m->reshape,
+        .transfer = m->transfer, .commit = m->commit, .deferred = m->deferred,
+        .waited = m->waited};
+    snprintf(f->dir, sizeof(f->dir), "%s", m->dir ? m->dir : "");
+}
+
 static void handle(struct coord *c, struct coord_rpc *rpc) {
     char why[256] = "";
     if (rpc->method == M_UNKNOWN) {
@@ -424,9 +440,11 @@ static void handle(struct coord *c, struct coord_rpc *rpc) {
         } else {
             if (c->hooks.on_report) {
                 struct coord_notice nv[COORD_MAX_NOTICES];
-                for (size_t i = 0; i < m->n_notices; i++)
+                for (size_t i = 0; i < m->n_notices; i++) {
                     nv[i] = (struct coord_notice){m->notices[i]->kind, m->notices[i]->at,
-                                                  m->notices[i]->detail};
+                                                  m->notices[i]->detail, {0}};
+                    coord__notice_figures(&nv[i].figures, m->notices[i]->figures);
+                }
                 struct coord_report rep = {m->worker_id, m->epoch, m->step, m->samples,
                                            m->loss, m->step_seconds, m->stall_seconds,
                                            m->state, nv, m->n_notices};

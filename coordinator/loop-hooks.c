@@ -1,7 +1,7 @@
 /* loop-hooks.c: what the planning loop learns from workers' reports and notices. These are
  * the coordinator's hooks: its completion-queue thread calls them without the coordinator's
- * lock, and they take L->lock. A notice is a kind plus space-separated key=value words
- * (worker/runner.c writes them). */
+ * lock, and they take L->lock. A notice is a kind and typed figures (struct
+ * st_notice_figures: worker/runner.c fills them); its detail is for people and not read here. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,38 +18,6 @@ struct lworker *loop__lw_get(struct coord_loop *L, const char *id) {
     memset(w, 0, sizeof(*w));
     snprintf(w->id, sizeof(w->id), "%s", id);
     return w;
-}
-
-/* Value of "key=" in a notice's detail (space-separated key=value words). */
-static bool kv(const char *s, const char *key, char *out, size_t size) {
-    size_t k = strlen(key);
-    for (const char *p = s; p && *p;) {
-        if (!strncmp(p, key, k) && p[k] == '=' && (p == s || p[-1] == ' ')) {
-            const char *v = p + k + 1, *e = strchr(v, ' ');
-            size_t n = e ? (size_t)(e - v) : strlen(v);
-            if (!strcmp(key, "dir"))
-                n = strlen(v); /* last, may hold spaces */
-            if (n >= size)
-                return false;
-            memcpy(out, v, n);
-            out[n] = '\0';
-            return true;
-        }
-        p = strchr(p, ' ');
-        if (p)
-            p++;
-    }
-    return false;
-}
-
-static uint64_t kv_u64(const char *s, const char *key) {
-    char b[32];
-    return kv(s, key, b, sizeof(b)) ? strtoull(b, NULL, 10) : 0;
-}
-
-static double kv_f(const char *s, const char *key) {
-    char b[32];
-    return kv(s, key, b, sizeof(b)) ? strtod(b, NULL) : 0.0;
 }
 
 static void hook_report(struct coord *c, const struct coord_report *r, void *userdata) {
@@ -74,7 +42,8 @@ static void hook_report(struct coord *c, const struct coord_report *r, void *use
         w->report_at = st_now();
     }
     for (size_t i = 0; w && i < r->nnotices; i++) {
-        const char *k = r->notices[i].kind, *d = r->notices[i].detail ? r->notices[i].detail : "";
+        const char *k = r->notices[i].kind;
+        const struct st_notice_figures *f = &r->notices[i].figures;
         if (!strcmp(k, "terminate")) {
             if (!w->terminate) {
                 L->sum.worker_notices++;
@@ -82,45 +51,42 @@ static void hook_report(struct coord *c, const struct coord_report *r, void *use
             }
             w->terminate = true;
         } else if (!strcmp(k, "reconfigured")) {
-            w->reconf_epoch = kv_u64(d, "epoch");
-            w->recv = kv_u64(d, "recv");
-            w->sent = kv_u64(d, "sent");
-            w->replayed = kv_u64(d, "replayed");
-            w->prewarmed = kv_u64(d, "prewarmed");
-            w->stall = kv_f(d, "stall");
-            w->parts = (struct coord_loop_stall_parts){kv_f(d, "wait"), kv_f(d, "connect"),
-                                                       kv_f(d, "reshape"), kv_f(d, "transfer"),
-                                                       kv_f(d, "commit"), 0.0};
-            w->deferred = kv_f(d, "deferred");
-            w->waited = kv_f(d, "waited");
+            w->reconf_epoch = f->epoch;
+            w->recv = f->recv;
+            w->sent = f->sent;
+            w->replayed = f->replayed;
+            w->prewarmed = f->prewarmed;
+            w->stall = f->stall;
+            w->parts = (struct coord_loop_stall_parts){f->wait, f->connect, f->reshape,
+                                                       f->transfer, f->commit, 0.0};
+            w->deferred = f->deferred;
+            w->waited = f->waited;
         } else if (!strcmp(k, "reconfig-failed")) {
-            w->reconf_fail_epoch = kv_u64(d, "epoch");
+            w->reconf_fail_epoch = f->epoch;
         } else if (!strcmp(k, "step-failed")) {
-            w->fail_epoch = kv_u64(d, "epoch");
+            w->fail_epoch = f->epoch;
         } else if (!strcmp(k, "ckpt-written")) {
-            w->ckw_step = kv_u64(d, "step");
-            w->ckw_stage = (int)kv_u64(d, "stage");
-            w->ckw_seconds = kv_f(d, "seconds");
-            if (!kv(d, "dir", w->ckw_dir, sizeof(w->ckw_dir)))
-                w->ckw_dir[0] = '\0';
+            w->ckw_step = f->step;
+            w->ckw_stage = f->stage;
+            w->ckw_seconds = f->seconds;
+            snprintf(w->ckw_dir, sizeof(w->ckw_dir), "%s", f->dir);
         } else if (!strcmp(k, "peer-copy")) {
             /* The generations the worker holds now (it keeps two). */
-            w->pc_epoch[0] = kv_u64(d, "epoch");
-            w->pc_step[0] = kv_u64(d, "step");
-            w->pc_epoch[1] = kv_u64(d, "prev_epoch");
-            w->pc_step[1] = kv_u64(d, "prev_step");
+            w->pc_epoch[0] = f->epoch;
+            w->pc_step[0] = f->step;
+            w->pc_epoch[1] = f->prev_epoch;
+            w->pc_step[1] = f->prev_step;
         } else if (!strcmp(k, "peer-copy-refused")) {
             if (!L->peer_refused)
-                L->peer_refused_need = kv_u64(d, "need");
+                L->peer_refused_need = f->need;
             L->peer_refused = true;
         } else if (!strcmp(k, "first-step")) {
-            w->first_epoch = kv_u64(d, "epoch");
-            w->first_seconds = kv_f(d, "seconds");
-            w->first_step_seconds = kv_f(d, "step_seconds");
+            w->first_epoch = f->epoch;
+            w->first_seconds = f->seconds;
+            w->first_step_seconds = f->step_seconds;
         } else if (!strcmp(k, "checkpointed")) {
-            w->ckpt_step = kv_u64(d, "step");
-            if (!kv(d, "dir", w->ckpt_dir, sizeof(w->ckpt_dir)))
-                w->ckpt_dir[0] = '\0';
+            w->ckpt_step = f->step;
+            snprintf(w->ckpt_dir, sizeof(w->ckpt_dir), "%s", f->dir);
         }
     }
     pthread_mutex_unlock(&L->lock);

@@ -23,17 +23,35 @@ static int fail(char *why, size_t whysz, const char *fmt, ...) {
     return -EINVAL;
 }
 
-/* Printable ASCII, at most max bytes. */
-static bool str_ok(const char *s, size_t max) {
+/* At most max bytes, none a control character; printable ASCII only unless utf8 (a path,
+ * whose bytes above 0x7f pass). */
+static bool text_ok(const char *s, size_t max, bool utf8) {
     if (!s)
         return true;
     size_t n = strlen(s);
     if (n > max)
         return false;
-    for (size_t i = 0; i < n; i++)
-        if ((unsigned char)s[i] < 0x20 || (unsigned char)s[i] > 0x7e)
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c < 0x20 || c == 0x7f || (c > 0x7f && !utf8))
             return false;
+    }
     return true;
+}
+
+static bool str_ok(const char *s, size_t max) {
+    return text_ok(s, max, false);
+}
+
+/* A notice's figures: times finite, a dir that fits struct st_notice_figures. (A Report
+ * refused is sent again as it was: refuse only what the coordinator cannot hold.) */
+static bool figures_ok(const Spottrain__V1__NoticeFigures *f) {
+    const double t[] = {f->seconds, f->step_seconds, f->blocked, f->stall, f->wait, f->connect,
+                        f->reshape, f->transfer, f->commit, f->deferred, f->waited};
+    for (size_t i = 0; i < ST_ARRAY_SIZE(t); i++)
+        if (!isfinite(t[i]))
+            return false;
+    return text_ok(f->dir, ST_NOTICE_DIR_MAX - 1, true);
 }
 
 int coord__parse_hostport(const char *s, char *ret_host, size_t hostsz, int *ret_port) {
@@ -116,6 +134,9 @@ int coord__validate_report(const Spottrain__V1__ReportRequest *m, char *why, siz
         if (!n || !n->kind || !n->kind[0] || !str_ok(n->kind, 31) || !str_ok(n->detail, 255) ||
             !isfinite(n->at))
             return fail(why, whysz, "%s has a bad kind, detail or time", "notices[]");
+        if (n->figures && !figures_ok(n->figures))
+            return fail(why, whysz, "%s has a figure that is not finite, or a bad dir",
+                        "notices[].figures");
     }
     if (m->n_acks > COORD_MAX_ACKS)
         return fail(why, whysz, "too many %s (at most 1024)", "acks");

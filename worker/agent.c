@@ -36,6 +36,8 @@ struct agent_notice {
     char kind[32];
     double at;
     char detail[256];
+    bool has_figures;
+    struct st_notice_figures figures;
 };
 
 struct worker_agent {
@@ -254,7 +256,7 @@ void worker_agent_report_now(struct worker_agent *a) {
 }
 
 static int notice_add(struct worker_agent *a, const char *kind, double at, const char *detail,
-                      bool latest) {
+                      const struct st_notice_figures *figures, bool latest) {
     if (!a || a->magic != AGENT_MAGIC || !kind || !kind[0] || !isfinite(at))
         return -EINVAL;
     pthread_mutex_lock(&a->lock);
@@ -274,6 +276,9 @@ static int notice_add(struct worker_agent *a, const char *kind, double at, const
         snprintf(n->kind, sizeof(n->kind), "%s", kind);
         n->at = at;
         snprintf(n->detail, sizeof(n->detail), "%s", detail ? detail : "");
+        n->has_figures = figures != NULL;
+        if (figures)
+            n->figures = *figures;
         pthread_cond_broadcast(&a->cond);
         r = 0;
     }
@@ -282,13 +287,13 @@ static int notice_add(struct worker_agent *a, const char *kind, double at, const
 }
 
 int worker_agent_notice(struct worker_agent *a, const char *kind, double at,
-                        const char *detail) {
-    return notice_add(a, kind, at, detail, false);
+                        const char *detail, const struct st_notice_figures *figures) {
+    return notice_add(a, kind, at, detail, figures, false);
 }
 
 int worker_agent_notice_latest(struct worker_agent *a, const char *kind, double at,
-                               const char *detail) {
-    return notice_add(a, kind, at, detail, true);
+                               const char *detail, const struct st_notice_figures *figures) {
+    return notice_add(a, kind, at, detail, figures, true);
 }
 
 size_t worker_agent_notices_pending(struct worker_agent *a) {
@@ -629,15 +634,46 @@ static int do_join(struct worker_agent *a, grpc_channel *ch, grpc_completion_que
     return 0;
 }
 
+/* The proto of a notice's figures; strings point into f. */
+static void notice_figures_pb(Spottrain__V1__NoticeFigures *m, struct st_notice_figures *f) {
+    spottrain__v1__notice_figures__init(m);
+    m->epoch = f->epoch;
+    m->step = f->step;
+    m->prev_epoch = f->prev_epoch;
+    m->prev_step = f->prev_step;
+    m->sent = f->sent;
+    m->recv = f->recv;
+    m->replayed = f->replayed;
+    m->prewarmed = f->prewarmed;
+    m->need = f->need;
+    m->stage = f->stage;
+    m->seconds = f->seconds;
+    m->step_seconds = f->step_seconds;
+    m->blocked = f->blocked;
+    m->stall = f->stall;
+    m->wait = f->wait;
+    m->connect = f->connect;
+    m->reshape = f->reshape;
+    m->transfer = f->transfer;
+    m->commit = f->commit;
+    m->deferred = f->deferred;
+    m->waited = f->waited;
+    m->dir = f->dir;
+}
+
 static int do_report(struct worker_agent *a, grpc_channel *ch, grpc_completion_queue *cq,
                      bool *ret_stop_done) {
     Spottrain__V1__ReportRequest req = SPOTTRAIN__V1__REPORT_REQUEST__INIT;
     Spottrain__V1__CommandAck ackv[AGENT_MAX_ACKS], *ackp[AGENT_MAX_ACKS];
     Spottrain__V1__Notice notv[AGENT_MAX_NOTICES], *notp[AGENT_MAX_NOTICES];
+    Spottrain__V1__NoticeFigures figv[AGENT_MAX_NOTICES];
     struct agent_ack *acks = st_calloc(AGENT_MAX_ACKS, sizeof(*acks));
-    struct agent_notice nots[AGENT_MAX_NOTICES];
-    if (!acks)
+    struct agent_notice *nots = st_calloc(AGENT_MAX_NOTICES, sizeof(*nots));
+    if (!acks || !nots) {
+        st_free(acks);
+        st_free(nots);
         return -ENOMEM;
+    }
     pthread_mutex_lock(&a->lock);
     size_t nacks = a->nacks, nnot = a->nnotices;
     memcpy(acks, a->acks, nacks * sizeof(*acks));
@@ -671,6 +707,10 @@ static int do_report(struct worker_agent *a, grpc_channel *ch, grpc_completion_q
         notv[i].kind = nots[i].kind;
         notv[i].at = nots[i].at;
         notv[i].detail = nots[i].detail;
+        if (nots[i].has_figures) {
+            notice_figures_pb(&figv[i], &nots[i].figures);
+            notv[i].figures = &figv[i];
+        }
         notp[i] = &notv[i];
     }
     req.n_acks = nacks;
@@ -709,6 +749,7 @@ static int do_report(struct worker_agent *a, grpc_channel *ch, grpc_completion_q
     a->nsending = 0; /* delivered and dropped, or not: they stay queued, to go again */
     pthread_mutex_unlock(&a->lock);
     st_free(acks);
+    st_free(nots);
     return r;
 }
 

@@ -298,32 +298,44 @@ static void cmd_free(Spottrain__V1__Command **c) {
 
 /* ---- reporting ------------------------------------------------------------------------------ */
 
-static void vnotice(struct runner *R, bool latest, const char *kind, const char *fmt,
-                    va_list ap) {
-    char detail[256]; /* the coordinator takes 255 characters */
+/* A notice's figures, in place: notice(R, "step-failed", FIG(.epoch = e, .step = s), ...). */
+#define FIG(...) (&(const struct st_notice_figures){__VA_ARGS__})
+
+/* A notice for the next Report: its kind, the figures the coordinator reads (NULL: none) and
+ * words for people (the log and the job's events; nothing parses them). */
+static void vnotice(struct runner *R, bool latest, const char *kind,
+                    const struct st_notice_figures *fig, const char *fmt, va_list ap) {
+    char detail[256]; /* the coordinator takes 255 printable ASCII characters */
     vsnprintf(detail, sizeof(detail), fmt, ap);
+    for (char *p = detail; *p; p++) /* a UTF-8 path in it must not get the Report refused */
+        if ((unsigned char)*p < 0x20 || (unsigned char)*p > 0x7e)
+            *p = '?';
     st_log(ST_LOG_INFO, "runner", "%s: %s", kind, detail);
     if ((latest ? worker_agent_notice_latest : worker_agent_notice)(R->agent, kind, st_wall(),
-                                                                     detail) < 0)
+                                                                     detail, fig) < 0)
         st_log(ST_LOG_WARN, "runner", "Cannot queue notice '%s' (%zu undelivered), ignoring",
                kind, worker_agent_notices_pending(R->agent));
 }
 
-static void notice(struct runner *R, const char *kind, const char *fmt, ...) ST_PRINTF(3, 4);
-static void notice(struct runner *R, const char *kind, const char *fmt, ...) {
+static void notice(struct runner *R, const char *kind, const struct st_notice_figures *fig,
+                   const char *fmt, ...) ST_PRINTF(4, 5);
+static void notice(struct runner *R, const char *kind, const struct st_notice_figures *fig,
+                   const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vnotice(R, false, kind, fmt, ap);
+    vnotice(R, false, kind, fig, fmt, ap);
     va_end(ap);
 }
 
 /* A notice whose newest one supersedes a queued one of its kind (worker_agent_notice_latest). */
-static void notice_latest(struct runner *R, const char *kind, const char *fmt, ...)
-    ST_PRINTF(3, 4);
-static void notice_latest(struct runner *R, const char *kind, const char *fmt, ...) {
+static void notice_latest(struct runner *R, const char *kind,
+                          const struct st_notice_figures *fig, const char *fmt, ...)
+    ST_PRINTF(4, 5);
+static void notice_latest(struct runner *R, const char *kind,
+                          const struct st_notice_figures *fig, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vnotice(R, true, kind, fmt, ap);
+    vnotice(R, true, kind, fig, fmt, ap);
     va_end(ap);
 }
 
@@ -346,10 +358,14 @@ static void peer_kept(struct runner *R, struct worker_peer_gen *g, double second
     const struct worker_peer_gen *o = &R->peers.gen[0];
     if (o->valid && o->step == step && o->epoch == epoch)
         o = &R->peers.gen[1];
-    notice_latest(R, "peer-copy", "epoch=%llu step=%llu prev_epoch=%llu prev_step=%llu seconds=%.6f "
-           "blocked=%.6f", (unsigned long long)epoch, (unsigned long long)step,
-           (unsigned long long)(o->valid ? o->epoch : 0),
-           (unsigned long long)(o->valid ? o->step : 0), seconds, blocked);
+    struct st_notice_figures f = {.epoch = epoch, .step = step,
+                                  .prev_epoch = o->valid ? o->epoch : 0,
+                                  .prev_step = o->valid ? o->step : 0,
+                                  .seconds = seconds, .blocked = blocked};
+    notice_latest(R, "peer-copy", &f, "epoch=%llu step=%llu prev_epoch=%llu prev_step=%llu "
+                  "seconds=%.6f blocked=%.6f", (unsigned long long)f.epoch,
+                  (unsigned long long)f.step, (unsigned long long)f.prev_epoch,
+                  (unsigned long long)f.prev_step, seconds, blocked);
     if (st_now() - R->pc_reported >= 0.1) {
         R->pc_reported = st_now();
         worker_agent_report_now(R->agent); /* the queue drains; the view stays fresh */
@@ -385,7 +401,8 @@ static void peer_finish(struct runner *R) {
         st_log(ST_LOG_INFO, "runner", "Peer copy of step %llu (epoch %llu) cancelled: the epoch "
                "ends", (unsigned long long)b->g.step, (unsigned long long)b->g.epoch);
     else
-        notice(R, "peer-copy-failed", "epoch=%llu step=%llu: %s", (unsigned long long)b->g.epoch,
+        notice(R, "peer-copy-failed", FIG(.epoch = b->g.epoch, .step = b->g.step),
+               "epoch=%llu step=%llu: %s", (unsigned long long)b->g.epoch,
                (unsigned long long)b->g.step, st_strerror(b->result));
     worker__peer_gen_free(&b->g);
 }
@@ -457,8 +474,14 @@ static void tell_reconfigured(struct runner *R, const struct reconf_note *n) {
      * boundary (deferred), overlapped with the first step, of which training waited for it
      * (waited: at the layer gates and the update's gate, or at the first pipeline message
      * when the move shares the communicator). */
-    notice(R, "reconfigured", "epoch=%llu mode=migrate step=%llu stage=%d replica=%d sent=%llu "
-           "recv=%llu replayed=%llu seconds=%.6f stall=%.6f wait=%.6f connect=%.6f "
+    struct st_notice_figures f = {
+        .epoch = n->epoch, .step = n->step, .sent = n->sent, .recv = n->recv,
+        .replayed = n->replayed, .prewarmed = n->prewarmed, .seconds = n->seconds,
+        .stall = n->stall, .wait = n->wait, .connect = n->connect, .reshape = n->reshape,
+        .transfer = n->transfer, .commit = n->commit, .deferred = n->deferred,
+        .waited = n->waited};
+    notice(R, "reconfigured", &f, "epoch=%llu mode=migrate step=%llu stage=%d replica=%d "
+           "sent=%llu recv=%llu replayed=%llu seconds=%.6f stall=%.6f wait=%.6f connect=%.6f "
            "reshape=%.6f transfer=%.6f commit=%.6f fresh=%zu deferred=%.6f waited=%.6f "
            "prewarmed=%zu",
            (unsigned long long)n->epoch, (unsigned long long)n->step, n->stage, n->replica,
@@ -523,7 +546,8 @@ static void defer_free(struct runner *R) {
 /* The move after the boundary failed (r): says so, naming its channel. */
 static void defer_failed(struct runner *R, int r) {
     struct deferbg *d = &R->df;
-    notice(R, "reconfig-failed", "epoch=%llu the transfers after the boundary%s: %s",
+    notice(R, "reconfig-failed", FIG(.epoch = d->note.epoch),
+           "epoch=%llu the transfers after the boundary%s: %s",
            (unsigned long long)d->note.epoch, d->own ? " (move channel)" : "",
            st_strerror(r));
 }
@@ -644,7 +668,8 @@ static void relay_auth_failures(struct runner *R) {
     struct mig_auth_failure f[MIG_AUTH_FAILURES_KEPT];
     size_t n = mig_endpoint_auth_failures(R->ep, f, ST_ARRAY_SIZE(f));
     for (size_t i = 0; i < n; i++)
-        notice(R, "data-auth-failed", "peer=%s epoch=%llu why=%s", f[i].peer,
+        notice(R, "data-auth-failed", FIG(.epoch = f[i].epoch),
+               "peer=%s epoch=%llu why=%s", f[i].peer,
                (unsigned long long)f[i].epoch, f[i].why);
 }
 
@@ -841,9 +866,12 @@ static int apply_fresh(struct runner *R, const Spottrain__V1__Command *cmd, cons
     R->nckpt = 0;
     epoch_started(R, cmd->epoch, t0);
     progress(R, 0.0, st_now() - t0); /* before the notice: the same Report carries both */
-    notice(R, "reconfigured", "epoch=%llu mode=%s step=%llu stage=%u replica=%u sent=0 recv=0 "
-           "seconds=%.6f stall=%.6f", (unsigned long long)cmd->epoch, mode,
-           (unsigned long long)step, cf->stage, cf->replica, st_now() - t0, st_now() - t0);
+    double took = st_now() - t0;
+    notice(R, "reconfigured",
+           FIG(.epoch = cmd->epoch, .step = step, .seconds = took, .stall = took),
+           "epoch=%llu mode=%s step=%llu stage=%u replica=%u sent=0 recv=0 seconds=%.6f "
+           "stall=%.6f", (unsigned long long)cmd->epoch, mode, (unsigned long long)step,
+           cf->stage, cf->replica, took, took);
 out:
     reserve_close(); /* the engine is made from it, or none will be */
     worker_engine_free(eng);
@@ -1317,7 +1345,7 @@ static void poll_notice(struct runner *R) {
     int r = R->cfg.poll_notice(R->cfg.notice_userdata, kind, sizeof(kind), &at);
     if (r > 0 && !strcmp(kind, "terminate")) {
         R->noticed = true;
-        if (worker_agent_notice(R->agent, "terminate", at, "instance-action") < 0)
+        if (worker_agent_notice(R->agent, "terminate", at, "instance-action", NULL) < 0)
             st_log(ST_LOG_WARN, "runner", "Cannot relay the interruption notice, ignoring");
         st_log(ST_LOG_NOTICE, "runner", "Interruption notice: terminate at %.0f", at);
     }
@@ -1333,7 +1361,8 @@ static bool try_reconfigure(struct runner *R) {
     if (R->pcfg && worker_configure_setup(R->pcfg->configure, mode, sizeof(mode), split,
                                           (int)ST_ARRAY_SIZE(split), &nsplit, dir,
                                           sizeof(dir)) < 0) {
-        notice(R, "reconfig-failed", "epoch=%llu bad rendezvous '%s'",
+        notice(R, "reconfig-failed", FIG(.epoch = R->pcfg->epoch),
+               "epoch=%llu bad rendezvous '%s'",
                (unsigned long long)R->pcfg->epoch, R->pcfg->configure->rendezvous);
         cmd_free(&R->pcfg);
         R->pending_since = 0;
@@ -1343,8 +1372,9 @@ static bool try_reconfigure(struct runner *R) {
     if (R->pcfg && strcmp(mode, "migrate") != 0 && !peer_mode) {
         int r = apply_fresh(R, R->pcfg, mode, split, nsplit, dir);
         if (r < 0)
-            notice(R, "reconfig-failed", "epoch=%llu mode=%s: %s",
-                   (unsigned long long)R->pcfg->epoch, mode, st_strerror(r));
+            notice(R, "reconfig-failed", FIG(.epoch = R->pcfg->epoch),
+                   "epoch=%llu mode=%s: %s", (unsigned long long)R->pcfg->epoch, mode,
+                   st_strerror(r));
         else if (R->pmig && R->pmig->epoch <= R->epoch)
             cmd_free(&R->pmig);
         R->epoch = R->pcfg->epoch;
@@ -1357,8 +1387,9 @@ static bool try_reconfigure(struct runner *R) {
     bool expired = st_now() - R->pending_since > R->cfg.reconfig_timeout;
     if (!R->pmig || (R->pcfg && R->pcfg->epoch != R->pmig->epoch)) {
         if (expired) {
-            notice(R, "reconfig-failed", "epoch=%llu: the migration order did not arrive",
-                   (unsigned long long)(R->pcfg ? R->pcfg->epoch : R->pmig->epoch));
+            uint64_t e = R->pcfg ? R->pcfg->epoch : R->pmig->epoch;
+            notice(R, "reconfig-failed", FIG(.epoch = e),
+                   "epoch=%llu: the migration order did not arrive", (unsigned long long)e);
             cmd_free(&R->pcfg);
             cmd_free(&R->pmig);
             R->pending_since = 0;
@@ -1372,7 +1403,8 @@ static bool try_reconfigure(struct runner *R) {
             assigned = pl.p[k]->stage != WORKER_RUNNER_SPARE_STAGE;
     if (assigned && !R->pcfg) {
         if (expired) {
-            notice(R, "reconfig-failed", "epoch=%llu: no Configure for an assigned worker",
+            notice(R, "reconfig-failed", FIG(.epoch = R->pmig->epoch),
+                   "epoch=%llu: no Configure for an assigned worker",
                    (unsigned long long)R->pmig->epoch);
             cmd_free(&R->pmig);
             R->pending_since = 0;
@@ -1427,8 +1459,8 @@ static bool try_reconfigure(struct runner *R) {
         R->failed = false;
     }
     if (refuse) {
-        notice(R, "reconfig-failed", "epoch=%llu: %s", (unsigned long long)R->pmig->epoch,
-               refuse);
+        notice(R, "reconfig-failed", FIG(.epoch = R->pmig->epoch), "epoch=%llu: %s",
+               (unsigned long long)R->pmig->epoch, refuse);
         fail_state(R);
         cmd_free(&R->pcfg);
         cmd_free(&R->pmig);
@@ -1459,7 +1491,8 @@ static bool try_reconfigure(struct runner *R) {
         return false;
     }
     if (have_state && R->done > at) {
-        notice(R, "reconfig-failed", "epoch=%llu: boundary %llu already passed (at %llu)",
+        notice(R, "reconfig-failed", FIG(.epoch = R->pmig->epoch),
+               "epoch=%llu: boundary %llu already passed (at %llu)",
                (unsigned long long)R->pmig->epoch, (unsigned long long)at,
                (unsigned long long)R->done);
         cmd_free(&R->pcfg);
@@ -1473,8 +1506,9 @@ static bool try_reconfigure(struct runner *R) {
         peer_settle(R, false);
     int r = apply_migrate(R, R->pcfg, R->pmig, split, nsplit, g);
     if (r < 0)
-        notice(R, "reconfig-failed", "epoch=%llu mode=migrate: %s",
-               (unsigned long long)R->pmig->epoch, st_strerror(r));
+        notice(R, "reconfig-failed", FIG(.epoch = R->pmig->epoch),
+               "epoch=%llu mode=migrate: %s", (unsigned long long)R->pmig->epoch,
+               st_strerror(r));
     cmd_free(&R->pcfg);
     cmd_free(&R->pmig);
     R->pending_since = 0;
@@ -1532,11 +1566,16 @@ static void *bg_main(void *arg) {
     mig_ckpt_writer_free(w);
     b->result = r;
     if (r < 0)
-        notice(R, "ckpt-failed", "step=%llu: writing '%s': %s", (unsigned long long)b->step,
+        notice(R, "ckpt-failed", FIG(.step = b->step),
+               "step=%llu: writing '%s': %s", (unsigned long long)b->step,
                b->dir, st_strerror(r));
-    else
-        notice(R, "ckpt-written", "step=%llu stage=%d pp=%d seconds=%.6f dir=%s",
-               (unsigned long long)b->step, b->stage, b->pp, st_now() - t0, b->dir);
+    else {
+        struct st_notice_figures f = {.step = b->step, .stage = b->stage,
+                                      .seconds = st_now() - t0};
+        snprintf(f.dir, sizeof(f.dir), "%s", b->dir);
+        notice(R, "ckpt-written", &f, "step=%llu stage=%d pp=%d seconds=%.6f dir=%s",
+               (unsigned long long)b->step, b->stage, b->pp, f.seconds, b->dir);
+    }
     return NULL;
 }
 
@@ -1619,9 +1658,9 @@ static void run_checkpoints(struct runner *R) {
             int r = bg_start(R, R->ckpt[i].dir);
             if (r < 0) {
                 fail_state(R);
-                notice(R, "step-failed", "epoch=%llu checkpoint step=%llu: %s",
-                       (unsigned long long)R->epoch, (unsigned long long)R->done,
-                       st_strerror(r));
+                notice(R, "step-failed", FIG(.epoch = R->epoch, .step = R->done),
+                       "epoch=%llu checkpoint step=%llu: %s", (unsigned long long)R->epoch,
+                       (unsigned long long)R->done, st_strerror(r));
             } else {
                 progress(R, 0.0, st_now() - t0);
             }
@@ -1631,11 +1670,14 @@ static void run_checkpoints(struct runner *R) {
         int r = worker_engine_save(R->eng, R->ckpt[i].dir, R->done);
         if (r < 0) {
             R->failed = true;
-            notice(R, "step-failed", "epoch=%llu checkpoint step=%llu: %s",
-                   (unsigned long long)R->epoch, (unsigned long long)R->done, st_strerror(r));
+            notice(R, "step-failed", FIG(.epoch = R->epoch, .step = R->done),
+                   "epoch=%llu checkpoint step=%llu: %s", (unsigned long long)R->epoch,
+                   (unsigned long long)R->done, st_strerror(r));
         } else {
-            notice(R, "checkpointed", "step=%llu seconds=%.6f dir=%s",
-                   (unsigned long long)R->done, st_now() - t0, R->ckpt[i].dir);
+            struct st_notice_figures f = {.step = R->done, .seconds = st_now() - t0};
+            snprintf(f.dir, sizeof(f.dir), "%s", R->ckpt[i].dir);
+            notice(R, "checkpointed", &f, "step=%llu seconds=%.6f dir=%s",
+                   (unsigned long long)R->done, f.seconds, R->ckpt[i].dir);
             progress(R, 0.0, st_now() - t0);
         }
     }
@@ -1665,7 +1707,8 @@ static void peer_copy(struct runner *R) {
                "more than fault_tolerance.peer_copy_memory (%llu): none in epoch %llu; a loss "
                "restores from the disk checkpoint", lay->dp, lay->pp, (unsigned long long)need,
                (unsigned long long)ft->peer_copy_memory, (unsigned long long)R->epoch);
-        notice(R, "peer-copy-refused", "epoch=%llu need=%llu budget=%llu",
+        notice(R, "peer-copy-refused", FIG(.epoch = R->epoch, .need = need),
+               "epoch=%llu need=%llu budget=%llu",
                (unsigned long long)R->epoch, (unsigned long long)need,
                (unsigned long long)ft->peer_copy_memory);
         return;
@@ -1695,7 +1738,8 @@ static void peer_copy(struct runner *R) {
         b->broken = true;
         if (b->side)
             (void)mig_comm_shut(b->side); /* as peer_main: our neighbours must not wait */
-        notice(R, "peer-copy-failed", "epoch=%llu step=%llu: %s", (unsigned long long)R->epoch,
+        notice(R, "peer-copy-failed", FIG(.epoch = R->epoch, .step = R->done),
+               "epoch=%llu step=%llu: %s", (unsigned long long)R->epoch,
                (unsigned long long)R->done, st_strerror(r));
         return;
     }
@@ -1748,9 +1792,9 @@ static int runner_loop(struct runner *R) {
             int r = worker_engine_step(R->eng, R->done, &loss);
             if (r < 0) {
                 fail_state(R); /* closing our connections makes the peers fail fast too */
-                notice(R, "step-failed", "epoch=%llu step=%llu: %s",
-                       (unsigned long long)R->epoch, (unsigned long long)R->done,
-                       st_strerror(r));
+                notice(R, "step-failed", FIG(.epoch = R->epoch, .step = R->done),
+                       "epoch=%llu step=%llu: %s", (unsigned long long)R->epoch,
+                       (unsigned long long)R->done, st_strerror(r));
                 continue;
             }
             R->done++;
@@ -1759,9 +1803,12 @@ static int runner_loop(struct runner *R) {
             progress(R, R->last_step_end - t0, 0.0);
             if (R->first_epoch == R->epoch) {
                 /* The end of this epoch's first step ends its stall: say so at once. */
-                notice(R, "first-step", "epoch=%llu step=%llu seconds=%.6f step_seconds=%.6f",
-                       (unsigned long long)R->epoch, (unsigned long long)R->done,
-                       R->last_step_end - R->first_from, R->last_step_end - t0);
+                struct st_notice_figures f = {.epoch = R->epoch, .step = R->done,
+                                              .seconds = R->last_step_end - R->first_from,
+                                              .step_seconds = R->last_step_end - t0};
+                notice(R, "first-step", &f, "epoch=%llu step=%llu seconds=%.6f "
+                       "step_seconds=%.6f", (unsigned long long)R->epoch,
+                       (unsigned long long)R->done, f.seconds, f.step_seconds);
                 R->first_epoch = 0;
                 R->first_from = 0;
                 worker_agent_report_now(R->agent);

@@ -98,14 +98,15 @@ void worker_agent_progress(struct worker_agent *a, uint64_t epoch, uint64_t step
  * (the runner calls it when it waits for the coordinator to extend its step lease). */
 void worker_agent_report_now(struct worker_agent *a);
 /* Queues a notice ("terminate", "rebalance") for the next Report (at most 64 pending;
- * -ENOBUFS beyond: the coordinator has not taken a Report for that long). */
+ * -ENOBUFS beyond: the coordinator has not taken a Report for that long). detail is for
+ * people (255 characters kept); figures (copied; NULL: none) is what the coordinator reads. */
 int worker_agent_notice(struct worker_agent *a, const char *kind, double at,
-                        const char *detail);
+                        const char *detail, const struct st_notice_figures *figures);
 /* The same for a notice whose newest one says all the older ones of its kind did (the
  * runner's "peer-copy": the generations it holds): it replaces a queued one of its kind, so a
  * coordinator slow to take Reports cannot make these crowd out the others. */
 int worker_agent_notice_latest(struct worker_agent *a, const char *kind, double at,
-                               const char *detail);
+                               const char *detail, const struct st_notice_figures *figures);
 /* Notices queued and not yet delivered. */
 size_t worker_agent_notices_pending(struct worker_agent *a);
 

@@ -159,6 +159,13 @@ static void deliver(struct coord *c, enum method m, const uint8_t *data, size_t 
             r = coord__apply_report(c, q);
             pthread_mutex_unlock(&c->lock);
             FUZZ_CHECK(r >= 0 || r == -ENOENT || r == -ENOMEM);
+            for (size_t i = 0; i < q->n_notices; i++) { /* what on_report would get */
+                struct st_notice_figures f;
+                coord__notice_figures(&f, q->notices[i]->figures);
+                FUZZ_CHECK(strlen(f.dir) < sizeof(f.dir));
+                FUZZ_CHECK(!q->notices[i]->figures ||
+                           !strcmp(f.dir, q->notices[i]->figures->dir));
+            }
         }
         break;
     }
@@ -201,7 +208,7 @@ static void op_watch(struct coord *c, struct in *in) {
 
 static void op_report(struct coord *c, struct in *in) {
     char idb[320], state[320];
-    static char kinds[8][320], details[8][320], errors[8][320];
+    static char kinds[8][320], details[8][320], errors[8][320], dirs[8][640];
     Spottrain__V1__ReportRequest q = SPOTTRAIN__V1__REPORT_REQUEST__INIT;
     q.worker_id = (char *)worker_id(in, idb, sizeof(idb));
     q.epoch = hostile_u64(in);
@@ -216,6 +223,7 @@ static void op_report(struct coord *c, struct in *in) {
     /* Counts: mostly a few real entries; sometimes more than the limits (64 notices,
      * 1024 acks), with the entries repeated. */
     Spottrain__V1__Notice notices[8], *np[80];
+    Spottrain__V1__NoticeFigures figs[8];
     Spottrain__V1__CommandAck acks[8], *ap[1100];
     size_t nn = u8(in) % 8 == 0 ? 65 + u8(in) % 10 : u8(in) % 3;
     size_t na = u8(in) % 8 == 0 ? 1025 + u8(in) % 50 : u8(in) % 4;
@@ -224,6 +232,22 @@ static void op_report(struct coord *c, struct in *in) {
         notices[i].kind = u8(in) % 2 ? (char *)"terminate" : str(in, kinds[i], sizeof(kinds[i]));
         notices[i].at = u8(in) % 2 ? 1.7e9 : hostile_double(in);
         notices[i].detail = u8(in) % 2 ? (char *)"" : str(in, details[i], sizeof(details[i]));
+        if (u8(in) % 2) { /* typed figures: hostile numbers, a dir up to 639 bytes */
+            figs[i] = (Spottrain__V1__NoticeFigures)SPOTTRAIN__V1__NOTICE_FIGURES__INIT;
+            figs[i].epoch = hostile_u64(in);
+            figs[i].step = hostile_u64(in);
+            figs[i].stage = (int32_t)hostile_u64(in);
+            figs[i].seconds = hostile_double(in);
+            figs[i].waited = hostile_double(in);
+            figs[i].dir = str(in, dirs[i], sizeof(dirs[i]));
+            size_t dl = strlen(dirs[i]), want = 500 + u8(in) % 24; /* about the 511 limit */
+            if (dl > 0 && u8(in) % 4 == 0) {
+                for (size_t k = dl; k < want; k++)
+                    dirs[i][k] = dirs[i][k % dl];
+                dirs[i][want] = '\0';
+            }
+            notices[i].figures = &figs[i];
+        }
         acks[i] = (Spottrain__V1__CommandAck)SPOTTRAIN__V1__COMMAND_ACK__INIT;
         acks[i].id = u8(in) % 2 ? 1 + u8(in) % 6 : hostile_u64(in);
         acks[i].ok = u8(in) % 2;

@@ -20,6 +20,10 @@ struct seen {
 
 static struct seen seen;
 
+/* The figures of the last "ckpt-written" and "terminate" notices on_report saw. */
+static struct st_notice_figures ckw_seen, term_seen;
+static atomic_int ckw_n, term_n;
+
 static void on_joined(struct coord *c, const struct coord_worker *w, bool rejoined, void *u) {
     (void)c;
     (void)w;
@@ -58,6 +62,15 @@ static void on_report(struct coord *c, const struct coord_report *r, void *u) {
     (void)u;
     if (r->step == 5 && __atomic_load_n(&seen.step5_epoch, __ATOMIC_ACQUIRE) < 0)
         __atomic_store_n(&seen.step5_epoch, (int)r->epoch, __ATOMIC_RELEASE);
+    for (size_t i = 0; i < r->nnotices; i++) {
+        if (!strcmp(r->notices[i].kind, "ckpt-written")) {
+            ckw_seen = r->notices[i].figures;
+            __atomic_fetch_add(&ckw_n, 1, __ATOMIC_RELEASE);
+        } else if (!strcmp(r->notices[i].kind, "terminate")) {
+            term_seen = r->notices[i].figures;
+            __atomic_fetch_add(&term_n, 1, __ATOMIC_RELEASE);
+        }
+    }
     seen.reports++;
 }
 
@@ -183,14 +196,35 @@ static int test_hooks_and_agent(void) {
      * still in epoch 0 says 0. */
     seen.step5_epoch = -1;
     worker_agent_progress(ag[0], 0, 5, 1.25, 40, 0.1, 0.5);
-    ASSERT_OK(worker_agent_notice(ag[0], "terminate", st_wall() + 120, "spot"));
-    ASSERT_ERR(worker_agent_notice(ag[0], "", 0, NULL), -EINVAL);
+    ASSERT_OK(worker_agent_notice(ag[0], "terminate", st_wall() + 120, "spot", NULL));
+    /* Typed figures arrive as sent, whatever the words say: a checkpoint directory longer
+     * than a detail holds, with a space and a UTF-8 name in it (a key=value detail cut it at
+     * 255 characters, and its printable-ASCII rule refused the Report). */
+    struct st_notice_figures f = {.step = 7, .stage = 1, .seconds = 0.25, .sent = 1ull << 40};
+    size_t dl = (size_t)snprintf(f.dir, sizeof(f.dir), "%s/ckpt dir/caf\xc3\xa9/", dir);
+    while (dl < 400)
+        f.dir[dl++] = 'x';
+    f.dir[dl] = '\0';
+    ASSERT_OK(worker_agent_notice(ag[0], "ckpt-written", st_wall(), "step=7 (for people)", &f));
+    ASSERT_ERR(worker_agent_notice(ag[0], "", 0, NULL, NULL), -EINVAL);
     uint64_t step = 0;
     WAIT_FOR((coord_job_get(c, NULL, NULL, NULL, NULL, NULL, &step), step == 5), "step 5");
     /* The job's step is the coordinator's, set before the hook runs on its thread: wait for
      * the hook too (a loaded ASan run read -1 here). */
     WAIT_FOR(__atomic_load_n(&seen.step5_epoch, __ATOMIC_ACQUIRE) >= 0, "on_report of step 5");
     ASSERT_EQ(seen.step5_epoch, 0);
+    WAIT_FOR(__atomic_load_n(&ckw_n, __ATOMIC_ACQUIRE) == 1 &&
+                 __atomic_load_n(&term_n, __ATOMIC_ACQUIRE) == 1,
+             "on_report of the two notices");
+    ASSERT_EQ(ckw_seen.step, 7);
+    ASSERT_EQ(ckw_seen.stage, 1);
+    ASSERT_EQ(ckw_seen.sent, 1ull << 40);
+    ASSERT_TRUE(ckw_seen.seconds == 0.25 && ckw_seen.epoch == 0 && ckw_seen.need == 0);
+    ASSERT_STREQ(ckw_seen.dir, f.dir);
+    ASSERT_EQ(strlen(ckw_seen.dir), 400);
+    /* sent without figures: all zero */
+    ASSERT_TRUE(term_seen.epoch == 0 && term_seen.step == 0 && term_seen.sent == 0 &&
+                term_seen.seconds == 0 && term_seen.stall == 0 && term_seen.dir[0] == '\0');
     ASSERT_TRUE(seen.reports > 0 && seen.ticks > 0);
 
     /* A migration order: one good, one the worker refuses. */
@@ -288,21 +322,21 @@ static int test_agent_notice_queue(void) {
     snprintf(wc.id, sizeof(wc.id), "0b8c3f4e-1a2b-4c3d-8e9f-0123456789ab");
     ASSERT_OK(worker_agent_new(&wc, NULL, &a));
     ASSERT_EQ(worker_agent_notices_pending(a), 0);
-    ASSERT_OK(worker_agent_notice(a, "first-step", 1.0, "epoch=1"));
+    ASSERT_OK(worker_agent_notice(a, "first-step", 1.0, "epoch=1", NULL));
     for (int i = 0; i < 200; i++) {
         char d[32];
         snprintf(d, sizeof(d), "epoch=1 step=%d", i);
-        ASSERT_OK(worker_agent_notice_latest(a, "peer-copy", 2.0 + i, d));
+        ASSERT_OK(worker_agent_notice_latest(a, "peer-copy", 2.0 + i, d, NULL));
     }
     ASSERT_EQ(worker_agent_notices_pending(a), 2);
-    ASSERT_ERR(worker_agent_notice_latest(a, "", 0, NULL), -EINVAL);
-    ASSERT_ERR(worker_agent_notice_latest(NULL, "peer-copy", 0, NULL), -EINVAL);
+    ASSERT_ERR(worker_agent_notice_latest(a, "", 0, NULL, NULL), -EINVAL);
+    ASSERT_ERR(worker_agent_notice_latest(NULL, "peer-copy", 0, NULL, NULL), -EINVAL);
     for (int i = 2; i < 64; i++)
-        ASSERT_OK(worker_agent_notice(a, "reconfigured", 300.0 + i, "epoch=2"));
-    ASSERT_ERR(worker_agent_notice(a, "reconfigured", 400.0, "epoch=2"), -ENOBUFS);
+        ASSERT_OK(worker_agent_notice(a, "reconfigured", 300.0 + i, "epoch=2", NULL));
+    ASSERT_ERR(worker_agent_notice(a, "reconfigured", 400.0, "epoch=2", NULL), -ENOBUFS);
     /* full: a latest one still replaces its own kind */
-    ASSERT_OK(worker_agent_notice_latest(a, "peer-copy", 500.0, "epoch=2 step=1"));
-    ASSERT_ERR(worker_agent_notice_latest(a, "ckpt-written", 500.0, "step=1"), -ENOBUFS);
+    ASSERT_OK(worker_agent_notice_latest(a, "peer-copy", 500.0, "epoch=2 step=1", NULL));
+    ASSERT_ERR(worker_agent_notice_latest(a, "ckpt-written", 500.0, "step=1", NULL), -ENOBUFS);
     ASSERT_EQ(worker_agent_notices_pending(a), 64);
     ASSERT_EQ(worker_agent_notices_pending(NULL), 0);
     worker_agent_free(a);

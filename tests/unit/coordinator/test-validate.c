@@ -72,6 +72,29 @@ static int test_report(void) {
     ASSERT_ERR(coord__validate_report(&m, why, sizeof(why)), -EINVAL);
     no.at = 1e9;
     ASSERT_OK(coord__validate_report(&m, why, sizeof(why)));
+    /* Figures: finite times; a dir of at most 511 bytes without control characters (UTF-8
+     * names pass); negative figures pass (refused, a Report would be sent again as it was). */
+    Spottrain__V1__NoticeFigures fig = SPOTTRAIN__V1__NOTICE_FIGURES__INIT;
+    no.kind = (char *)"ckpt-written";
+    no.figures = &fig;
+    fig.dir = (char *)"/ckpt/caf\xc3\xa9 run";
+    fig.wait = -1e-9;
+    fig.stage = -1;
+    ASSERT_OK(coord__validate_report(&m, why, sizeof(why)));
+    fig.waited = NAN;
+    ASSERT_ERR(coord__validate_report(&m, why, sizeof(why)), -EINVAL);
+    ASSERT_CONTAINS(why, "notices[].figures");
+    fig.waited = 0;
+    fig.dir = (char *)"/ckpt/a\nb";
+    ASSERT_ERR(coord__validate_report(&m, why, sizeof(why)), -EINVAL);
+    char longdir[ST_NOTICE_DIR_MAX + 1];
+    memset(longdir, 'd', sizeof(longdir) - 1);
+    longdir[ST_NOTICE_DIR_MAX] = '\0';
+    fig.dir = longdir; /* 512 bytes: one too many */
+    ASSERT_ERR(coord__validate_report(&m, why, sizeof(why)), -EINVAL);
+    longdir[ST_NOTICE_DIR_MAX - 1] = '\0';
+    ASSERT_OK(coord__validate_report(&m, why, sizeof(why)));
+    no.figures = NULL;
     m.n_notices = COORD_MAX_NOTICES + 1;
     ASSERT_ERR(coord__validate_report(&m, why, sizeof(why)), -EINVAL);
     return 0;
