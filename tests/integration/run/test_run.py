@@ -594,8 +594,11 @@ def test_central():
     #      spare (one peer restore, the steps since the copy replayed);
     #   4. SIGTERM of a positioned worker with no spare left: the 2x2 shrinks to 1x2 live
     #      (intra-stage); then it is killed.
-    # No fresh start; the same bits as the uninterrupted run.
-    d = tempfile.mkdtemp(prefix="st-run-")
+    # No fresh start; the same bits as the uninterrupted run. Everything lives under a folder
+    # whose name has a space and a UTF-8 letter: the checkpoints the restore reads are
+    # committed from workers' notices that name their directory (a printable-ASCII detail once
+    # got such a worker's every Report refused, and no checkpoint was ever committed).
+    d = tempfile.mkdtemp(prefix="st-run central \u00fc-")
     r = None
     try:
         steps, every = 4000, 25
