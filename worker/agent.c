@@ -255,6 +255,16 @@ void worker_agent_report_now(struct worker_agent *a) {
     pthread_mutex_unlock(&a->lock);
 }
 
+/* Copies text for a Report field the coordinator takes as printable ASCII only (an ack's
+ * error, a notice's detail: coord__validate_report), '?' for any other byte: a UTF-8 path in
+ * a message must not get the Report refused, and so sent again and refused forever. */
+static void printable(char *dst, size_t size, const char *src) {
+    snprintf(dst, size, "%s", src ? src : "");
+    for (char *p = dst; *p; p++)
+        if ((unsigned char)*p < 0x20 || (unsigned char)*p > 0x7e)
+            *p = '?';
+}
+
 static int notice_add(struct worker_agent *a, const char *kind, double at, const char *detail,
                       const struct st_notice_figures *figures, bool latest) {
     if (!a || a->magic != AGENT_MAGIC || !kind || !kind[0] || !isfinite(at))
@@ -275,7 +285,7 @@ static int notice_add(struct worker_agent *a, const char *kind, double at, const
         struct agent_notice *n = &a->notices[a->nnotices++];
         snprintf(n->kind, sizeof(n->kind), "%s", kind);
         n->at = at;
-        snprintf(n->detail, sizeof(n->detail), "%s", detail ? detail : "");
+        printable(n->detail, sizeof(n->detail), detail);
         n->has_figures = figures != NULL;
         if (figures)
             n->figures = *figures;
@@ -449,7 +459,7 @@ static void add_ack(struct worker_agent *a, uint64_t id, bool ok, const char *er
     struct agent_ack *k = &a->acks[a->nacks++];
     k->id = id;
     k->ok = ok;
-    snprintf(k->error, sizeof(k->error), "%s", err ? err : "");
+    printable(k->error, sizeof(k->error), err);
 }
 
 static void handle_command(struct worker_agent *a, const Spottrain__V1__Command *cmd) {

@@ -305,11 +305,8 @@ static void cmd_free(Spottrain__V1__Command **c) {
  * words for people (the log and the job's events; nothing parses them). */
 static void vnotice(struct runner *R, bool latest, const char *kind,
                     const struct st_notice_figures *fig, const char *fmt, va_list ap) {
-    char detail[256]; /* the coordinator takes 255 printable ASCII characters */
+    char detail[256]; /* the coordinator takes 255 characters */
     vsnprintf(detail, sizeof(detail), fmt, ap);
-    for (char *p = detail; *p; p++) /* a UTF-8 path in it must not get the Report refused */
-        if ((unsigned char)*p < 0x20 || (unsigned char)*p > 0x7e)
-            *p = '?';
     st_log(ST_LOG_INFO, "runner", "%s: %s", kind, detail);
     if ((latest ? worker_agent_notice_latest : worker_agent_notice)(R->agent, kind, st_wall(),
                                                                      detail, fig) < 0)

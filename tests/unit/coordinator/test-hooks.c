@@ -20,8 +20,10 @@ struct seen {
 
 static struct seen seen;
 
-/* The figures of the last "ckpt-written" and "terminate" notices on_report saw. */
+/* The figures of the last "ckpt-written" and "terminate" notices on_report saw, the former's
+ * detail, and the error of the last refused command's ack. */
 static struct st_notice_figures ckw_seen, term_seen;
+static char ckw_detail[256], ack_error[128];
 static atomic_int ckw_n, term_n;
 
 static void on_joined(struct coord *c, const struct coord_worker *w, bool rejoined, void *u) {
@@ -65,6 +67,7 @@ static void on_report(struct coord *c, const struct coord_report *r, void *u) {
     for (size_t i = 0; i < r->nnotices; i++) {
         if (!strcmp(r->notices[i].kind, "ckpt-written")) {
             ckw_seen = r->notices[i].figures;
+            snprintf(ckw_detail, sizeof(ckw_detail), "%s", r->notices[i].detail);
             __atomic_fetch_add(&ckw_n, 1, __ATOMIC_RELEASE);
         } else if (!strcmp(r->notices[i].kind, "terminate")) {
             term_seen = r->notices[i].figures;
@@ -79,12 +82,13 @@ static void on_ack(struct coord *c, const char *wid, uint64_t id, bool ok, const
     (void)c;
     (void)wid;
     (void)id;
-    (void)err;
     (void)u;
-    if (ok)
+    if (ok) {
         seen.acks++;
-    else
-        seen.acks_failed++;
+    } else {
+        snprintf(ack_error, sizeof(ack_error), "%s", err);
+        seen.acks_failed++; /* after: a test that waits on it reads ack_error */
+    }
 }
 
 static void on_lost(struct coord *c, const struct coord_worker *w, void *u) {
@@ -115,7 +119,9 @@ static int on_command(struct worker_agent *a, const Spottrain__V1__Command *cmd,
         /* Counted last, so a test that waits on it sees the transfers and the lease. */
         __atomic_fetch_add(&seen.migrates, 1, __ATOMIC_RELEASE);
         if (cmd->migrate->n_transfers == 0) {
-            snprintf(err, errsz, "empty transfer list");
+            /* A UTF-8 path in an error arrives as '?' (printable ASCII only: the coordinator
+             * refused the whole Report, and the ack never arrived). */
+            snprintf(err, errsz, "empty transfer list for '/ckpt/caf\xc3\xa9'");
             return -EINVAL;
         }
         return 0;
@@ -205,7 +211,7 @@ static int test_hooks_and_agent(void) {
     while (dl < 400)
         f.dir[dl++] = 'x';
     f.dir[dl] = '\0';
-    ASSERT_OK(worker_agent_notice(ag[0], "ckpt-written", st_wall(), "step=7 (for people)", &f));
+    ASSERT_OK(worker_agent_notice(ag[0], "ckpt-written", st_wall(), "dir=caf\xc3\xa9", &f));
     ASSERT_ERR(worker_agent_notice(ag[0], "", 0, NULL, NULL), -EINVAL);
     uint64_t step = 0;
     WAIT_FOR((coord_job_get(c, NULL, NULL, NULL, NULL, NULL, &step), step == 5), "step 5");
@@ -221,6 +227,7 @@ static int test_hooks_and_agent(void) {
     ASSERT_EQ(ckw_seen.sent, 1ull << 40);
     ASSERT_TRUE(ckw_seen.seconds == 0.25 && ckw_seen.epoch == 0 && ckw_seen.need == 0);
     ASSERT_STREQ(ckw_seen.dir, f.dir);
+    ASSERT_STREQ(ckw_detail, "dir=caf??"); /* the words for people: printable ASCII */
     ASSERT_EQ(strlen(ckw_seen.dir), 400);
     /* sent without figures: all zero */
     ASSERT_TRUE(term_seen.epoch == 0 && term_seen.step == 0 && term_seen.sent == 0 &&
@@ -240,6 +247,7 @@ static int test_hooks_and_agent(void) {
     ASSERT_OK(coord_migrate(c, worker_agent_id(ag[1]), NULL, 0, 5, &cid));
     WAIT_FOR(__atomic_load_n(&seen.migrates, __ATOMIC_ACQUIRE) == 2 && seen.acks_failed == 1,
              "migrate applied and one refused");
+    ASSERT_STREQ(ack_error, "empty transfer list for '/ckpt/caf?\?'");
     ASSERT_EQ(seen.transfers, 1);
     ASSERT_EQ(seen.lease, 0); /* coord_migrate() gives no first lease */
 
