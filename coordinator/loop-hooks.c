@@ -3,7 +3,6 @@
  * lock, and they take L->lock. A notice is a kind and typed figures (struct
  * st_notice_figures: worker/runner.c fills them); its detail is for people and not read here. */
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "loop-internal.h"
