@@ -76,6 +76,14 @@ enum st_state_kind {
 /* "param", "adam_m", "adam_v"; "?" for any other value. */
 const char *st_state_kind_name(enum st_state_kind k);
 
+/* ---- the control protocol -------------------------------------------------------------- */
+
+/* The version of proto/control.proto's messages and their meaning that this build speaks:
+ * a worker sends it in its Join, and a coordinator refuses a worker that speaks another, with
+ * a reason the worker prints (a mixed fleet would otherwise run with figures missing).
+ * Bumped when a message changes meaning. 1: notices carry typed figures (NoticeFigures). */
+#define ST_PROTOCOL 1
+
 /* ---- what a worker's notice tells the coordinator ----------------------------------- */
 
 /* The figures a worker's notice carries for the coordinator (proto NoticeFigures), beside its

@@ -65,6 +65,7 @@ static int start_call(struct gen *g, int w, bool join) {
         req.worker_id = g->ids[w];
         req.zone = (char *)"bench";
         req.gpus = 1;
+        req.protocol = ST_PROTOCOL;
         len = spottrain__v1__join_request__pack(&req, buf);
     } else {
         Spottrain__V1__ReportRequest req = SPOTTRAIN__V1__REPORT_REQUEST__INIT;

@@ -88,6 +88,9 @@ int coord__parse_hostport(const char *s, char *ret_host, size_t hostsz, int *ret
 int coord__validate_join(const Spottrain__V1__JoinRequest *m, char *why, size_t whysz) {
     if (!m)
         return fail(why, whysz, "%s", "empty request");
+    if (m->protocol != ST_PROTOCOL) /* first: another protocol's fields may mean other things */
+        return fail(why, whysz, "the worker speaks control protocol %u, this coordinator %u: "
+                    "run the same spottrain release on both", m->protocol, ST_PROTOCOL);
     if (!st_uuid_valid(m->worker_id))
         return fail(why, whysz, "%s is not a UUID", "worker_id");
     if (!str_ok(m->instance_id, 63))

@@ -70,6 +70,7 @@ struct worker_agent {
     size_t nsending;          /* the first nsending notices are in a Report under way */
 
     bool report_now;          /* send a Report without waiting for the interval (lock) */
+    char refusal[256];        /* the status details of the last call refused (lock) */
 
     /* progress (lock) */
     uint64_t run_epoch;       /* the epoch the runner trains in (worker_agent_progress) */
@@ -419,6 +420,9 @@ static int unary(struct worker_agent *a, grpc_channel *ch, grpc_completion_queue
     } else if (status != GRPC_STATUS_OK) {
         char *d = grpc_slice_to_c_string(details);
         st_log(ST_LOG_INFO, "agent", "%s: status %d: %s", method, (int)status, d);
+        pthread_mutex_lock(&a->lock);
+        snprintf(a->refusal, sizeof(a->refusal), "%s", d ? d : "");
+        pthread_mutex_unlock(&a->lock);
         gpr_free(d);
         r = (int)status;
     } else if (!recv) {
@@ -614,6 +618,7 @@ static int do_join(struct worker_agent *a, grpc_channel *ch, grpc_completion_que
     req.instance_type = a->cfg.instance_type;
     req.gpus = (uint32_t)a->cfg.gpus;
     req.data_addr = a->cfg.data_addr;
+    req.protocol = ST_PROTOCOL;
     uint8_t buf[1024];
     size_t len = spottrain__v1__join_request__pack(&req, buf);
     grpc_slice resp;
@@ -788,12 +793,13 @@ static void *session_main(void *arg) {
         int r = do_join(a, ch, cq);
         if (r == GRPC_STATUS_UNAUTHENTICATED || r == GRPC_STATUS_INVALID_ARGUMENT ||
             r == GRPC_STATUS_FAILED_PRECONDITION) {
+            pthread_mutex_lock(&a->lock);
             if (r != GRPC_STATUS_FAILED_PRECONDITION) /* a job mismatch was logged by do_join */
                 st_log(ST_LOG_ERR, "agent", "The coordinator at '%s' refused to let worker %s "
-                       "join (%s)", a->cfg.coordinator, a->cfg.id,
+                       "join (%s: %s)", a->cfg.coordinator, a->cfg.id,
                        r == GRPC_STATUS_UNAUTHENTICATED ? "wrong or missing token"
-                                                        : "bad request");
-            pthread_mutex_lock(&a->lock);
+                                                        : "bad request",
+                       a->refusal[0] ? a->refusal : "no reason given");
             a->fatal = r == GRPC_STATUS_UNAUTHENTICATED ? -EACCES
                        : r == GRPC_STATUS_FAILED_PRECONDITION ? -ESRCH : -EINVAL;
             pthread_cond_broadcast(&a->cond);

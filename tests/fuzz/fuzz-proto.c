@@ -187,6 +187,7 @@ static void op_join(struct coord *c, struct in *in) {
     q.gpus = (uint32_t)hostile_u64(in);
     uint8_t a = u8(in);
     q.data_addr = a < 200 ? (char *)addrs[a % ST_ARRAY_SIZE(addrs)] : str(in, addr, sizeof(addr));
+    q.protocol = u8(in) % 16 ? ST_PROTOCOL : (uint32_t)hostile_u64(in);
     uint8_t buf[4096];
     size_t len = spottrain__v1__join_request__pack(&q, buf);
     if (u8(in) % 4 == 0)

@@ -29,6 +29,14 @@ RAWCALL = os.environ.get("RAWCALL", "")
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOB = os.path.join(HERE, "job.yaml")
 TOKEN = "t0ken-for-tests"
+SRC = os.environ.get("SPOTTRAIN_SRCDIR", os.path.join(HERE, "..", "..", ".."))
+
+
+def protocol():
+    """ST_PROTOCOL of common.h: the control protocol's version a Join must name."""
+    import re
+    with open(os.path.join(SRC, "common", "common.h")) as f:
+        return int(re.search(r"#define ST_PROTOCOL (\d+)", f.read()).group(1))
 TIMEOUT = float(os.environ.get("CONTROL_TEST_TIMEOUT", "30"))
 
 procs = []
@@ -352,8 +360,14 @@ def scenario_restart():
     check(journal_snapshot(state)["epochs"] == before["epochs"], "journal consistent at exit")
 
 
+def pb_uint(tag, v):
+    """A varint protobuf field (wire type 0) of a small value."""
+    assert 0 <= v < 128
+    return bytes([tag << 3, v])
+
+
 def join_payload(wid):
-    return pb_field(1, wid) + pb_field(6, "127.0.0.1:7000")
+    return pb_field(1, wid) + pb_field(6, "127.0.0.1:7000") + pb_uint(7, protocol())
 
 
 def scenario_auth():
@@ -402,8 +416,20 @@ def scenario_garbage():
     check(code == 3, "garbage Watch: INVALID_ARGUMENT (%s)" % out)
     code, out = rawcall(c, "Join", size=5 << 20, token=TOKEN)
     check(code == 8, "oversized Join (5 MiB): RESOURCE_EXHAUSTED (%s)" % out)
-    code, out = rawcall(c, "Join", pb_field(1, "not-a-uuid"), token=TOKEN)
+    code, out = rawcall(c, "Join", pb_field(1, "not-a-uuid") + pb_uint(7, protocol()),
+                        token=TOKEN)
     check(code == 3 and "worker_id" in out, "Join with a bad worker id: INVALID_ARGUMENT")
+    # A worker of a release before the protocol's version (no field 7), and one of a later
+    # release: refused, each told both versions.
+    wid = "0b8c3f4e-1a2b-4c3d-8e9f-0123456789ab"
+    for v in (None, protocol() + 1):
+        payload = pb_field(1, wid) + pb_field(6, "127.0.0.1:7000")
+        if v is not None:
+            payload += pb_uint(7, v)
+        code, out = rawcall(c, "Join", payload, token=TOKEN)
+        want = "control protocol %d, this coordinator %d" % (v or 0, protocol())
+        check(code == 3 and want in out, "Join speaking protocol %s: INVALID_ARGUMENT, '%s' (%s)"
+              % (v or 0, want, out))
     code, out = rawcall(c, "Join", join_payload("0b8c3f4e-1a2b-4c3d-8e9f-0123456789ab") +
                         pb_field(6, "no-port"), token=TOKEN)
     check(code == 3 and "data_addr" in out, "Join with a bad data_addr: INVALID_ARGUMENT")
@@ -447,7 +473,8 @@ def scenario_python_grpc():
     ids = ["6f1c2d3e-4b5a-4c6d-9e8f-00000000000%d" % i for i in (1, 2)]
     for i, wid in enumerate(ids):
         r = stub.Join(pb.JoinRequest(worker_id=wid, zone="z%d" % i, gpus=1,
-                                     data_addr="127.0.0.1:%d" % (7100 + i)),
+                                     data_addr="127.0.0.1:%d" % (7100 + i),
+                                     protocol=protocol()),
                       metadata=md, timeout=10)
         check(r.job_id == c.job_id and r.heartbeat_deadline > 0 and not r.rejoined,
               "Join %d answered with the job id and the heartbeat deadline" % i)

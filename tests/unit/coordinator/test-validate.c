@@ -11,6 +11,13 @@ static int test_join(void) {
     Spottrain__V1__JoinRequest m = SPOTTRAIN__V1__JOIN_REQUEST__INIT;
     char why[128];
     ASSERT_ERR(coord__validate_join(NULL, why, sizeof(why)), -EINVAL);
+    /* A worker of another release (0: before the field), refused first, with both versions. */
+    ASSERT_ERR(coord__validate_join(&m, why, sizeof(why)), -EINVAL);
+    ASSERT_CONTAINS(why, "control protocol 0, this coordinator 1");
+    m.protocol = ST_PROTOCOL + 1;
+    ASSERT_ERR(coord__validate_join(&m, why, sizeof(why)), -EINVAL);
+    ASSERT_CONTAINS(why, "run the same spottrain release on both");
+    m.protocol = ST_PROTOCOL;
     ASSERT_ERR(coord__validate_join(&m, why, sizeof(why)), -EINVAL);
     ASSERT_CONTAINS(why, "worker_id");
     m.worker_id = (char *)UUID;
