@@ -324,9 +324,10 @@ static void start_watch(struct coord *c, struct coord_rpc *rpc,
 
 /* See coord-internal.h. */
 void coord__notice_figures(struct st_notice_figures *f, const Spottrain__V1__NoticeFigures *m) {
-    *f = (struct st_notice_figures){0};
-    if (!m)
+    if (!m) {
+        *f = (struct st_notice_figures){0};
         return;
+    }
     *f = (struct st_notice_figures){
         .epoch = m->epoch, .step = m->step, .prev_epoch = m->prev_epoch,
         .prev_step = m->prev_step, .sent = m->sent, .recv = m->recv, .replayed = m->replayed,
