@@ -42,7 +42,7 @@ try:
         f.write(spec)
     summ = os.path.join(d, "summary.json")
     p = subprocess.run([BIN, "run", job, "--json-summary", summ, "--state-dir",
-                        os.path.join(d, "state")], capture_output=True, text=True, timeout=400)
+                        os.path.join(d, "state")], capture_output=True, text=True, timeout=570)
     if p.returncode != 0:
         sys.stderr.write(p.stderr[-4000:])
     check(p.returncode == 0, "spottrain run exited %d" % p.returncode)
