@@ -44,7 +44,8 @@ size_t mig_dtype_size(enum mig_dtype t) {
 /* See migrate-internal.h. */
 int mig__comm_new_ops(const struct mig_transport_ops *ops, struct mig_endpoint *ep,
                       uint64_t epoch, int rank, int nranks, const char *const *peer_addrs,
-                      const struct mig_auth *auth, double timeout_s, struct mig_comm **ret) {
+                      const struct mig_auth *auth, double timeout_s,
+                      const struct mig__build *how, struct mig_comm **ret) {
     struct mig_comm *c;
     int r;
 
@@ -63,6 +64,10 @@ int mig__comm_new_ops(const struct mig_transport_ops *ops, struct mig_endpoint *
     c->rank = rank;
     c->nranks = nranks;
     c->timeout_s = timeout_s;
+    if (how) {
+        c->ahead = how->ahead;
+        c->stop = how->stop;
+    }
     if (auth) {
         c->keyed = true;
         c->auth = *auth;
@@ -74,10 +79,11 @@ int mig__comm_new_ops(const struct mig_transport_ops *ops, struct mig_endpoint *
         mig_comm_free(c);
         return r;
     }
-    st_log(ST_LOG_DEBUG, "migrate", "rank %d/%d: %s comm of epoch %llu%s ready", rank, nranks,
+    c->stop = NULL; /* the caller's flag outlives only the build */
+    st_log(ST_LOG_DEBUG, "migrate", "rank %d/%d: %s comm of epoch %llu%s%s ready", rank, nranks,
            ops->name, (unsigned long long)c->epoch, c->side   ? " (side channel)"
            : c->move ? " (move channel)"
-                     : "");
+                     : "", c->ahead ? ", ahead of its boundary" : "");
     *ret = c;
     return 0;
 }
@@ -95,7 +101,19 @@ int mig_comm_new_auth(const char *transport, struct mig_endpoint *ep, uint64_t e
         return -EINVAL;
     if ((epoch & (MIG_EPOCH_SIDE | MIG_EPOCH_MOVE)) && ops != &mig__tcp_ops)
         return -EOPNOTSUPP;
-    return mig__comm_new_ops(ops, ep, epoch, rank, nranks, peer_addrs, auth, timeout_s, ret);
+    return mig__comm_new_ops(ops, ep, epoch, rank, nranks, peer_addrs, auth, timeout_s, NULL,
+                             ret);
+}
+
+/* See migrate.h. */
+int mig_comm_new_ahead(struct mig_endpoint *ep, uint64_t epoch, int rank, int nranks,
+                       const char *const *peer_addrs, const struct mig_auth *auth,
+                       double timeout_s, _Atomic bool *stop, struct mig_comm **ret) {
+    struct mig__build how = {.ahead = true, .stop = stop};
+    if (!ret || (epoch & MIG_EPOCH_SIDE))
+        return -EINVAL;
+    return mig__comm_new_ops(&mig__tcp_ops, ep, epoch, rank, nranks, peer_addrs, auth,
+                             timeout_s, &how, ret);
 }
 
 /* See migrate.h. */
@@ -133,6 +151,14 @@ int mig_comm_set_timeout(struct mig_comm *c, double timeout_s) {
     if (!comm_ok(c) || !(timeout_s > 0) || !isfinite(timeout_s))
         return -EINVAL;
     c->timeout_s = timeout_s;
+    return 0;
+}
+
+/* See migrate.h. */
+int mig_comm_set_first_wait(struct mig_comm *c, double seconds) {
+    if (!comm_ok(c) || !(seconds > 0) || !isfinite(seconds))
+        return -EINVAL;
+    c->first_wait = seconds;
     return 0;
 }
 

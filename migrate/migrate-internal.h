@@ -47,8 +47,12 @@ struct mig_comm {
     bool side;         /* the epoch's side channel (MIG_EPOCH_SIDE) */
     bool move;         /* the epoch's move channel (MIG_EPOCH_MOVE) */
     _Atomic bool cancelled; /* mig_comm_cancel(): batches give up */
+    bool ahead;        /* built ahead of its boundary (mig_comm_new_ahead) until mig_comm_enter */
+    _Atomic bool *stop; /* mig_comm_new_ahead's: its build gives up once set; NULL otherwise */
     int rank, nranks;
     double timeout_s;  /* seconds without progress before -ETIMEDOUT */
+    double first_wait; /* mig_comm_set_first_wait: the limit until heard (0: timeout_s) */
+    bool heard;        /* a byte was received on c */
     bool keyed;        /* built with a secret: messages carry MACs */
     bool tls;          /* keyed and encrypted: connections run TLS 1.3, no GMAC trailers */
     struct mig_auth auth; /* all-zero key when !keyed; wiped by mig_comm_free */
@@ -58,11 +62,18 @@ struct mig_comm {
     void *priv;        /* the transport's state */
 };
 
+/* How a communicator is built: at its boundary (NULL), or ahead of it (mig_comm_new_ahead). */
+struct mig__build {
+    bool ahead;
+    _Atomic bool *stop;
+};
+
 /* Builds a communicator on the given transport ops (used by mig_comm_new and by the NCCL
  * transport to bootstrap over tcp). */
 int mig__comm_new_ops(const struct mig_transport_ops *ops, struct mig_endpoint *ep,
                       uint64_t epoch, int rank, int nranks, const char *const *peer_addrs,
-                      const struct mig_auth *auth, double timeout_s, struct mig_comm **ret);
+                      const struct mig_auth *auth, double timeout_s,
+                      const struct mig__build *how, struct mig_comm **ret);
 
 /* Overwrites n bytes at p in a way the compiler keeps (key material). tcp.c. */
 void mig__wipe(void *p, size_t n);

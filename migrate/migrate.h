@@ -104,7 +104,7 @@ int mig_comm_new(const char *transport, struct mig_endpoint *ep, uint64_t epoch,
  * adopt the other's connections). Its ranks and size need not be the main communicator's.
  * Another thread may drive it while this one drives the main communicator: a batch touches
  * only its comm's connections, never the endpoint. Building it (the endpoint) stays on the
- * endpoint's thread. "tcp" only (-EOPNOTSUPP otherwise); mig_comm_epoch() answers without the
+ * endpoint's thread, beside at most one build ahead (mig_comm_new_ahead). "tcp" only (-EOPNOTSUPP otherwise); mig_comm_epoch() answers without the
  * bit. The worker's peer copies run on it (docs/live-migration.md). */
 #define MIG_EPOCH_SIDE (1ull << 63)
 /* The same for the epoch's move channel, a third communicator of the epoch (never OR'd with
@@ -139,6 +139,25 @@ int mig_comm_new_auth(const char *transport, struct mig_endpoint *ep, uint64_t e
                       int nranks, const char *const *peer_addrs, const struct mig_auth *auth,
                       double timeout_s, struct mig_comm **ret);
 
+/* mig_comm_new_auth() on "tcp" for the main or move communicator of the next epoch, built
+ * ahead of its boundary on a thread of the caller's while the endpoint's current epoch still
+ * runs: that epoch's comms move data, its side channel may be built by the endpoint's thread,
+ * and the endpoint goes on taking that epoch's hellos as current (they would be stale after a
+ * boundary) until mig_comm_enter(). The two builds share the endpoint under its lock, each
+ * taking only the connections of its own epoch and channel. The build gives up with
+ * -ECANCELED when the coordinator abandons the epoch (mig_endpoint_abandon) or when *stop
+ * (NULL: none) is set by another thread, within 50 ms either way. So a worker's peers connect
+ * while everyone trains up to the boundary, and the boundary finds the handshakes done
+ * (docs/live-migration.md). A move channel ahead is built after its epoch's main one, on the
+ * same thread. -EINVAL for MIG_EPOCH_SIDE. */
+int mig_comm_new_ahead(struct mig_endpoint *ep, uint64_t epoch, int rank, int nranks,
+                       const char *const *peer_addrs, const struct mig_auth *auth,
+                       double timeout_s, _Atomic bool *stop, struct mig_comm **ret);
+/* The epoch of c, built ahead, is the endpoint's current one from now on: hellos of older
+ * epochs are stale (answered -ESTALE), as after a build at the boundary. Call at the boundary,
+ * from the endpoint's thread. NULL-safe; nothing for a comm built at its boundary. */
+void mig_comm_enter(struct mig_comm *c);
+
 /* Closes every connection of the epoch and wipes its key. NULL-safe; returns NULL. */
 struct mig_comm *mig_comm_free(struct mig_comm *c);
 /* Sets the no-progress limit of every later call on c (mig_comm_new's timeout_s was both the
@@ -146,6 +165,14 @@ struct mig_comm *mig_comm_free(struct mig_comm *c);
  * keeps the usual limit for the data it then moves. Call before c is used from another thread.
  * Returns 0, -EINVAL (bad comm or timeout). */
 int mig_comm_set_timeout(struct mig_comm *c, double timeout_s);
+/* Until c receives its first byte, calls on it wait up to `seconds` without progress rather
+ * than the no-progress limit: for a rank that reached the boundary early (a spare, whose
+ * order came a lease ahead) and whose peers, their handshakes done ahead
+ * (mig_comm_new_ahead), send only once they have trained up to it. (Not abandoned with its
+ * epoch: by then it may be the running epoch's comm, whose first step is not over. A peer
+ * that gives the epoch up closes its connections, which ends the wait.) Call before c is used
+ * from another thread. Returns 0, -EINVAL (bad comm or seconds). */
+int mig_comm_set_first_wait(struct mig_comm *c, double seconds);
 /* The batch running on c in another thread, and every later call on c, give up within 50 ms
  * with -ECANCELED; the streams with unfinished messages are unusable afterwards. Safe from any
  * thread while c is alive. NULL-safe. */

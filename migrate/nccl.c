@@ -146,7 +146,7 @@ static int nccl_init(struct mig_comm *c, const char *const *peer_addrs) {
         for (int i = 0; i < c->nranks; i++)
             all[i] = i;
         r = mig__comm_new_ops(&mig__tcp_ops, c->ep, c->epoch, c->rank, c->nranks, peer_addrs,
-                              c->keyed ? &c->auth : NULL, c->timeout_s, &boot);
+                              c->keyed ? &c->auth : NULL, c->timeout_s, NULL, &boot);
         if (r >= 0)
             r = mig_broadcast(boot, all, c->nranks, 0, &id, sizeof(id));
         st_free(all);

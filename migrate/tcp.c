@@ -1,12 +1,15 @@
 /* tcp.c: the TCP transport — endpoints (listening sockets that live across epochs), the
  * per-epoch connection handshake, and the poll-driven batch that moves every message.
  *
- * The one idea: no threads. Every call runs one poll loop over the sockets it needs, with
- * non-blocking sockets and a no-progress deadline, so a dead or absent peer is an error
+ * The one idea: no threads of its own. Every call runs one poll loop over the sockets it needs,
+ * with non-blocking sockets and a no-progress deadline, so a dead or absent peer is an error
  * (-ECONNRESET, -ETIMEDOUT) returned to the caller, never a hang or a SIGPIPE (MSG_NOSIGNAL).
  * Connections a peer opens for an epoch we have not reached yet are accepted when we next
  * look at the listener and buffered on the endpoint by epoch until our mig_comm_new() of that
- * epoch; connections of an older epoch are answered with a rejection. Every message carries a
+ * epoch; connections of an older epoch are answered with a rejection. The caller's threads
+ * may run two builds at once, one of them ahead of its boundary (mig_comm_new_ahead): the
+ * endpoint's lock covers what they share, and each takes only its own epoch's and channel's
+ * connections. Every message carries a
  * header (magic, epoch, sequence number, length), so a receiver that posted another size, or
  * bytes of another epoch, get -EPROTO instead of silently mixed data.
  *
@@ -293,6 +296,10 @@ struct pending {
 };
 
 struct mig_endpoint {
+    /* The pending connections, the epochs, the failure ring: what two builds share when one
+     * runs ahead of its boundary (mig_comm_new_ahead) beside the endpoint's own thread. Held
+     * for short, non-blocking work only, never across a poll. */
+    pthread_mutex_t lock;
     int fd;
     int port;
     char addr[MIG_ADDR_MAX];
@@ -328,7 +335,22 @@ uint64_t mig_endpoint_abandoned(const struct mig_endpoint *ep) {
     return ep ? atomic_load(&((struct mig_endpoint *)ep)->abandon_below) : 0;
 }
 
-/* Records and logs a refused connection. The log names the peer, never a key or a proof. */
+/* See migrate.h. */
+void mig_comm_enter(struct mig_comm *c) {
+    if (!c || c->magic != MIG__COMM_MAGIC || !c->ahead)
+        return;
+    c->ahead = false;
+    struct mig_endpoint *ep = c->ep;
+    if (!ep)
+        return; /* one rank: no endpoint */
+    pthread_mutex_lock(&ep->lock);
+    if (c->epoch > ep->min_epoch)
+        ep->min_epoch = c->epoch;
+    pthread_mutex_unlock(&ep->lock);
+}
+
+/* Records and logs a refused connection. The log names the peer, never a key or a proof. With
+ * ep->lock held. */
 static void auth_fail(struct mig_endpoint *ep, const char *peer, uint64_t epoch,
                       const char *why) {
     st_log(ST_LOG_WARN, "migrate", "Data plane %s: refused the connection with %s (epoch %llu): "
@@ -349,17 +371,27 @@ static void auth_fail(struct mig_endpoint *ep, const char *peer, uint64_t epoch,
 size_t mig_endpoint_auth_failures(struct mig_endpoint *ep, struct mig_auth_failure *ret,
                                   size_t max) {
     size_t n = 0;
-    for (; ep && ret && n < max && ep->nfail > 0; n++) {
+    if (!ep || !ret)
+        return 0;
+    pthread_mutex_lock(&ep->lock);
+    for (; n < max && ep->nfail > 0; n++) {
         ret[n] = ep->fail[ep->fail_head];
         ep->fail_head = (ep->fail_head + 1) % MIG_AUTH_FAILURES_KEPT;
         ep->nfail--;
     }
+    pthread_mutex_unlock(&ep->lock);
     return n;
 }
 
 /* See migrate.h. */
 uint64_t mig_endpoint_auth_failure_total(const struct mig_endpoint *ep) {
-    return ep ? ep->fail_total : 0;
+    if (!ep)
+        return 0;
+    struct mig_endpoint *w = (struct mig_endpoint *)ep; /* the lock, not the figures */
+    pthread_mutex_lock(&w->lock);
+    uint64_t n = ep->fail_total;
+    pthread_mutex_unlock(&w->lock);
+    return n;
 }
 
 /* See migrate.h. */
@@ -380,6 +412,7 @@ int mig_endpoint_new(const char *bind_host, int port, struct mig_endpoint **ret)
     ep = st_calloc(1, sizeof(*ep));
     if (!ep)
         return -ENOMEM;
+    pthread_mutex_init(&ep->lock, NULL);
     ep->fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (ep->fd < 0) {
         r = -errno;
@@ -424,6 +457,7 @@ struct mig_endpoint *mig_endpoint_free(struct mig_endpoint *ep) {
         close(ep->pend[i].fd);
     if (ep->fd >= 0)
         close(ep->fd);
+    pthread_mutex_destroy(&ep->lock);
     st_free(ep);
     return NULL;
 }
@@ -465,7 +499,8 @@ static void pending_refuse(struct mig_endpoint *ep, size_t i, int status, const 
 
 /* Accepts what is waiting on the listener and reads partial hellos and proofs. Refuses at
  * once what cannot become a valid handshake: another protocol (magic), another version (1
- * had no authentication), a hello or proof cut short. */
+ * had no authentication), a hello or proof cut short. With ep->lock held, as every function
+ * below that reads or changes ep->pend. */
 static void listener_progress(struct mig_endpoint *ep) {
     for (;;) {
         struct sockaddr_in a;
@@ -552,8 +587,10 @@ static void pending_sort_idle(struct mig_endpoint *ep) {
 int mig_endpoint_service(struct mig_endpoint *ep) {
     if (!ep)
         return -EINVAL;
+    pthread_mutex_lock(&ep->lock);
     listener_progress(ep);
     pending_sort_idle(ep);
+    pthread_mutex_unlock(&ep->lock);
     return 0;
 }
 
@@ -800,14 +837,18 @@ static int tls_start(struct mig_comm *c, struct tcp_comm *tc, struct pollfd *pfd
         }
         if (np == 0)
             break;
+        if (c->stop && atomic_load(c->stop)) {
+            r = -ECANCELED;
+            goto out;
+        }
         if (st_now() >= deadline) {
             st_log(ST_LOG_ERR, "migrate", "rank %d: epoch %llu: TLS handshakes not done within "
                    "%.3g s", c->rank, (unsigned long long)c->epoch, c->timeout_s);
             r = -ETIMEDOUT;
             goto out;
         }
-        if (poll(pfd, np, ms_until(deadline)) < 0 && errno != EINTR) {
-            r = -errno;
+        if (poll(pfd, np, ST_MIN(ms_until(deadline), ABANDON_POLL_MS)) < 0 && errno != EINTR) {
+            r = -errno; /* (at most ABANDON_POLL_MS: see the stop flag above) */
             goto out;
         }
     }
@@ -883,7 +924,9 @@ static int out_verify(struct mig_comm *c, struct outgoing *o, int peer) {
     memcpy(nonce, o->buf + 16, NONCE_SIZE);
     TRY(proof_mac(c, 'S', &o->h, nonce, want));
     if (CRYPTO_memcmp(want, o->buf + 16 + NONCE_SIZE, MAC_SIZE) != 0) {
+        pthread_mutex_lock(&c->ep->lock);
         auth_fail(c->ep, o->peer, c->epoch, "the address we dialled failed its proof");
+        pthread_mutex_unlock(&c->ep->lock);
         return -EACCES;
     }
     memset(o->buf, 0, sizeof(o->buf));
@@ -1018,16 +1061,23 @@ static int pending_adopt(struct mig_comm *c, struct tcp_comm *tc, struct pending
     return 0;
 }
 
-/* Looks at every complete hello and proof buffered on ep: challenges hellos of our epoch,
- * adopts proven connections, rejects stale ones, refuses (and records) the rest. */
+/* Whether pending p is a connection of c's epoch and channel (its hello is complete). */
+static bool pending_ours(const struct mig_comm *c, const struct pending *p) {
+    return get64(p->hello + 8) == c->epoch && hello_chan(get32(p->hello + 28)) == chan(c);
+}
+
+/* Looks at every complete hello and proof buffered on ep: challenges hellos of our epoch and
+ * channel, adopts the connections we challenged once proven, rejects stale ones (older than
+ * the endpoint's current epoch: a comm built ahead leaves the current epoch's to its side
+ * channel), refuses (and records) the rest. */
 static int pending_scan(struct mig_comm *c, struct tcp_comm *tc) {
     struct mig_endpoint *ep = c->ep;
     for (size_t i = 0; i < ep->npend;) {
         struct pending *p = &ep->pend[i];
         const char *why = NULL;
         if (p->st == PEND_PROOF) {
-            if (p->got < PROOF_SIZE) {
-                i++;
+            if (p->got < PROOF_SIZE || !pending_ours(c, p)) {
+                i++; /* not all here, or challenged by the other build */
                 continue;
             }
             if (pending_adopt(c, tc, p, &why) < 0) {
@@ -1042,15 +1092,16 @@ static int pending_scan(struct mig_comm *c, struct tcp_comm *tc) {
             continue;
         }
         uint64_t epoch = get64(p->hello + 8);
-        if (epoch < c->epoch) {
+        if (epoch < ep->min_epoch) {
             st_log(ST_LOG_INFO, "migrate", "rank %d: rejecting rank %u of stale epoch %llu "
                    "(now %llu)", c->rank, get32(p->hello + 16), (unsigned long long)epoch,
                    (unsigned long long)c->epoch);
             pending_refuse(ep, i, -ESTALE, NULL);
             continue;
         }
-        if (epoch > c->epoch || hello_chan(get32(p->hello + 28)) != chan(c)) {
-            i++; /* for a later mig_comm_new, or the epoch's other channel */
+        if (!pending_ours(c, p)) {
+            i++; /* for a later mig_comm_new, the epoch's other channel, or the current
+                    epoch's side channel while we build ahead */
             continue;
         }
         int status = pending_challenge(c, tc, p, &why);
@@ -1094,8 +1145,13 @@ static int tcp_init(struct mig_comm *c, const char *const *peer_addrs) {
 
     if (!ep && c->nranks > 1)
         return -EINVAL;
-    if (ep && ep->any_epoch && c->epoch < ep->min_epoch)
-        return -ESTALE;
+    if (ep) {
+        pthread_mutex_lock(&ep->lock);
+        bool stale = ep->any_epoch && c->epoch < ep->min_epoch;
+        pthread_mutex_unlock(&ep->lock);
+        if (stale)
+            return -ESTALE;
+    }
     tc = st_calloc(1, sizeof(*tc));
     if (!tc)
         return -ENOMEM;
@@ -1115,9 +1171,13 @@ static int tcp_init(struct mig_comm *c, const char *const *peer_addrs) {
         out[i].fd = -1;
     if (c->nranks == 1)
         goto out; /* nothing to connect; no endpoint needed */
-    if (!ep->any_epoch || c->epoch > ep->min_epoch)
-        ep->min_epoch = c->epoch; /* a side channel comes after its epoch's main comm */
+    pthread_mutex_lock(&ep->lock);
+    /* A side channel comes after its epoch's main comm; one built ahead leaves the current
+     * epoch current until mig_comm_enter(). */
+    if (!ep->any_epoch || (!c->ahead && c->epoch > ep->min_epoch))
+        ep->min_epoch = c->epoch;
     ep->any_epoch = true;
+    pthread_mutex_unlock(&ep->lock);
     for (int j = c->rank + 1; j < c->nranks; j++) {
         if (!peer_addrs[j] || parse_addr(peer_addrs[j], &out[j].addr) < 0) {
             st_log(ST_LOG_ERR, "migrate", "rank %d: bad address '%s' for rank %d", c->rank,
@@ -1131,7 +1191,7 @@ static int tcp_init(struct mig_comm *c, const char *const *peer_addrs) {
 
     double deadline = st_now() + c->timeout_s;
     for (;;) {
-        if (atomic_load(&c->cancelled)) {
+        if (atomic_load(&c->cancelled) || (c->stop && atomic_load(c->stop))) {
             r = -ECANCELED;
             goto out;
         }
@@ -1144,8 +1204,12 @@ static int tcp_init(struct mig_comm *c, const char *const *peer_addrs) {
             r = -ECANCELED;
             goto out;
         }
+        pthread_mutex_lock(&ep->lock);
         listener_progress(ep);
-        TRY_GOTO(pending_scan(c, tc), r, out);
+        r = pending_scan(c, tc);
+        pthread_mutex_unlock(&ep->lock);
+        if (r < 0)
+            goto out;
         bool all = true;
         for (int j = c->rank + 1; j < c->nranks; j++) {
             TRY_GOTO(out_progress(c, &out[j], j), r, out);
@@ -1171,9 +1235,13 @@ static int tcp_init(struct mig_comm *c, const char *const *peer_addrs) {
         nfds_t np = 0;
         double wake = deadline;
         pfd[np++] = (struct pollfd){.fd = ep->fd, .events = POLLIN};
+        /* The other build may close one of these before we poll: poll then says POLLNVAL (or
+         * a new socket on the same number wakes us), and the next round looks again. */
+        pthread_mutex_lock(&ep->lock);
         for (size_t i = 0; i < ep->npend; i++)
             if (ep->pend[i].st == PEND_PROOF || ep->pend[i].got < HELLO_SIZE)
                 pfd[np++] = (struct pollfd){.fd = ep->pend[i].fd, .events = POLLIN};
+        pthread_mutex_unlock(&ep->lock);
         for (int j = c->rank + 1; j < c->nranks; j++) {
             if (out[j].st == OUT_CONNECTING || out[j].st == OUT_HELLO || out[j].st == OUT_PROOF)
                 pfd[np++] = (struct pollfd){.fd = out[j].fd, .events = POLLOUT};
@@ -1205,18 +1273,23 @@ static int tcp_init(struct mig_comm *c, const char *const *peer_addrs) {
     }
     if (c->tls)
         TRY_GOTO(tls_start(c, tc, pfd), r, out);
+    pthread_mutex_lock(&ep->lock);
     ep->built[chan(c)] = true;
     ep->built_epoch[chan(c)] = c->epoch;
+    pthread_mutex_unlock(&ep->lock);
 out:
-    if (ep && c->nranks > 1)
-        /* Challenged connections of this epoch that never proved themselves: strangers, or
-         * peers of an attempt that is over either way. */
+    if (ep && c->nranks > 1) {
+        /* Connections we challenged that never proved themselves: strangers, or peers of an
+         * attempt that is over either way. */
+        pthread_mutex_lock(&ep->lock);
         for (size_t i = 0; i < ep->npend;) {
-            if (ep->pend[i].st == PEND_PROOF)
+            if (ep->pend[i].st == PEND_PROOF && pending_ours(c, &ep->pend[i]))
                 pending_refuse(ep, i, 0, "no proof before the epoch was built");
             else
                 i++;
         }
+        pthread_mutex_unlock(&ep->lock);
+    }
     if (out)
         for (int j = 0; j < c->nranks; j++) {
             if (out[j].fd >= 0)
@@ -1628,7 +1701,9 @@ static int tcp_batch(struct mig_comm *c, struct mig_op *ops, size_t n) {
             goto out;
         }
 
-    double deadline = st_now() + c->timeout_s;
+    /* Until we hear from a peer, an early rank's longer wait (mig_comm_set_first_wait). */
+    double limit = c->first_wait > 0 && !c->heard ? c->first_wait : c->timeout_s;
+    double deadline = st_now() + limit;
     while (left) {
         bool progress = false, any_ready = false;
         if (atomic_load_explicit(&c->cancelled, memory_order_relaxed)) {
@@ -1658,6 +1733,10 @@ static int tcp_batch(struct mig_comm *c, struct mig_op *ops, size_t n) {
             }
             if (m > 0)
                 progress = true;
+            if (m > 0 && q % 2 == 1 && !c->heard) {
+                c->heard = true;
+                limit = c->timeout_s;
+            }
             if (st[i].finished) {
                 head[q] = st[i].next;
                 left--;
@@ -1671,12 +1750,12 @@ static int tcp_batch(struct mig_comm *c, struct mig_op *ops, size_t n) {
         if (!left)
             break;
         if (progress)
-            deadline = st_now() + c->timeout_s;
+            deadline = st_now() + limit;
         if (any_ready)
             continue;
         if (st_now() >= deadline) {
             st_log(ST_LOG_ERR, "migrate", "rank %d: epoch %llu: no progress for %.3g s",
-                   c->rank, (unsigned long long)c->epoch, c->timeout_s);
+                   c->rank, (unsigned long long)c->epoch, limit);
             r = -ETIMEDOUT;
             goto out;
         }

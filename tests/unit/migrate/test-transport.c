@@ -2,7 +2,8 @@
  * (empty, small, 64 MiB streamed), concurrent batches, collectives over subgroups checked
  * byte-exact against a serial reference, and the failure paths: a peer that dies, a peer that
  * never comes, a stale epoch, a size mismatch, a build the coordinator abandoned; and the
- * epoch's side channel driven by a thread of its own beside the main comm, and cancelled.
+ * epoch's side channel driven by a thread of its own beside the main comm, and cancelled; and
+ * the next epoch's comm built ahead of its boundary beside the current epoch's side channel.
  *
  * The one idea: every rank is a forked process (rank-util.h), so failures are real closed
  * sockets, and every wait is bounded by the transport's own timeout. */
@@ -10,6 +11,7 @@
 #include <linux/tcp.h> /* struct tcp_info with tcpi_snd_wnd (netinet/tcp.h's may lack it) */
 #include <netinet/in.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -101,6 +103,58 @@ static int timeout_rank(int rank, int n, struct mig_endpoint *ep, const char *co
 
 static int test_set_timeout(void) {
     return run_ok(2, timeout_rank, NULL);
+}
+
+/* mig_comm_set_first_wait: rank 1 (a spare at the boundary early) has a 0.3 s no-progress
+ * limit but waits its first wait for rank 0, which trains 1 s before it sends; once heard
+ * from, the short limit holds again (-ETIMEDOUT). On the next epoch's comm, still waiting to
+ * hear, it learns at once that rank 0 gave that epoch up: rank 0 frees its comm. */
+static int first_wait_rank(int rank, int n, struct mig_endpoint *ep, const char *const *addrs,
+                           void *arg) {
+    struct mig_comm *c, *c3;
+    char b[16] = {0};
+    RCHECK_R(mig_comm_new("tcp", ep, 2, rank, n, addrs, 600.0, &c), 0);
+    if (rank == 0) {
+        struct timespec ts = {1, 0};
+        nanosleep(&ts, NULL);
+        RCHECK_R(mig_send(c, 1, b, sizeof(b)), 0);
+        RCHECK_R(mig_recv(c, 1, b, 4), -ECONNRESET); /* rank 1 timed out: its stream shut */
+        mig_comm_free(c);
+        RCHECK_R(mig_comm_new("tcp", ep, 3, rank, n, addrs, 600.0, &c3), 0);
+        mig_comm_free(c3); /* gives epoch 3 up */
+        return 0;
+    }
+    RCHECK_R(mig_comm_set_timeout(c, 0.3), 0);
+    RCHECK_R(mig_comm_set_first_wait(c, TMO), 0);
+    double t0 = st_now();
+    RCHECK_R(mig_recv(c, 0, b, sizeof(b)), 0);
+    RCHECK(st_now() - t0 > 0.3);
+    t0 = st_now();
+    RCHECK_R(mig_recv(c, 0, b, 4), -ETIMEDOUT);
+    RCHECK(st_now() - t0 < 10.0);
+    mig_comm_free(c);
+    RCHECK_R(mig_comm_new("tcp", ep, 3, rank, n, addrs, 600.0, &c3), 0);
+    RCHECK_R(mig_comm_set_first_wait(c3, 600.0), 0);
+    t0 = st_now();
+    RCHECK_R(mig_recv(c3, 0, b, 4), -ECONNRESET);
+    RCHECK(st_now() - t0 < 60.0);
+    mig_comm_free(c3);
+    return 0;
+}
+
+static int test_first_wait(void) {
+    ASSERT_EQ(run_ok(2, first_wait_rank, NULL), 0);
+    struct mig_comm *c = NULL;
+    struct mig_endpoint *ep;
+    ASSERT_OK(mig_endpoint_new("127.0.0.1", 0, &ep));
+    const char *addrs[1] = {mig_endpoint_addr(ep)};
+    ASSERT_OK(mig_comm_new("tcp", ep, 1, 0, 1, addrs, 1.0, &c));
+    ASSERT_ERR(mig_comm_set_first_wait(c, 0), -EINVAL);
+    ASSERT_ERR(mig_comm_set_first_wait(c, NAN), -EINVAL);
+    ASSERT_ERR(mig_comm_set_first_wait(NULL, 1.0), -EINVAL);
+    mig_comm_free(c);
+    mig_endpoint_free(ep);
+    return 0;
 }
 
 /* Every rank sends 3 MiB to every other at once and receives from all: without concurrent
@@ -945,6 +999,105 @@ static int move_rank(int rank, int n, struct mig_endpoint *ep, const char *const
     return 0;
 }
 
+/* ---- built ahead of the boundary (mig_comm_new_ahead) -------------------------------- */
+
+struct ahead_job {
+    struct mig_endpoint *ep;
+    const char *const *addrs;
+    const struct mig_auth *auth;
+    int rank, n;
+    _Atomic bool *stop;
+    struct mig_comm *c;
+    int rc;
+};
+
+static void *ahead_build(void *p) {
+    struct ahead_job *j = p;
+    j->rc = mig_comm_new_ahead(j->ep, 3, j->rank, j->n, j->addrs, j->auth, TMO, j->stop, &j->c);
+    return NULL;
+}
+
+/* Epoch 2 trains on (sums on its comm) while epoch 3's comm is built ahead on a thread, and
+ * this thread builds epoch 2's side channel and rings on it: the two builds share the
+ * endpoint. Rank 0 starts its ahead build only once its side channel is up, so ranks 1 and 2
+ * build their side channels while their ahead builds wait for rank 0: both builds run at once
+ * on one endpoint, and epoch 2's side hellos must not be taken as stale by the build of 3.
+ * After mig_comm_enter(), epoch 2 is stale. */
+static int ahead_rank(int rank, int n, struct mig_endpoint *ep, const char *const *addrs,
+                      void *arg) {
+    (void)arg;
+    struct mig_comm *c, *side, *old = NULL;
+    struct mig_auth auth;
+    memset(&auth, 0, sizeof(auth));
+    memset(auth.key, 0x3c, sizeof(auth.key));
+    snprintf(auth.job_id, sizeof(auth.job_id), "ahead-test");
+    const char *raddrs[RU_MAX];
+    for (int i = 0; i < n; i++)
+        raddrs[i] = addrs[n - 1 - i];
+    int srank = n - 1 - rank;
+    RCHECK_R(mig_comm_new_auth("tcp", ep, 2, rank, n, addrs, &auth, TMO, &c), 0);
+    mig_endpoint_abandon(ep, 3); /* epoch 3 is ordered: 2 trains on to its boundary */
+    struct ahead_job j = {ep, addrs, &auth, rank, n, NULL, NULL, -1};
+    pthread_t th;
+    if (rank != 0)
+        RCHECK_R(pthread_create(&th, NULL, ahead_build, &j), 0);
+    RCHECK_R(mig_comm_new_auth("tcp", ep, 2 | MIG_EPOCH_SIDE, srank, n, raddrs, &auth, TMO,
+                               &side), 0);
+    if (rank == 0)
+        RCHECK_R(pthread_create(&th, NULL, ahead_build, &j), 0);
+    RCHECK_R(ring_beside_sums(side, srank, c, rank, n, 4u << 20), 0);
+    pthread_join(th, NULL);
+    RCHECK_R(j.rc, 0);
+    RCHECK_R(mig_comm_epoch(j.c), 3);
+    RCHECK_R(mig_comm_new_auth("tcp", ep, 1 | MIG_EPOCH_SIDE, srank, n, raddrs, &auth, TMO,
+                               &old), -ESTALE);
+    /* the boundary: epoch 3 is current, 2 is stale, and 3's comm works */
+    mig_comm_enter(j.c);
+    mig_comm_enter(j.c); /* twice: nothing more */
+    RCHECK_R(mig_comm_new_auth("tcp", ep, 2 | MIG_EPOCH_SIDE, srank, n, raddrs, &auth, TMO,
+                               &old), -ESTALE);
+    RCHECK_R(sums_on(j.c, rank, n), 0);
+    mig_comm_free(side);
+    mig_comm_free(c);
+    mig_comm_free(j.c);
+    return 0;
+}
+
+static void *stop_later(void *p) {
+    struct timespec ts = {0, 100 * 1000 * 1000};
+    nanosleep(&ts, NULL); /* usually inside the build by now; either order must give -ECANCELED */
+    atomic_store((_Atomic bool *)p, true);
+    return NULL;
+}
+
+/* An ahead build whose peer never comes gives up at once when *stop is set, from another
+ * thread or before it started, and when the coordinator abandons its epoch; not for the side
+ * channel. */
+static int test_ahead(void) {
+    ASSERT_EQ(run_ok(3, ahead_rank, NULL), 0);
+    struct mig_endpoint *a;
+    struct mig_comm *c = NULL;
+    _Atomic bool stop = false;
+    ASSERT_OK(mig_endpoint_new("127.0.0.1", 0, &a));
+    const char *addrs[2] = {mig_endpoint_addr(a), "127.0.0.1:1"}; /* rank 1 never listens */
+    pthread_t th;
+    double t0 = st_now();
+    ASSERT_EQ(pthread_create(&th, NULL, stop_later, &stop), 0);
+    ASSERT_ERR(mig_comm_new_ahead(a, 2, 0, 2, addrs, NULL, 60.0, &stop, &c), -ECANCELED);
+    pthread_join(th, NULL);
+    ASSERT_TRUE(st_now() - t0 < 30.0);
+    ASSERT_ERR(mig_comm_new_ahead(a, 2, 0, 2, addrs, NULL, 60.0, &stop, &c), -ECANCELED);
+    mig_endpoint_abandon(a, 4);
+    ASSERT_ERR(mig_comm_new_ahead(a, 3 | MIG_EPOCH_MOVE, 0, 2, addrs, NULL, 60.0, NULL, &c),
+               -ECANCELED);
+    ASSERT_ERR(mig_comm_new_ahead(a, 4 | MIG_EPOCH_SIDE, 0, 2, addrs, NULL, 1.0, NULL, &c),
+               -EINVAL);
+    ASSERT_TRUE(c == NULL);
+    mig_comm_enter(NULL);
+    mig_endpoint_free(a);
+    return 0;
+}
+
 static int test_move_channel(void) {
     ASSERT_EQ(run_ok(3, move_rank, NULL), 0);
     struct mig_comm *c = NULL;
@@ -963,8 +1116,8 @@ static int test_side_channel(void) {
     return 0;
 }
 
-TEST_MAIN(TEST(test_p2p), TEST(test_set_timeout), TEST(test_batch_all_to_all), TEST(test_collectives),
+TEST_MAIN(TEST(test_p2p), TEST(test_set_timeout), TEST(test_first_wait), TEST(test_batch_all_to_all), TEST(test_collectives),
           TEST(test_dead_peer), TEST(test_no_show), TEST(test_epochs), TEST(test_size_mismatch),
           TEST(test_bad_args), TEST(test_alloc_failures), TEST(test_abandon),
           TEST(test_side_channel), TEST(test_side_cut), TEST(test_shut),
-          TEST(test_move_channel))
+          TEST(test_move_channel), TEST(test_ahead))
