@@ -306,6 +306,14 @@ int cli_worker_job_main(int argc, char **argv) {
         goto out;
     }
     cfg->shared_move = shared > 0;
+    /* Benches: a live migration's comms are built at its boundary, not ahead of it, to
+     * measure what building them ahead buys. */
+    long at_boundary;
+    if (fault_count("SPOTTRAIN_TEST_CONNECT_AT_BOUNDARY", &at_boundary) < 0) {
+        ret = CLI_EXIT_INPUT;
+        goto out;
+    }
+    cfg->connect_at_boundary = at_boundary > 0;
     /* Faults for scripts/chaos and the tests: this worker's Nth checkpoint layer write fails
      * with ENOSPC; its Nth sending migration transfer, or its Nth peer-copy exchange, is cut
      * mid-message. */

@@ -113,6 +113,33 @@ struct deferbg {
     pthread_cond_t cond;       /* params_below rose, or th finished */
 };
 
+/* The next epoch's communicators, built ahead of its boundary (mig_comm_new_ahead): a live
+ * migration's order arrives a lease ahead, and while we train up to its boundary a thread of
+ * our own runs the handshakes with every participant (a spare that joins, already waiting in
+ * its own build, and the workers training beside us), so that the boundary finds them done
+ * and the stall holds the transfers and the hand-off only. The thread touches the endpoint
+ * (under its lock) and this struct; the runner thread takes the comms at the boundary
+ * (ahead_take) or drops them (ahead_drop: a failure, an order of another epoch, the end). */
+struct aheadbg {
+    pthread_t th;
+    bool running;              /* th was started and not joined */
+    uint64_t epoch;            /* whose comms are (being) built; 0: none */
+    _Atomic bool stop;         /* ahead_drop, or the boundary's wait ran out: give up */
+    bool finished;             /* th is done (under lock) */
+    struct mig_endpoint *ep;
+    int rank, n;
+    char (*addr)[MIG_ADDR_MAX]; /* the n participants' data addresses (the order may go) */
+    struct mig_auth auth;
+    bool move;                 /* the epoch's move channel too, after the main comm */
+    double wait;               /* seconds the build waits for the peers */
+    struct mig_comm *comm, *mc;
+    int result;
+    double t0, t_end;          /* st_now() when th started / finished */
+    /* Made with the runner. */
+    pthread_mutex_t lock;      /* guards finished, result, t_end, for cond */
+    pthread_cond_t cond;
+};
+
 struct runner {
     struct worker_runner_config cfg;
     struct worker_train_config tc;
@@ -157,6 +184,8 @@ struct runner {
     double pc_reported;       /* st_now() a copy last asked for an immediate Report */
     uint64_t prepared;        /* epoch whose reshape the engine was asked to make ready */
     struct deferbg df;        /* a migration's moments still moving after its boundary */
+    struct aheadbg ah;        /* the next epoch's comms, built while we train up to it */
+    double gate_waited;       /* seconds the step in progress waited at the move's gates */
     bool stalled;             /* cfg.stall_step was held once */
 };
 
@@ -559,6 +588,7 @@ static int defer_settle(struct runner *R) {
     double t = st_now();
     pthread_join(d->th, NULL);
     d->waited += st_now() - t;
+    R->gate_waited += st_now() - t;
     int r = d->result;
     if (R->eng) {
         worker_engine_set_gate(R->eng, NULL, NULL, NULL);
@@ -603,7 +633,39 @@ static int defer_layer_gate(void *userdata, int layer) {
     bool in = d->params_below > layer;
     pthread_mutex_unlock(&d->lock);
     d->waited += st_now() - t;
+    R->gate_waited += st_now() - t;
     return in ? 0 : defer_settle(R);
+}
+
+/* A worker early at the boundary (a spare, whose order came a lease ahead) waits here, inside
+ * its migration, until the parameters of layer (its stage's first) are in: its peers, their
+ * handshakes done ahead of the boundary, send only once they have trained up to it. The wait
+ * is the migration's, not its first step's, whose own time the stall subtracts. It ends early
+ * when the move ends without them (a peer gave the epoch up and closed its connections: the
+ * first step's gate settles it, as any failure of the move after the boundary) or when the
+ * coordinator gives the epoch up (-ECANCELED). */
+static int defer_arrival(struct runner *R, uint64_t epoch, int layer) {
+    struct deferbg *d = &R->df;
+    bool in = false, gone = false;
+    pthread_mutex_lock(&d->lock);
+    while (!(in = d->params_below > layer) && !atomic_load(&d->finished) &&
+           !(gone = mig_endpoint_abandoned(R->ep) > epoch)) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 50 * 1000 * 1000;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        (void)pthread_cond_timedwait(&d->cond, &d->lock, &ts);
+    }
+    pthread_mutex_unlock(&d->lock);
+    if (!in && gone) {
+        st_log(ST_LOG_WARN, "runner", "Epoch %llu: given up while waiting for the peers to "
+               "reach the boundary", (unsigned long long)epoch);
+        return -ECANCELED; /* the caller's failure path cancels the move */
+    }
+    return 0;
 }
 
 /* Ends the moments in flight: cancelled (the batch ends within 50 ms), joined, forgotten.
@@ -626,9 +688,52 @@ static void defer_cancel(struct runner *R) {
     defer_free(R);
 }
 
+/* ---- the next epoch's comms, built ahead (struct aheadbg) ---------------------------------- */
+
+static void *ahead_main(void *arg) {
+    struct aheadbg *a = arg;
+    const char **addrs = st_calloc((size_t)a->n, sizeof(*addrs));
+    int r = -ENOMEM;
+    if (addrs) {
+        for (int i = 0; i < a->n; i++)
+            addrs[i] = a->addr[i];
+        r = mig_comm_new_ahead(a->ep, a->epoch, a->rank, a->n, addrs, &a->auth, a->wait,
+                               &a->stop, &a->comm);
+        if (r >= 0 && a->move)
+            r = mig_comm_new_ahead(a->ep, a->epoch | MIG_EPOCH_MOVE, a->rank, a->n, addrs,
+                                   &a->auth, a->wait, &a->stop, &a->mc);
+    }
+    st_free(addrs);
+    pthread_mutex_lock(&a->lock);
+    a->result = r;
+    a->t_end = st_now();
+    a->finished = true;
+    pthread_cond_broadcast(&a->cond);
+    pthread_mutex_unlock(&a->lock);
+    return NULL;
+}
+
+/* Stops the build (within 50 ms), joins it, and closes what it built: our peers' halves fail
+ * at once rather than wait. */
+static void ahead_drop(struct runner *R) {
+    struct aheadbg *a = &R->ah;
+    if (a->running) {
+        atomic_store(&a->stop, true);
+        pthread_join(a->th, NULL);
+        a->running = false;
+    }
+    a->comm = mig_comm_free(a->comm);
+    a->mc = mig_comm_free(a->mc);
+    st_free(a->addr);
+    a->addr = NULL;
+    mig_auth_clear(&a->auth);
+    a->epoch = 0;
+}
+
 /* ---- epochs --------------------------------------------------------------------------------- */
 
 static void drop_state(struct runner *R) {
+    ahead_drop(R);
     defer_cancel(R);
     peer_side_drop(R);
     R->eng = worker_engine_free(R->eng);
@@ -640,6 +745,7 @@ static void drop_state(struct runner *R) {
  * and drops the engine, whose contents are undefined now. What survives is on disk and in
  * the peer copies (R->peers), which a failure never touches: a restore starts from those. */
 static void fail_state(struct runner *R) {
+    ahead_drop(R);
     defer_cancel(R);
     peer_side_drop(R);
     R->failed = true;
@@ -997,6 +1103,128 @@ static bool into_pipeline(struct peerlist pl) {
     return false;
 }
 
+/* The data-plane secret of a migration's epoch: the Migrate carries it for send-only
+ * participants, the Configure for all; *tls with it. */
+static const ProtobufCBinaryData *order_secret(const Spottrain__V1__Command *cfg,
+                                               const Spottrain__V1__Command *mig, bool *tls) {
+    const Spottrain__V1__Migrate *m = mig->migrate;
+    *tls = m->data_plane_tls;
+    if (m->data_plane_secret.len == 0 && cfg) {
+        *tls = cfg->configure->data_plane_tls;
+        return &cfg->configure->data_plane_secret;
+    }
+    return &m->data_plane_secret;
+}
+
+/* Into a pipeline, the new epoch's first step sends its messages on the communicator while
+ * the state still moves after the boundary: the move gets a channel of its own, so the step
+ * waits only for what it reads (the layer gate, the update's gate) rather than for every byte
+ * of the move at its first message. Every participant decides alike, from the Migrate alone,
+ * and all of them build it (a collective), those that move nothing too. */
+static bool wants_move(const struct runner *R, const Spottrain__V1__Migrate *m,
+                       struct peerlist pl, bool restore) {
+    return m->defer_moments && !restore && pl.n > 1 && into_pipeline(pl) && !R->cfg.shared_move;
+}
+
+/* Starts building the comms of mig's epoch ahead of its boundary (struct aheadbg), once per
+ * epoch; called while we train up to that boundary. Nothing when it cannot (no secret, an
+ * address too long, no thread): the boundary builds them as before. */
+static void ahead_start(struct runner *R, const Spottrain__V1__Command *cfg,
+                        const Spottrain__V1__Command *mig) {
+    struct aheadbg *a = &R->ah;
+    bool tls;
+    const ProtobufCBinaryData *secret = order_secret(cfg, mig, &tls);
+    struct peerlist pl = order_peers(cfg, mig);
+    if (R->cfg.connect_at_boundary || a->epoch == mig->epoch || a->running ||
+        secret->len != MIG_KEY_BYTES || !secret->data || pl.n < 2 || pl.n > INT_MAX)
+        return;
+    int me = -1;
+    for (size_t i = 0; i < pl.n; i++) {
+        if (strlen(pl.p[i]->data_addr) >= MIG_ADDR_MAX)
+            return;
+        if (!strcmp(pl.p[i]->worker_id, worker_agent_id(R->agent)))
+            me = (int)i;
+    }
+    if (me < 0 || !(a->addr = st_calloc(pl.n, sizeof(*a->addr))))
+        return;
+    for (size_t i = 0; i < pl.n; i++)
+        snprintf(a->addr[i], sizeof(a->addr[i]), "%s", pl.p[i]->data_addr);
+    memset(&a->auth, 0, sizeof(a->auth));
+    memcpy(a->auth.key, secret->data, MIG_KEY_BYTES);
+    worker_agent_job_id(R->agent, a->auth.job_id);
+    a->auth.tls = tls;
+    a->epoch = mig->epoch;
+    a->ep = R->ep;
+    a->rank = me;
+    a->n = (int)pl.n;
+    a->move = wants_move(R, mig->migrate, pl, false);
+    /* The peers may be as far as a spare still making its engine: as the spare's own wait. */
+    a->wait = R->cfg.timeout + R->cfg.reconfig_timeout;
+    a->comm = a->mc = NULL;
+    a->finished = false;
+    a->result = 0;
+    atomic_store(&a->stop, false);
+    a->t0 = st_now();
+    if (pthread_create(&a->th, NULL, ahead_main, a) != 0) {
+        ahead_drop(R);
+        return;
+    }
+    a->running = true;
+    st_log(ST_LOG_DEBUG, "runner", "Epoch %llu: connecting to its %d participants ahead of "
+           "step %llu", (unsigned long long)a->epoch, a->n,
+           (unsigned long long)mig->migrate->at_step);
+}
+
+/* At the boundary: the comms built ahead, once the build is over; it may still wait for the
+ * slowest peer to get its order, as a build at the boundary would, and as long (the data
+ * plane's timeout from now). The comms then count the epoch as the endpoint's current one and
+ * have the usual no-progress limit. Whatever the outcome, nothing is left built ahead. */
+static int ahead_take(struct runner *R, struct mig_comm **comm, struct mig_comm **move,
+                      int *rank) {
+    struct aheadbg *a = &R->ah;
+    double t_take = st_now(), until = t_take + R->cfg.timeout;
+    bool late = false;
+    pthread_mutex_lock(&a->lock);
+    while (!a->finished) {
+        if (!late && st_now() >= until) {
+            atomic_store(&a->stop, true); /* it returns within 50 ms */
+            late = true;
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 20 * 1000 * 1000;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        (void)pthread_cond_timedwait(&a->cond, &a->lock, &ts);
+    }
+    int r = a->result;
+    pthread_mutex_unlock(&a->lock);
+    pthread_join(a->th, NULL);
+    a->running = false;
+    if (late && r == -ECANCELED) {
+        st_log(ST_LOG_ERR, "runner", "Epoch %llu: the peers did not all connect within %.3g s "
+               "of the boundary", (unsigned long long)a->epoch, R->cfg.timeout);
+        r = -ETIMEDOUT;
+    }
+    if (r >= 0)
+        st_log(ST_LOG_INFO, "runner", "Epoch %llu: its comms were built ahead in %.6f s, "
+               "%.6f s before the boundary", (unsigned long long)a->epoch, a->t_end - a->t0,
+               ST_MAX(0.0, t_take - a->t_end));
+    if (r >= 0 && (r = mig_comm_set_timeout(a->comm, R->cfg.timeout)) >= 0 &&
+        (!a->mc || (r = mig_comm_set_timeout(a->mc, R->cfg.timeout)) >= 0)) {
+        mig_comm_enter(a->comm);
+        mig_comm_enter(a->mc);
+        *comm = a->comm;
+        *move = a->mc;
+        *rank = a->rank;
+        a->comm = a->mc = NULL;
+    }
+    ahead_drop(R);
+    return r;
+}
+
 /* mode=migrate at the boundary: reshape (or create) the engine on the migration's comm, move
  * the transfers, commit. cfg is NULL for a send-only participant. A peer restore
  * (Migrate.peer_copy_epoch) creates the engine and fills it from pg, our generation of the
@@ -1021,13 +1249,8 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
     struct peerlist pl = order_peers(cfg, mig);
     memset(&st, 0, sizeof(st));
     TRY_GOTO(xfers_build(m, pl, R->nlayers, &x, &fc, &nx), r, out);
-    /* The Migrate carries the secret for send-only participants; the Configure for all. */
-    const ProtobufCBinaryData *secret = &m->data_plane_secret;
-    bool tls = m->data_plane_tls;
-    if (secret->len == 0 && cfg) {
-        secret = &cfg->configure->data_plane_secret;
-        tls = cfg->configure->data_plane_tls;
-    }
+    bool tls;
+    const ProtobufCBinaryData *secret = order_secret(cfg, mig, &tls);
     if (cfg) {
         const Spottrain__V1__Configure *cf = cfg->configure;
         if (!cf->shape)
@@ -1065,18 +1288,30 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
     bool early = created && !restore;
     if (!early && !restore && R->cfg.boundary_delay > 0)
         hold_until_moved_on(R, mig->epoch, R->cfg.boundary_delay);
-    TRY_GOTO(comm_build(R, mig->epoch, pl.p, pl.n, secret, tls,
-                        R->cfg.timeout + (early ? R->cfg.reconfig_timeout : 0), &comm, &rank),
-             r, out);
-    /* Into a pipeline, the new epoch's first step sends its messages on the communicator while
-     * the state still moves after the boundary: the move gets a channel of its own, so the
-     * step waits only for what it reads (the layer gate, the update's gate) rather than for
-     * every byte of the move at its first message. Every participant decides alike, from the
-     * Migrate alone, and all of them build it (a collective), those that move nothing too. */
-    if (m->defer_moments && !restore && pl.n > 1 && into_pipeline(pl) && !R->cfg.shared_move) {
-        int mrank;
-        TRY_GOTO(comm_build(R, mig->epoch | MIG_EPOCH_MOVE, pl.p, pl.n, secret, tls,
-                            R->cfg.timeout, &move, &mrank), r, out);
+    if (R->ah.epoch == mig->epoch) {
+        /* Built while we trained up to here (ahead_start): what is left is the wait for the
+         * slowest peer's handshake, if it came late. */
+        TRY_GOTO(ahead_take(R, &comm, &move, &rank), r, out);
+        relay_auth_failures(R);
+    } else {
+        TRY_GOTO(comm_build(R, mig->epoch, pl.p, pl.n, secret, tls,
+                            R->cfg.timeout + (early ? R->cfg.reconfig_timeout : 0), &comm,
+                            &rank), r, out);
+        if (wants_move(R, m, pl, restore)) {
+            int mrank;
+            TRY_GOTO(comm_build(R, mig->epoch | MIG_EPOCH_MOVE, pl.p, pl.n, secret, tls,
+                                R->cfg.timeout, &move, &mrank), r, out);
+        }
+    }
+    if (early) {
+        /* Those that train up to the boundary may have connected ahead of it, and send only
+         * once there: as far as a lease of their slowest steps, which we wait for as we
+         * would have in the handshake. */
+        TRY_GOTO(mig_comm_set_first_wait(comm, R->cfg.timeout + R->cfg.reconfig_timeout), r,
+                 out);
+        if (move)
+            TRY_GOTO(mig_comm_set_first_wait(move, R->cfg.timeout + R->cfg.reconfig_timeout),
+                     r, out);
     }
     double t_comm = st_now();
     if (created) {
@@ -1171,6 +1406,9 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
             worker_engine_set_gate(R->eng, defer_gate, defer_layer_gate, R);
             /* On a channel of its own the move does not hold up the pipeline's messages. */
             worker_engine_gate_messages(R->eng, mc == comm);
+            if (early && cfg && cfg->configure->stage < (uint32_t)lay.pp)
+                TRY_GOTO(defer_arrival(R, mig->epoch,
+                                       lay.stage_lo[cfg->configure->stage]), r, out);
         } else {
             (void)worker_engine_copy_kept_moments(R->eng);
             worker_engine_hold_old(R->eng, false);
@@ -1353,6 +1591,8 @@ static void poll_notice(struct runner *R) {
 static bool try_reconfigure(struct runner *R) {
     char mode[16], dir[ST_SPEC_PATH_MAX];
     int split[WORKER_MAX_STAGES + 1], nsplit = 0;
+    if (R->ah.epoch && (!R->pmig || R->pmig->epoch != R->ah.epoch))
+        ahead_drop(R); /* its order was replaced or given up */
     if (!R->pcfg && !R->pmig)
         return false;
     if (R->pcfg && worker_configure_setup(R->pcfg->configure, mode, sizeof(mode), split,
@@ -1466,6 +1706,9 @@ static bool try_reconfigure(struct runner *R) {
     }
     bool have_state = R->eng != NULL;
     if (have_state && R->done < at) {
+        /* Meanwhile a thread of ours connects to the epoch's participants (struct aheadbg). */
+        if (copy_epoch == 0 && !R->failed && R->epoch + 1 == R->pmig->epoch)
+            ahead_start(R, R->pcfg, R->pmig);
         /* Train up to the boundary first; meanwhile the engine makes our new position's
          * memory ready on a thread of its own (worker_engine_reshape_prepare), so the
          * boundary finds it allocated and faulted in. Only an optimization: a failure here
@@ -1786,6 +2029,7 @@ static int runner_loop(struct runner *R) {
         }
         if (can_step(R)) {
             double t0 = st_now(), loss = NAN;
+            R->gate_waited = 0;
             int r = worker_engine_step(R->eng, R->done, &loss);
             if (r < 0) {
                 fail_state(R); /* closing our connections makes the peers fail fast too */
@@ -1799,10 +2043,15 @@ static int runner_loop(struct runner *R) {
             R->last_step_end = st_now();
             progress(R, R->last_step_end - t0, 0.0);
             if (R->first_epoch == R->epoch) {
-                /* The end of this epoch's first step ends its stall: say so at once. */
-                struct st_notice_figures f = {.epoch = R->epoch, .step = R->done,
-                                              .seconds = R->last_step_end - R->first_from,
-                                              .step_seconds = R->last_step_end - t0};
+                /* The end of this epoch's first step ends its stall: say so at once. Its
+                 * own time, which the stall subtracts (their median), leaves out what it
+                 * waited at the move's gates for state still moving: that wait is stall (a
+                 * spare's first step may wait there for peers still training up to the
+                 * boundary, their handshakes done ahead of it). */
+                struct st_notice_figures f = {
+                    .epoch = R->epoch, .step = R->done,
+                    .seconds = R->last_step_end - R->first_from,
+                    .step_seconds = ST_MAX(0.0, R->last_step_end - t0 - R->gate_waited)};
                 notice(R, "first-step", &f, "epoch=%llu step=%llu seconds=%.6f "
                        "step_seconds=%.6f", (unsigned long long)R->epoch,
                        (unsigned long long)R->done, f.seconds, f.step_seconds);
@@ -1875,6 +2124,8 @@ int worker_runner_run(const struct worker_runner_config *cfg) {
     pthread_cond_init(&R->cond, NULL);
     pthread_mutex_init(&R->df.lock, NULL);
     pthread_cond_init(&R->df.cond, NULL);
+    pthread_mutex_init(&R->ah.lock, NULL);
+    pthread_cond_init(&R->ah.cond, NULL);
     locks = true;
     r = worker_train_config_from_spec(&R->cfg.spec, &R->tc);
     if (r < 0) {
@@ -1933,6 +2184,8 @@ out:
         pthread_cond_destroy(&R->cond);
         pthread_mutex_destroy(&R->df.lock);
         pthread_cond_destroy(&R->df.cond);
+        pthread_mutex_destroy(&R->ah.lock);
+        pthread_cond_destroy(&R->ah.cond);
     }
     st_free(R);
     return r;

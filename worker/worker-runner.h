@@ -63,6 +63,9 @@ struct worker_runner_config {
                                          SIGKILLs itself once its state is sent, before it
                                          tells anyone, as a VM deleted the moment its worker
                                          acknowledges (SPOTTRAIN_TEST_LEAVE_KILLED=1) */
+    bool connect_at_boundary;         /* benches: a live migration's comms are built at its
+                                         boundary, as before they were built ahead of it
+                                         (SPOTTRAIN_TEST_CONNECT_AT_BOUNDARY=1) */
     bool shared_move;                 /* benches: a migration into a pipeline moves its state
                                          after the boundary on the main communicator, as
                                          before the move channel, and the first pipeline
