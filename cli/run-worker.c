@@ -314,6 +314,17 @@ int cli_worker_job_main(int argc, char **argv) {
         goto out;
     }
     cfg->connect_at_boundary = at_boundary > 0;
+    /* Tests: a peer late at the boundary. Only the worker on this node (SPOTTRAIN_NODE, which
+     * the sim sets) is held there (SPOTTRAIN_TEST_BOUNDARY_DELAY), and it builds its comms
+     * there rather than ahead, so the others' builds ahead wait for its handshake. */
+    const char *late = getenv("SPOTTRAIN_TEST_LATE_NODE");
+    if (late && *late) {
+        const char *node = getenv("SPOTTRAIN_NODE");
+        if (node && !strcmp(node, late))
+            cfg->connect_at_boundary = true;
+        else
+            cfg->boundary_delay = 0;
+    }
     /* Faults for scripts/chaos and the tests: this worker's Nth checkpoint layer write fails
      * with ENOSPC; its Nth sending migration transfer, or its Nth peer-copy exchange, is cut
      * mid-message. */

@@ -285,6 +285,19 @@ int worker_rendezvous_parse(const char *s, char *mode, size_t modesz, int *ret_s
     return 0;
 }
 
+/* Waits on c, with m held, for at most ms milliseconds (a wake-up, a timeout or a spurious
+ * return: the caller looks again). */
+static void cond_wait_ms(pthread_cond_t *c, pthread_mutex_t *m, long ms) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += ms * 1000 * 1000;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    (void)pthread_cond_timedwait(c, m, &ts);
+}
+
 /* ---- command queue (watch thread -> runner thread) ----------------------------------------- */
 
 static int on_command(struct worker_agent *a, const Spottrain__V1__Command *cmd, char *err,
@@ -650,14 +663,7 @@ static int defer_arrival(struct runner *R, uint64_t epoch, int layer) {
     pthread_mutex_lock(&d->lock);
     while (!(in = d->params_below > layer) && !atomic_load(&d->finished) &&
            !(gone = mig_endpoint_abandoned(R->ep) > epoch)) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 50 * 1000 * 1000;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
-        (void)pthread_cond_timedwait(&d->cond, &d->lock, &ts);
+        cond_wait_ms(&d->cond, &d->lock, 50);
     }
     pthread_mutex_unlock(&d->lock);
     if (!in && gone) {
@@ -1190,14 +1196,7 @@ static int ahead_take(struct runner *R, struct mig_comm **comm, struct mig_comm 
             atomic_store(&a->stop, true); /* it returns within 50 ms */
             late = true;
         }
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 20 * 1000 * 1000;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
-        (void)pthread_cond_timedwait(&a->cond, &a->lock, &ts);
+        cond_wait_ms(&a->cond, &a->lock, 20);
     }
     int r = a->result;
     pthread_mutex_unlock(&a->lock);
@@ -1207,6 +1206,13 @@ static int ahead_take(struct runner *R, struct mig_comm **comm, struct mig_comm 
         st_log(ST_LOG_ERR, "runner", "Epoch %llu: the peers did not all connect within %.3g s "
                "of the boundary", (unsigned long long)a->epoch, R->cfg.timeout);
         r = -ETIMEDOUT;
+    }
+    /* Given up while we were held before the boundary (a built comm does not look): a build
+     * at the boundary would have been refused so, and we must not move state for it. */
+    if (r >= 0 && mig_endpoint_abandoned(R->ep) > a->epoch) {
+        st_log(ST_LOG_WARN, "runner", "Epoch %llu: given up before its boundary; its comms, "
+               "built ahead, are closed", (unsigned long long)a->epoch);
+        r = -ECANCELED;
     }
     if (r >= 0)
         st_log(ST_LOG_INFO, "runner", "Epoch %llu: its comms were built ahead in %.6f s, "
@@ -2077,14 +2083,7 @@ static int runner_loop(struct runner *R) {
         }
         pthread_mutex_lock(&R->lock);
         if (R->nqueue == 0) {
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += 20 * 1000 * 1000;
-            if (ts.tv_nsec >= 1000000000L) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000L;
-            }
-            pthread_cond_timedwait(&R->cond, &R->lock, &ts);
+            cond_wait_ms(&R->cond, &R->lock, 20);
         }
         pthread_mutex_unlock(&R->lock);
     }

@@ -19,7 +19,12 @@ engine, can appear and then grow; `train --local --dp 2` shows it against `--dp 
               starts from a cost file (planner.migration_costs): its figures are the predictions
   inter       forced 2x2 -> 2x2 with a noticed worker replaced by a spare (inter-stage)
   inter-early the same with the positioned workers held 10 s at the boundary (past the data
-              plane's 8 s timeout): the spare, whose handshake started at its order, waits
+              plane's 8 s timeout): the spare, whose order came a lease ahead, waits for
+              them rather than fail the migration; its stall is at least the hold
+  ahead-late  a forced 1x2 -> 2x1 whose node-1 builds its comms only at the boundary and is
+              held there 20 s: the other worker, its comms built ahead, times out at the
+              boundary after the data plane's 8 s, the epoch restores from peer copies; same
+              bits
   trace-minute
               a named trace adding and removing a node in the same minute: it is removed
   pipeline    forced 2x1 -> 1x2 -> 1x3 (pipeline repartition)
@@ -528,9 +533,11 @@ def test_inter():
 
 def test_inter_early():
     # A spare gets its order a lease ahead of the boundary and starts its handshake at once;
-    # its peers reach the boundary only after their slow steps. Here they are held there 10 s
-    # (SPOTTRAIN_TEST_BOUNDARY_DELAY), past the data plane's 8 s timeout: the spare must wait
-    # for them (reconfig_timeout longer), not give up and fail the migration into a restore.
+    # its peers connect ahead of the boundary too, but send its state only once they reach it,
+    # after their slow steps. Here they are held there 10 s (SPOTTRAIN_TEST_BOUNDARY_DELAY),
+    # past the data plane's 8 s timeout: the spare must wait for them (reconfig_timeout
+    # longer, mig_comm_set_first_wait), not give up and fail the migration into a restore, and
+    # its wait is the migration's (the stall), not its first step's.
     # A 1x2 on node1, node2 with node3 spare; node2 noticed.
     # Its notice is 36 s of wall time: the 12 s the others get would leave the 10 s hold
     # about 1.5 s before the kill on a loaded machine.
@@ -1135,6 +1142,41 @@ def test_reconfig_timeout():
         events = journal_events(os.path.join(d, "state"), "loop", "epoch 2: % failed (%")
         check(len(events) == 1 and "timed out: nothing moved for" in events[0],
               "epoch 2 did not time out: %r" % events)
+        # Their comms were built ahead of the boundary: released, each gives the epoch up
+        # rather than move its state on them.
+        gave_up = journal_notices(os.path.join(d, "state"),
+                                  "reconfig-failed %epoch=2 mode=migrate: Operation canceled%")
+        check(len(gave_up) == 2, "both held workers did not give epoch 2 up: %r" %
+              journal_notices(os.path.join(d, "state"), "reconfig-failed %"))
+        epoch2_restored(s, steps)
+        same(ref, save)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_ahead_late():
+    # A live migration's comms are built ahead of its boundary, but one worker is late: node-1
+    # (SPOTTRAIN_TEST_LATE_NODE) builds its comms only at the boundary and is held there 20 s
+    # (SPOTTRAIN_TEST_BOUNDARY_DELAY, that worker alone). The other worker's build ahead waits
+    # for its handshake; at the boundary it waits the data plane's 8 s more and fails the
+    # migration with a timeout, rather than wait on or move state. The coordinator restores
+    # from the peer copies of the boundary; its order ends the late worker's hold (it gives
+    # the epoch up), and the job ends bitwise equal to the uninterrupted run.
+    d = tempfile.mkdtemp(prefix="st-run-")
+    try:
+        steps = 60
+        job = write_job(d, "late", steps, "seconds,N\n0,2\n",
+                        planner="dp: {min: 1, max: 2}",
+                        extra="  fault_tolerance: {peer_copy_every: 10}\n")
+        ref = reference(d, job, steps)
+        save, s = run(d, job, steps, ["--shapes", "0:1x2,20:2x1"],
+                      env={"SPOTTRAIN_TEST_BOUNDARY_DELAY": "20",
+                           "SPOTTRAIN_TEST_LATE_NODE": "node-1"})
+        state = os.path.join(d, "state")
+        late = journal_notices(state, "reconfig-failed %epoch=2 mode=migrate: Connection "
+                                      "timed out%")
+        check(len(late) == 1, "the worker on time did not time out once at the boundary: %r"
+              % journal_notices(state, "reconfig-failed %"))
         epoch2_restored(s, steps)
         same(ref, save)
     finally:
@@ -2290,7 +2332,7 @@ def test_tls():
 TESTS = {"tls": test_tls, "auth": test_auth, "restart": test_restart, "standalone": test_standalone, "central": test_central, "slow": test_slow, "intra": test_intra, "inter": test_inter,
          "pipeline": test_pipeline, "pipeline-notice": test_pipeline_notice,
          "reshard": test_reshard, "input": test_input,
-         "inter-early": test_inter_early, "trace-minute": test_trace_minute,
+         "inter-early": test_inter_early, "ahead-late": test_ahead_late, "trace-minute": test_trace_minute,
          "peer": test_peer, "peer-cut": test_peer_cut, "moments-cut": test_moments_cut,
          "reconfig-timeout": test_reconfig_timeout, "stuck": test_stuck, "zone": test_zone, "refused": test_refused,
          "mitm": test_mitm, "killed": test_killed}

@@ -677,7 +677,22 @@ static int test_abandon(void) {
 
 /* ---- the side channel (MIG_EPOCH_SIDE) ---------------------------------------------- */
 
-/* Side ranks are the main ranks reversed: the side channel names its own ranks. */
+/* An epoch's auth for the tests: the key all `fill` bytes. */
+static void test_auth(struct mig_auth *a, unsigned char fill, const char *job) {
+    memset(a, 0, sizeof(*a));
+    memset(a->key, fill, sizeof(a->key));
+    snprintf(a->job_id, sizeof(a->job_id), "%s", job);
+}
+
+/* Side ranks are the main ranks reversed (the side channel names its own ranks): raddrs gets
+ * the addresses by side rank; returns ours. */
+static int side_ranks(int rank, int n, const char *const *addrs, const char **raddrs) {
+    for (int i = 0; i < n; i++)
+        raddrs[i] = addrs[n - 1 - i];
+    return n - 1 - rank;
+}
+
+/* A ring on a side channel, run by side_ring on a thread. */
 struct side_job {
     struct mig_comm *side;
     int rank, n;
@@ -749,13 +764,9 @@ static int side_rank(int rank, int n, struct mig_endpoint *ep, const char *const
     (void)arg;
     struct mig_comm *c, *side, *c3;
     struct mig_auth auth;
-    memset(&auth, 0, sizeof(auth));
-    memset(auth.key, 0x5a, sizeof(auth.key));
-    snprintf(auth.job_id, sizeof(auth.job_id), "side-test");
+    test_auth(&auth, 0x5a, "side-test");
     const char *raddrs[RU_MAX];
-    for (int i = 0; i < n; i++)
-        raddrs[i] = addrs[n - 1 - i];
-    int srank = n - 1 - rank;
+    int srank = side_ranks(rank, n, addrs, raddrs);
     RCHECK_R(mig_comm_new_auth("tcp", ep, 2, rank, n, addrs, &auth, TMO, &c), 0);
     /* a live migration to epoch 3 ordered ahead: epoch 2 trains on, and so do its copies */
     mig_endpoint_abandon(ep, 3);
@@ -853,9 +864,7 @@ static int cut_rank(int rank, int n, struct mig_endpoint *ep, const char *const 
     bool blocked = arg != NULL;
     struct mig_comm *c, *side;
     struct mig_auth auth;
-    memset(&auth, 0, sizeof(auth));
-    memset(auth.key, 0x5b, sizeof(auth.key));
-    snprintf(auth.job_id, sizeof(auth.job_id), "cut-test");
+    test_auth(&auth, 0x5b, "cut-test");
     RCHECK_R(mig_comm_new_auth("tcp", ep, 2, rank, n, addrs, &auth, TMO, &c), 0);
     RCHECK_R(mig_comm_new_auth("tcp", ep, 2 | MIG_EPOCH_SIDE, rank, n, addrs, &auth, TMO,
                                &side), 0);
@@ -966,9 +975,7 @@ static int move_rank(int rank, int n, struct mig_endpoint *ep, const char *const
     (void)arg;
     struct mig_comm *c, *move, *side, *old = NULL, *late = NULL;
     struct mig_auth auth;
-    memset(&auth, 0, sizeof(auth));
-    memset(auth.key, 0x5c, sizeof(auth.key));
-    snprintf(auth.job_id, sizeof(auth.job_id), "move-test");
+    test_auth(&auth, 0x5c, "move-test");
     RCHECK_R(mig_comm_new_auth("tcp", ep, 2, rank, n, addrs, &auth, TMO, &c), 0);
     RCHECK_R(mig_comm_new_auth("tcp", ep, 2 | MIG_EPOCH_MOVE, rank, n, addrs, &auth, TMO, &move),
              0);
@@ -1028,13 +1035,9 @@ static int ahead_rank(int rank, int n, struct mig_endpoint *ep, const char *cons
     (void)arg;
     struct mig_comm *c, *side, *old = NULL;
     struct mig_auth auth;
-    memset(&auth, 0, sizeof(auth));
-    memset(auth.key, 0x3c, sizeof(auth.key));
-    snprintf(auth.job_id, sizeof(auth.job_id), "ahead-test");
+    test_auth(&auth, 0x3c, "ahead-test");
     const char *raddrs[RU_MAX];
-    for (int i = 0; i < n; i++)
-        raddrs[i] = addrs[n - 1 - i];
-    int srank = n - 1 - rank;
+    int srank = side_ranks(rank, n, addrs, raddrs);
     RCHECK_R(mig_comm_new_auth("tcp", ep, 2, rank, n, addrs, &auth, TMO, &c), 0);
     mig_endpoint_abandon(ep, 3); /* epoch 3 is ordered: 2 trains on to its boundary */
     struct ahead_job j = {ep, addrs, &auth, rank, n, NULL, NULL, -1};
