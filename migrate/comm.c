@@ -163,6 +163,11 @@ int mig_comm_set_first_wait(struct mig_comm *c, double seconds) {
 }
 
 /* See migrate.h. */
+double mig_comm_heard_at(const struct mig_comm *c) {
+    return comm_ok(c) ? atomic_load(&((struct mig_comm *)c)->heard_at) : 0;
+}
+
+/* See migrate.h. */
 void mig_comm_cancel(struct mig_comm *c) {
     if (comm_ok(c))
         atomic_store(&c->cancelled, true);

@@ -52,7 +52,7 @@ struct mig_comm {
     int rank, nranks;
     double timeout_s;  /* seconds without progress before -ETIMEDOUT */
     double first_wait; /* mig_comm_set_first_wait: the limit until heard (0: timeout_s) */
-    bool heard;        /* a byte was received on c */
+    _Atomic double heard_at; /* st_now() when c received its first byte; 0: not yet */
     bool keyed;        /* built with a secret: messages carry MACs */
     bool tls;          /* keyed and encrypted: connections run TLS 1.3, no GMAC trailers */
     struct mig_auth auth; /* all-zero key when !keyed; wiped by mig_comm_free */

@@ -173,6 +173,10 @@ int mig_comm_set_timeout(struct mig_comm *c, double timeout_s);
  * that gives the epoch up closes its connections, which ends the wait.) Call before c is used
  * from another thread. Returns 0, -EINVAL (bad comm or seconds). */
 int mig_comm_set_first_wait(struct mig_comm *c, double seconds);
+/* st_now() when c received its first byte (0: not yet, or a bad comm). Safe from any thread
+ * while c is alive: a rank early at a boundary measures its first step from there, when its
+ * peers began to send (the runner's first-step figures). "tcp" only (0 on nccl). */
+double mig_comm_heard_at(const struct mig_comm *c);
 /* The batch running on c in another thread, and every later call on c, give up within 50 ms
  * with -ECANCELED; the streams with unfinished messages are unusable afterwards. Safe from any
  * thread while c is alive. NULL-safe. */

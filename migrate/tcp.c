@@ -1702,7 +1702,8 @@ static int tcp_batch(struct mig_comm *c, struct mig_op *ops, size_t n) {
         }
 
     /* Until we hear from a peer, an early rank's longer wait (mig_comm_set_first_wait). */
-    double limit = c->first_wait > 0 && !c->heard ? c->first_wait : c->timeout_s;
+    bool heard = atomic_load(&c->heard_at) > 0;
+    double limit = c->first_wait > 0 && !heard ? c->first_wait : c->timeout_s;
     double deadline = st_now() + limit;
     while (left) {
         bool progress = false, any_ready = false;
@@ -1733,8 +1734,9 @@ static int tcp_batch(struct mig_comm *c, struct mig_op *ops, size_t n) {
             }
             if (m > 0)
                 progress = true;
-            if (m > 0 && q % 2 == 1 && !c->heard) {
-                c->heard = true;
+            if (m > 0 && q % 2 == 1 && !heard) {
+                heard = true;
+                atomic_store(&c->heard_at, st_now());
                 limit = c->timeout_s;
             }
             if (st[i].finished) {

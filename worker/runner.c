@@ -186,6 +186,8 @@ struct runner {
     struct deferbg df;        /* a migration's moments still moving after its boundary */
     struct aheadbg ah;        /* the next epoch's comms, built while we train up to it */
     double gate_waited;       /* seconds the step in progress waited at the move's gates */
+    bool early_first;         /* the epoch's first step is a rank's that was early at its
+                                 boundary: its own time counts from its peers' first bytes */
     bool stalled;             /* cfg.stall_step was held once */
 };
 
@@ -591,6 +593,28 @@ static void defer_failed(struct runner *R, int r) {
            st_strerror(r));
 }
 
+/* The earliest time one of the epoch's comms (main, move: NULL-safe) received a byte; 0 when
+ * neither has yet. */
+static double first_heard(const struct mig_comm *a, const struct mig_comm *b) {
+    double x = mig_comm_heard_at(a), y = mig_comm_heard_at(b);
+    return x > 0 && (y <= 0 || x < y) ? x : y;
+}
+
+/* Where the epoch's first step starts counting its own time, for a step that started at t0:
+ * for a worker that was early at the boundary, not before its peers' first bytes. */
+static double own_from(const struct runner *R, double t0) {
+    double h = R->early_first ? first_heard(R->comm, R->move) : 0;
+    return h > t0 ? h : t0;
+}
+
+/* A wait at the move's gates that began at t ended now: its part within the step's own time
+ * counts in gate_waited (a wait of an early worker's before its peers sent is not). */
+static void gate_count(struct runner *R, double t) {
+    double now = st_now(), from = own_from(R, t);
+    if (now > from)
+        R->gate_waited += now - from;
+}
+
 /* Waits for the moments in flight, if any: tells the migration's "reconfigured" once they
  * are in, or "reconfig-failed". Returns the batch's result (0 when none ran). The engine
  * lets the old position's buffers go either way. */
@@ -601,7 +625,7 @@ static int defer_settle(struct runner *R) {
     double t = st_now();
     pthread_join(d->th, NULL);
     d->waited += st_now() - t;
-    R->gate_waited += st_now() - t;
+    gate_count(R, t);
     int r = d->result;
     if (R->eng) {
         worker_engine_set_gate(R->eng, NULL, NULL, NULL);
@@ -646,32 +670,8 @@ static int defer_layer_gate(void *userdata, int layer) {
     bool in = d->params_below > layer;
     pthread_mutex_unlock(&d->lock);
     d->waited += st_now() - t;
-    R->gate_waited += st_now() - t;
+    gate_count(R, t);
     return in ? 0 : defer_settle(R);
-}
-
-/* A worker early at the boundary (a spare, whose order came a lease ahead) waits here, inside
- * its migration, until the parameters of layer (its stage's first) are in: its peers, their
- * handshakes done ahead of the boundary, send only once they have trained up to it. The wait
- * is the migration's, not its first step's, whose own time the stall subtracts. It ends early
- * when the move ends without them (a peer gave the epoch up and closed its connections: the
- * first step's gate settles it, as any failure of the move after the boundary) or when the
- * coordinator gives the epoch up (-ECANCELED). */
-static int defer_arrival(struct runner *R, uint64_t epoch, int layer) {
-    struct deferbg *d = &R->df;
-    bool in = false, gone = false;
-    pthread_mutex_lock(&d->lock);
-    while (!(in = d->params_below > layer) && !atomic_load(&d->finished) &&
-           !(gone = mig_endpoint_abandoned(R->ep) > epoch)) {
-        cond_wait_ms(&d->cond, &d->lock, 50);
-    }
-    pthread_mutex_unlock(&d->lock);
-    if (!in && gone) {
-        st_log(ST_LOG_WARN, "runner", "Epoch %llu: given up while waiting for the peers to "
-               "reach the boundary", (unsigned long long)epoch);
-        return -ECANCELED; /* the caller's failure path cancels the move */
-    }
-    return 0;
 }
 
 /* Ends the moments in flight: cancelled (the batch ends within 50 ms), joined, forgotten.
@@ -769,6 +769,7 @@ static void epoch_started(struct runner *R, uint64_t epoch, double ordered) {
     if (R->first_epoch == 0 || R->first_from <= 0)
         R->first_from = R->last_step_end > 0 ? R->last_step_end : ordered;
     R->first_epoch = epoch;
+    R->early_first = false; /* the caller says otherwise after */
 }
 
 /* Relays the connections our data plane refused to the coordinator, one notice each (it
@@ -1412,9 +1413,6 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
             worker_engine_set_gate(R->eng, defer_gate, defer_layer_gate, R);
             /* On a channel of its own the move does not hold up the pipeline's messages. */
             worker_engine_gate_messages(R->eng, mc == comm);
-            if (early && cfg && cfg->configure->stage < (uint32_t)lay.pp)
-                TRY_GOTO(defer_arrival(R, mig->epoch,
-                                       lay.stage_lo[cfg->configure->stage]), r, out);
         } else {
             (void)worker_engine_copy_kept_moments(R->eng);
             worker_engine_hold_old(R->eng, false);
@@ -1470,6 +1468,7 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
     R->nckpt = 0;
     if (cfg)
         epoch_started(R, mig->epoch, t0);
+    R->early_first = early;
     double t_end = st_now();
     double stall = t_end - (R->blocked_since > 0 ? R->blocked_since : t0);
     progress(R, 0.0, stall); /* before the notice: the same Report carries both */
@@ -2050,17 +2049,22 @@ static int runner_loop(struct runner *R) {
             progress(R, R->last_step_end - t0, 0.0);
             if (R->first_epoch == R->epoch) {
                 /* The end of this epoch's first step ends its stall: say so at once. Its
-                 * own time, which the stall subtracts (their median), leaves out what it
-                 * waited at the move's gates for state still moving: that wait is stall (a
-                 * spare's first step may wait there for peers still training up to the
-                 * boundary, their handshakes done ahead of it). */
+                 * own time, which the stall subtracts (the first steps' median), leaves out
+                 * what it waited at the move's gates for state still moving: that wait is
+                 * stall. A worker early at the boundary (a spare) starts its first step as
+                 * soon as its migration is set up, while its peers, their handshakes done
+                 * ahead, still train up to the boundary: its own time counts from their
+                 * first bytes, when they got there. */
+                double from = own_from(R, t0);
                 struct st_notice_figures f = {
                     .epoch = R->epoch, .step = R->done,
                     .seconds = R->last_step_end - R->first_from,
-                    .step_seconds = ST_MAX(0.0, R->last_step_end - t0 - R->gate_waited)};
+                    .step_seconds = ST_MAX(0.0, R->last_step_end - from - R->gate_waited)};
                 notice(R, "first-step", &f, "epoch=%llu step=%llu seconds=%.6f "
-                       "step_seconds=%.6f", (unsigned long long)R->epoch,
-                       (unsigned long long)R->done, f.seconds, f.step_seconds);
+                       "step_seconds=%.6f gate_waited=%.6f heard_after=%.6f",
+                       (unsigned long long)R->epoch, (unsigned long long)R->done, f.seconds,
+                       f.step_seconds, R->gate_waited, from - t0);
+                R->early_first = false;
                 R->first_epoch = 0;
                 R->first_from = 0;
                 worker_agent_report_now(R->agent);

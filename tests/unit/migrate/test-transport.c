@@ -106,8 +106,9 @@ static int test_set_timeout(void) {
 }
 
 /* mig_comm_set_first_wait: rank 1 (a spare at the boundary early) has a 0.3 s no-progress
- * limit but waits its first wait for rank 0, which trains 1 s before it sends; once heard
- * from, the short limit holds again (-ETIMEDOUT). On the next epoch's comm, still waiting to
+ * limit but waits its first wait for rank 0, which trains 1 s before it sends, and
+ * mig_comm_heard_at says when that came; once heard from, the short limit holds again
+ * (-ETIMEDOUT). On the next epoch's comm, still waiting to
  * hear, it learns at once that rank 0 gave that epoch up: rank 0 frees its comm. */
 static int first_wait_rank(int rank, int n, struct mig_endpoint *ep, const char *const *addrs,
                            void *arg) {
@@ -127,8 +128,11 @@ static int first_wait_rank(int rank, int n, struct mig_endpoint *ep, const char 
     RCHECK_R(mig_comm_set_timeout(c, 0.3), 0);
     RCHECK_R(mig_comm_set_first_wait(c, TMO), 0);
     double t0 = st_now();
+    RCHECK(mig_comm_heard_at(c) == 0);
     RCHECK_R(mig_recv(c, 0, b, sizeof(b)), 0);
     RCHECK(st_now() - t0 > 0.3);
+    /* when the first byte came: after rank 0's second of training, by the end of the call */
+    RCHECK(mig_comm_heard_at(c) > t0 + 0.3 && mig_comm_heard_at(c) <= st_now());
     t0 = st_now();
     RCHECK_R(mig_recv(c, 0, b, 4), -ETIMEDOUT);
     RCHECK(st_now() - t0 < 10.0);
@@ -152,6 +156,7 @@ static int test_first_wait(void) {
     ASSERT_ERR(mig_comm_set_first_wait(c, 0), -EINVAL);
     ASSERT_ERR(mig_comm_set_first_wait(c, NAN), -EINVAL);
     ASSERT_ERR(mig_comm_set_first_wait(NULL, 1.0), -EINVAL);
+    ASSERT_TRUE(mig_comm_heard_at(NULL) == 0);
     mig_comm_free(c);
     mig_endpoint_free(ep);
     return 0;
