@@ -1120,6 +1120,24 @@ def test_moments_cut():
         shutil.rmtree(d, ignore_errors=True)
 
 
+def failed_repartition(name, env, extra, checks):
+    """A forced 1x2 -> 2x1 at step 20 on two instances, peer copies every 10 steps, run with
+    env (and extra spec lines): the repartition fails, one peer restore brings the job back,
+    and it ends bitwise equal to the uninterrupted run; checks(state) looks at the journal."""
+    d = tempfile.mkdtemp(prefix="st-run-")
+    try:
+        steps = 60
+        job = write_job(d, name, steps, "seconds,N\n0,2\n", planner="dp: {min: 1, max: 2}",
+                        extra="  fault_tolerance: {peer_copy_every: 10}\n" + extra)
+        ref = reference(d, job, steps)
+        save, s = run(d, job, steps, ["--shapes", "0:1x2,20:2x1"], env=env)
+        checks(os.path.join(d, "state"))
+        epoch2_restored(s, steps)
+        same(ref, save)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def test_reconfig_timeout():
     # A reconfiguration that moves nothing fails at coordinator.reconfig_timeout: both workers
     # of a 1x2 -> 2x1 repartition are held at its boundary (SPOTTRAIN_TEST_BOUNDARY_DELAY, as
@@ -1129,29 +1147,18 @@ def test_reconfig_timeout():
     # abandons a handshake), the job comes back from the peer copies of the boundary (a
     # restore is not held), and ends bitwise equal to the uninterrupted run. The hold's 60 s
     # would outlast the test: only the coordinator's timeout ends it.
-    d = tempfile.mkdtemp(prefix="st-run-")
-    try:
-        steps = 60
-        job = write_job(d, "rctimeout", steps, "seconds,N\n0,2\n",
-                        planner="dp: {min: 1, max: 2}",
-                        extra="  fault_tolerance: {peer_copy_every: 10}\n"
-                              "  coordinator: {reconfig_timeout: 2s}\n")
-        ref = reference(d, job, steps)
-        save, s = run(d, job, steps, ["--shapes", "0:1x2,20:2x1"],
-                      env={"SPOTTRAIN_TEST_BOUNDARY_DELAY": "60"})
-        events = journal_events(os.path.join(d, "state"), "loop", "epoch 2: % failed (%")
+    def checks(state):
+        events = journal_events(state, "loop", "epoch 2: % failed (%")
         check(len(events) == 1 and "timed out: nothing moved for" in events[0],
               "epoch 2 did not time out: %r" % events)
         # Their comms were built ahead of the boundary: released, each gives the epoch up
         # rather than move its state on them.
-        gave_up = journal_notices(os.path.join(d, "state"),
-                                  "reconfig-failed %epoch=2 mode=migrate: Operation canceled%")
+        gave_up = journal_notices(state, "reconfig-failed %epoch=2 mode=migrate: Operation "
+                                         "canceled%")
         check(len(gave_up) == 2, "both held workers did not give epoch 2 up: %r" %
-              journal_notices(os.path.join(d, "state"), "reconfig-failed %"))
-        epoch2_restored(s, steps)
-        same(ref, save)
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
+              journal_notices(state, "reconfig-failed %"))
+    failed_repartition("rctimeout", {"SPOTTRAIN_TEST_BOUNDARY_DELAY": "60"},
+                       "  coordinator: {reconfig_timeout: 2s}\n", checks)
 
 
 def test_ahead_late():
@@ -1162,25 +1169,13 @@ def test_ahead_late():
     # migration with a timeout, rather than wait on or move state. The coordinator restores
     # from the peer copies of the boundary; its order ends the late worker's hold (it gives
     # the epoch up), and the job ends bitwise equal to the uninterrupted run.
-    d = tempfile.mkdtemp(prefix="st-run-")
-    try:
-        steps = 60
-        job = write_job(d, "late", steps, "seconds,N\n0,2\n",
-                        planner="dp: {min: 1, max: 2}",
-                        extra="  fault_tolerance: {peer_copy_every: 10}\n")
-        ref = reference(d, job, steps)
-        save, s = run(d, job, steps, ["--shapes", "0:1x2,20:2x1"],
-                      env={"SPOTTRAIN_TEST_BOUNDARY_DELAY": "20",
-                           "SPOTTRAIN_TEST_LATE_NODE": "node-1"})
-        state = os.path.join(d, "state")
+    def checks(state):
         late = journal_notices(state, "reconfig-failed %epoch=2 mode=migrate: Connection "
                                       "timed out%")
         check(len(late) == 1, "the worker on time did not time out once at the boundary: %r"
               % journal_notices(state, "reconfig-failed %"))
-        epoch2_restored(s, steps)
-        same(ref, save)
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
+    failed_repartition("late", {"SPOTTRAIN_TEST_BOUNDARY_DELAY": "20",
+                                "SPOTTRAIN_TEST_LATE_NODE": "node-1"}, "", checks)
 
 
 def test_stuck():
