@@ -105,7 +105,7 @@ int cli_cmd_run(int argc, char **argv) {
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
-        double v;
+        double v = 0; /* parse_num sets it; gcc -O3 cannot see that (-Wmaybe-uninitialized) */
         switch (c) {
         case 'o': o.save = optarg; break;
         case 'j': o.json = optarg; break;

@@ -154,7 +154,7 @@ static int cmp_double(const void *a, const void *b) {
 /* The median of kind k's last fixed parts; -1 when none was observed. */
 static double fixed_median(const struct plan_fit *f, int k) {
     int n = ST_MIN(f->nfixed[k], FIT_MIG_WINDOW);
-    if (n == 0)
+    if (n <= 0) /* never below 0; said so, gcc -O3 bounds the memcpy below */
         return -1;
     double v[FIT_MIG_WINDOW];
     memcpy(v, f->fixed[k], (size_t)n * sizeof(double));
