@@ -283,6 +283,18 @@ int cli_worker_job_main(int argc, char **argv) {
         }
         cfg->boundary_delay = h;
     }
+    /* Tests: the tied copies of wte move late after a migration's boundary. */
+    const char *tied = getenv("SPOTTRAIN_TEST_TIED_DELAY");
+    if (tied && *tied) {
+        char *e;
+        double h = strtod(tied, &e);
+        if (*e || !(h >= 0) || h > 60) {
+            fprintf(stderr, "spottrain worker: invalid SPOTTRAIN_TEST_TIED_DELAY '%s'\n", tied);
+            ret = CLI_EXIT_INPUT;
+            goto out;
+        }
+        cfg->tied_delay = h;
+    }
     /* Tests: this worker's step N hangs (it keeps reporting) until the coordinator moves on. */
     long stall;
     if (fault_count("SPOTTRAIN_TEST_STALL_STEP", &stall) < 0) {

@@ -84,9 +84,10 @@ struct reconf_note {
 
 /* State after the boundary (fleet.data_plane.overlap, Migrate.defer_moments): a live
  * migration's transfers move on the new epoch's communicator on a thread of their own while
- * the first step computes: the parameters first, layer by layer in layer order, then the
- * optimizer moments. Each forward pass waits at the engine's layer gate until the layer it is
- * about to read is in (params_below); the engine's gate (worker_engine_set_gate) waits for
+ * the first step computes: the parameters first, layer by layer in layer order (the tied
+ * copies of wte that later stages' heads read last), then the optimizer moments. Each forward
+ * pass waits at the engine's layer gate until the layer it is about to read is in
+ * (params_below; a head for all the parameters); the engine's gate (worker_engine_set_gate) waits for
  * the whole move before the step first uses the communicator or the moments. The thread
  * touches only the comm and the buffers `ptrs` names (the old position's, which the engine
  * holds for it, and the new one's); the runner thread waits for it (defer_settle) before
@@ -99,9 +100,11 @@ struct deferbg {
     bool own;                  /* comm is the epoch's move channel */
     struct worker_engine *eng; /* a reshaped engine whose kept moments the thread copies */
     size_t copied;             /* bytes of those */
-    struct mig_xfer *x;        /* the parameters' transfers by layer, then the moments' */
+    struct mig_xfer *x;        /* the parameters by layer, tied copies last; moments */
     float **ptrs;              /* per transfer: this rank's buffer (NULL: not ours) */
     size_t n, nparam;          /* transfers; x[0..nparam) are parameters */
+    size_t ntied;              /* x[nparam-ntied..nparam) are tied copies of wte */
+    double tied_delay;         /* tests: seconds slept before those (cfg.tied_delay) */
     int params_below;          /* every parameter of a layer below this is in (th, lock) */
     int result;
     double t0, t_end;          /* st_now() when the batch started / ended (set by th) */
@@ -541,6 +544,12 @@ static int defer_buf(void *userdata, const struct mig_xfer *x, bool send, float 
     return 0;
 }
 
+static void sleep_s(double s) {
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+}
+
 static void defer_announce(struct deferbg *d, int params_below, bool finished) {
     pthread_mutex_lock(&d->lock);
     d->params_below = params_below;
@@ -553,12 +562,17 @@ static void defer_announce(struct deferbg *d, int params_below, bool finished) {
 static void *defer_main(void *arg) {
     struct deferbg *d = arg;
     int r = 0;
-    /* The parameters, a batch per layer, each announced as soon as it is in. */
+    /* The parameters, a batch per layer, each announced as soon as it is in; the tied copies
+     * of layer 0 come last and are announced with the end of the parameters. */
+    size_t tied = d->nparam - d->ntied;
     for (size_t i = 0, j; r >= 0 && i < d->nparam; i = j) {
-        for (j = i; j < d->nparam && d->x[j].layer == d->x[i].layer; j++)
+        for (j = i; j < d->nparam && d->x[j].layer == d->x[i].layer && (j < tied) == (i < tied);
+             j++)
             ;
+        if (i == tied && d->tied_delay > 0)
+            sleep_s(d->tied_delay);
         r = mig_execute(d->comm, d->x + i, j - i, defer_buf, d, NULL);
-        if (r >= 0)
+        if (r >= 0 && (int)d->x[i].layer + 1 > d->params_below)
             defer_announce(d, (int)d->x[i].layer + 1, false);
     }
     if (r >= 0) {
@@ -781,12 +795,6 @@ static void relay_auth_failures(struct runner *R) {
         notice(R, "data-auth-failed", FIG(.epoch = f[i].epoch),
                "peer=%s epoch=%llu why=%s", f[i].peer,
                (unsigned long long)f[i].epoch, f[i].why);
-}
-
-static void sleep_s(double s) {
-    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-        ;
 }
 
 /* Tests (boundary_delay, stall_step): holds this worker for `seconds`, as a slow peer, a hung
@@ -1110,6 +1118,13 @@ static bool into_pipeline(struct peerlist pl) {
     return false;
 }
 
+/* Whether x moves parameters into the last stage's tied copy of wte (layer 0 into a stage
+ * after the first: only stage 0 holds layer 0 as its own). */
+static bool tied_copy(struct peerlist pl, const struct mig_xfer *x) {
+    uint32_t s = (size_t)x->dst < pl.n ? pl.p[x->dst]->stage : 0;
+    return x->kind == ST_STATE_PARAM && x->layer == 0 && s != WORKER_RUNNER_SPARE_STAGE && s > 0;
+}
+
 /* The data-plane secret of a migration's epoch: the Migrate carries it for send-only
  * participants, the Configure for all; *tls with it. */
 static const ProtobufCBinaryData *order_secret(const Spottrain__V1__Command *cfg,
@@ -1351,11 +1366,11 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
     }
     nx = keep;
     /* State after the boundary (struct deferbg): every participant orders the list alike,
-     * the parameters' transfers by layer (stable), then the optimizer moments' in the
-     * Migrate's order, so each connection carries them in the same order at both ends
+     * the parameters' transfers by layer (stable; the later stages' tied copies of wte after
+     * every layer), then the optimizer moments' in the Migrate's order, so each connection carries them in the same order at both ends
      * whether a participant runs them in one batch or in several. Nothing is left for the
      * boundary itself. */
-    size_t nd = 0, nparam = 0;
+    size_t nd = 0, nparam = 0, ntied = 0;
     if (m->defer_moments && !restore) {
         xd = st_calloc(nx ? nx : 1, sizeof(*xd));
         if (!xd)
@@ -1366,8 +1381,13 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
                 top = x[i].layer;
         for (uint32_t l = 0; l <= top; l++)
             for (size_t i = 0; i < nx; i++)
-                if (x[i].kind == ST_STATE_PARAM && x[i].layer == l)
+                if (x[i].kind == ST_STATE_PARAM && x[i].layer == l && !tied_copy(pl, &x[i]))
                     xd[nd++] = x[i];
+        /* A later stage's tied copy of wte last: its head reads it after every layer of the
+         * stage (WORKER_ENGINE_TIED_LAYER at the gate), the stage's first layer at once. */
+        for (size_t i = 0; i < nx; i++)
+            if (x[i].kind == ST_STATE_PARAM && tied_copy(pl, &x[i]))
+                xd[nd++] = x[i], ntied++;
         nparam = nd;
         for (size_t i = 0; i < nx; i++)
             if (x[i].kind != ST_STATE_PARAM)
@@ -1397,6 +1417,8 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
         d->x = xd;
         d->n = nd;
         d->nparam = nparam;
+        d->ntied = ntied;
+        d->tied_delay = R->cfg.tied_delay;
         d->params_below = 0;
         xd = NULL;
         d->eng = reshaped ? R->eng : NULL;

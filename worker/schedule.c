@@ -63,7 +63,7 @@ static int forward(struct worker_engine *e, uint64_t step, int m) {
         float dloss = 1.0f / ((float)e->cfg.global_batch * (float)mc->seq_len);
         double sum = 0.0;
         if (v->tied0)
-            TRY(worker__layer_gate(e, 0));
+            TRY(worker__layer_gate(e, WORKER_ENGINE_TIED_LAYER));
         TRY(kern_head_forward_backward(mc, head_wte(e), B, sl->out[v->hi - v->lo - 1],
                                        sl->targets, dloss, w->logits, w->losses, w->grad_head,
                                        w->dbuf[0], &sum));

@@ -72,6 +72,10 @@ struct worker_runner_config {
                                          message waits for all of it
                                          (SPOTTRAIN_TEST_SHARED_MOVE=1; every worker of the
                                          job must agree) */
+    double tied_delay;                /* tests: a live migration's move after the boundary
+                                         waits this long, seconds, before the tied copies of
+                                         wte, which it moves last, so the head's gate must
+                                         wait for them (SPOTTRAIN_TEST_TIED_DELAY) */
     worker_notice_poll_fn *poll_notice; /* NULL = no cloud notices */
     void *notice_userdata;
     worker_state_left_fn *state_left;   /* NULL = nothing to tell */

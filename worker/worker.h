@@ -17,6 +17,7 @@
 #ifndef ST_WORKER_H
 #define ST_WORKER_H
 
+#include <limits.h> /* INT_MAX */
 #include <stddef.h>
 #include <stdint.h>
 
@@ -191,8 +192,10 @@ int worker_engine_position_bytes(const struct worker_train_config *cfg,
  * worker_engine_gate_messages() said the move runs on a channel of its own (then at the
  * update). It waits for that move; a negative return fails the step with it. The layer gate,
  * until the gate is called or cleared, is called by every forward pass before it first reads
- * a layer's parameters (layer 0 also before the last stage's head reads its tied copy of
- * wte), and waits for those. NULL clears both. Setting a gate makes messages wait again. */
+ * a layer's parameters (WORKER_ENGINE_TIED_LAYER before the last stage's head reads its tied
+ * copy of wte), and waits for those. NULL clears both. Setting a gate makes messages wait
+ * again. */
+#define WORKER_ENGINE_TIED_LAYER (INT_MAX - 1) /* after every layer: a move sends it last */
 typedef int worker_engine_gate_fn(void *userdata);
 typedef int worker_engine_layer_gate_fn(void *userdata, int layer);
 void worker_engine_set_gate(struct worker_engine *e, worker_engine_gate_fn *fn,

@@ -526,9 +526,17 @@ def spare_takes_over(name, nodes, removed, planner, steps, env=None, notice="120
 def test_inter():
     # 5 instances: a 2x2 job and one spare (node5); node3 holds stage 1, replica 0. Its
     # notice, read by its worker from the sim's IMDS endpoint, moves that stage's weights and
-    # moments to the spare.
-    s = spare_takes_over("inter", 5, 3, "dp: 2, pp: 2", 1000)
+    # moments to the spare. The parameters move after the boundary, the last stage's tied copy
+    # of wte last, since its head reads it after every layer of the stage
+    # (WORKER_ENGINE_TIED_LAYER); here the move waits 1.5 s before it
+    # (SPOTTRAIN_TEST_TIED_DELAY), so the spare's first step must wait at its head's gate, or
+    # read a wte it does not have yet and end with other bits.
+    s = spare_takes_over("inter", 5, 3, "dp: 2, pp: 2", 1000,
+                         env={"SPOTTRAIN_TEST_TIED_DELAY": "1.5"})
     check(s["worker_notices"] >= 1, "no worker read the notice from its IMDS endpoint")
+    ab = kinds(s)[0]["after_boundary"]
+    check(ab["waited_seconds"] >= 1.0, "the spare's first step waited %.3f s for the tied copy "
+          "held back 1.5 s" % ab["waited_seconds"])
 
 
 def test_inter_early():
