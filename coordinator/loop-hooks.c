@@ -33,6 +33,13 @@ static void hook_report(struct coord *c, const struct coord_report *r, void *use
     }
     if (w && r->step_seconds > 0)
         w->step_seconds = r->step_seconds;
+    /* The epoch's steady step time, for its stall: the steps reported after the first. */
+    struct lfirst *fh = w ? &w->fh[0] : NULL;
+    if (fh && r->step_seconds > 0 && fh->epoch && r->epoch == fh->epoch && r->step > fh->step &&
+        fh->nlater < LOOP_LATER_STEPS && (fh->nlater == 0 || r->step != fh->later_step)) {
+        fh->later[fh->nlater++] = r->step_seconds;
+        fh->later_step = r->step;
+    }
     if (w) {
         w->step = r->step;
         w->loss = r->loss;
@@ -54,12 +61,13 @@ static void hook_report(struct coord *c, const struct coord_report *r, void *use
             w->recv = f->recv;
             w->sent = f->sent;
             w->replayed = f->replayed;
-            w->prewarmed = f->prewarmed;
             w->stall = f->stall;
-            w->parts = (struct coord_loop_stall_parts){f->wait, f->connect, f->reshape,
-                                                       f->transfer, f->commit, 0.0};
-            w->deferred = f->deferred;
-            w->waited = f->waited;
+            if (w->rh[0].epoch != f->epoch)
+                w->rh[1] = w->rh[0];
+            w->rh[0] = (struct lreconf){
+                f->epoch, f->prewarmed,
+                {f->wait, f->connect, f->reshape, f->transfer, f->commit, 0.0},
+                f->deferred, f->waited};
         } else if (!strcmp(k, "reconfig-failed")) {
             w->reconf_fail_epoch = f->epoch;
         } else if (!strcmp(k, "step-failed")) {
@@ -80,9 +88,11 @@ static void hook_report(struct coord *c, const struct coord_report *r, void *use
                 L->peer_refused_need = f->need;
             L->peer_refused = true;
         } else if (!strcmp(k, "first-step")) {
-            w->first_epoch = f->epoch;
-            w->first_seconds = f->seconds;
-            w->first_step_seconds = f->step_seconds;
+            if (w->fh[0].epoch != f->epoch)
+                w->fh[1] = w->fh[0];
+            w->fh[0] = (struct lfirst){.epoch = f->epoch, .step = f->step,
+                                       .seconds = f->seconds,
+                                       .step_seconds = f->step_seconds};
         } else if (!strcmp(k, "checkpointed")) {
             w->ckpt_step = f->step;
             snprintf(w->ckpt_dir, sizeof(w->ckpt_dir), "%s", f->dir);

@@ -37,6 +37,10 @@ enum loop_phase {
 };
 
 /* What the loop learned about one worker from its notices (hooks). */
+/* Steps after a worker's first in an epoch whose times the epoch's stall waits for (its
+ * median step time: stall_done). */
+#define LOOP_LATER_STEPS 3
+
 struct lworker {
     char id[ST_UUID_STR_LEN];
     bool terminate;            /* relayed a cloud interruption notice */
@@ -45,10 +49,15 @@ struct lworker {
     uint64_t reconf_fail_epoch;
     uint64_t recv, sent;       /* bytes of that reconfiguration */
     uint64_t replayed;         /* steps its rollback to a peer copy undid */
-    uint64_t prewarmed;        /* bytes its new engine took from its warm reserve */
     double stall;
-    struct coord_loop_stall_parts parts; /* of that reconfiguration; rest unused */
-    double deferred, waited;   /* its state after the boundary: moving, waited for */
+    /* The figures of its last two "reconfigured" notices, by epoch: an epoch's stall is known
+     * steps after its first (stall_done), when the next may have been reported already. */
+    struct lreconf {
+        uint64_t epoch;        /* 0: none */
+        uint64_t prewarmed;    /* bytes its new engine took from its warm reserve */
+        struct coord_loop_stall_parts parts; /* rest unused */
+        double deferred, waited; /* its state after the boundary: moving, waited for */
+    } rh[2];
     uint64_t fail_epoch;       /* epoch in which a step or checkpoint failed; 0 = none */
     double step_seconds;       /* wall seconds of its last step */
     uint64_t meas_epoch;       /* epoch whose step times it reports are measured (the first
@@ -66,9 +75,18 @@ struct lworker {
     double ckw_seconds;        /* how long writing those layers took */
     char ckw_dir[ST_SPEC_PATH_MAX];
     uint64_t pc_epoch[2], pc_step[2]; /* its peer-copy generations (epoch, step; 0 = none) */
-    uint64_t first_epoch;      /* last epoch whose first step it reported */
-    double first_seconds;      /* end of its last step before that epoch to the end of this */
-    double first_step_seconds; /* that step's own time */
+    /* Its first steps of the last two epochs it reported one of, newest first, and the steps
+     * after each: an epoch's stall waits for those (stall_done), and the next epoch may have
+     * begun by then. */
+    struct lfirst {
+        uint64_t epoch;        /* 0: none */
+        uint64_t step;         /* the first step's number */
+        double seconds;        /* end of its last step before the epoch to the end of this */
+        double step_seconds;   /* that step's own time */
+        double later[LOOP_LATER_STEPS]; /* the times of steps after it, as reported */
+        int nlater;
+        uint64_t later_step;   /* the step of later[nlater - 1] */
+    } fh[2];
 };
 
 /* A cloud instance as the provider reported it. */

@@ -1009,12 +1009,18 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* Once every positioned worker of the running epoch reported its first step: the stall of
- * the chain of reconfigurations that led to it (shared/DESIGN.md): the longest span from a
- * worker's last step before the chain to the end of its first step in this epoch, minus the
- * median of those first steps' own times. Every record of the chain (failed ones too) shows
+/* Once every positioned worker of the running epoch reported its first step and
+ * LOOP_LATER_STEPS steps after it: the stall of the chain of reconfigurations that led to it
+ * (shared/DESIGN.md): the longest span from a worker's last step before the chain to the end
+ * of its first step in this epoch, minus the epoch's median step time, the median of those
+ * later steps' times. Not of the first steps: a pipeline's first step waits for its
+ * neighbours, so a new stage's wait for its parameters is in every first step, and a median
+ * of them took part of it back out of the stall (with two workers, half); and every first
+ * step shares the cores with the move after the boundary. With settle (the epoch ends: the
+ * next reconfiguration is done or failed, or the job's last step), the later steps that came
+ * stand, or with none the first steps' own times. Every record of the chain (failed ones too) shows
  * it; the summary counts it once, under the kind of the epoch that ended the chain. */
-static void stall_done(struct coord_loop *L, const struct wv *v, size_t nv) {
+static void stall_done(struct coord_loop *L, const struct wv *v, size_t nv, bool settle) {
     struct coord_loop_summary *S = &L->sum;
     if (L->stall_rec < 0 || L->chain < 0 || S->records[L->stall_rec].epoch != L->epoch)
         return;
@@ -1023,12 +1029,12 @@ static void stall_done(struct coord_loop *L, const struct wv *v, size_t nv) {
     bool by_run = L->phase == PH_RECONF;
     if (by_run && (L->run_epoch != L->epoch || !L->run_pos))
         return;
-    double span = 0, span_new = 0, steps[64];
+    double span = 0, span_new = 0, steps[64 * LOOP_LATER_STEPS], firsts[64];
     struct coord_loop_stall_parts parts = {0}, parts_new = {0};
     uint64_t prewarmed = 0;
     double after = 0, waited = 0;
-    int ns = 0;
-    bool all = true, old = false;
+    int ns = 0, nl = 0;
+    bool all = true, old = false, later = true;
     pthread_mutex_lock(&L->lock);
     for (size_t i = 0; i < nv && all; i++) {
         bool positioned = v[i].positioned;
@@ -1040,7 +1046,11 @@ static void stall_done(struct coord_loop *L, const struct wv *v, size_t nv) {
         if (!positioned || v[i].dead)
             continue;
         struct lworker *w = loop__lw_get(L, v[i].w.id);
-        if (!w || w->first_epoch != L->epoch) {
+        const struct lfirst *fh = NULL;
+        for (int j = 0; w && j < 2 && !fh; j++)
+            if (w->fh[j].epoch == L->epoch)
+                fh = &w->fh[j];
+        if (!fh) {
             all = false;
             break;
         }
@@ -1052,34 +1062,43 @@ static void stall_done(struct coord_loop *L, const struct wv *v, size_t nv) {
             was = !strcmp(L->prev_pos[p], v[i].w.id);
         /* The parts are those of the worker whose span sets the stall. */
         struct coord_loop_stall_parts wp = {0};
-        if (w->reconf_epoch == L->epoch) {
-            wp = w->parts;
-            prewarmed += w->prewarmed;
-            after = ST_MAX(after, w->deferred);
-            waited = ST_MAX(waited, w->waited);
-        }
+        for (int j = 0; j < 2; j++)
+            if (w->rh[j].epoch == L->epoch) {
+                wp = w->rh[j].parts;
+                prewarmed += w->rh[j].prewarmed;
+                after = ST_MAX(after, w->rh[j].deferred);
+                waited = ST_MAX(waited, w->rh[j].waited);
+            }
         if (was) {
-            if (!old || w->first_seconds > span) {
-                span = w->first_seconds;
+            if (!old || fh->seconds > span) {
+                span = fh->seconds;
                 parts = wp;
             }
             old = true;
-        } else if (w->first_seconds > span_new) {
-            span_new = w->first_seconds;
+        } else if (fh->seconds > span_new) {
+            span_new = fh->seconds;
             parts_new = wp;
         }
-        if (ns < (int)ST_ARRAY_SIZE(steps))
-            steps[ns++] = w->first_step_seconds;
+        if (ns < (int)ST_ARRAY_SIZE(firsts)) {
+            later = later && fh->nlater == LOOP_LATER_STEPS;
+            for (int j = 0; j < fh->nlater; j++)
+                steps[nl++] = fh->later[j];
+            firsts[ns++] = fh->step_seconds;
+        }
     }
     pthread_mutex_unlock(&L->lock);
     if (!old) {
         span = span_new;
         parts = parts_new;
     }
-    if (!all || ns == 0)
+    if (!all || ns == 0 || (!later && !settle))
         return;
-    qsort(steps, (size_t)ns, sizeof(steps[0]), cmp_double);
-    double med = ns % 2 ? steps[ns / 2] : 0.5 * (steps[ns / 2 - 1] + steps[ns / 2]);
+    /* Settling: whatever later steps came, else the first steps' own times. */
+    bool of_later = nl > 0;
+    double *st = of_later ? steps : firsts;
+    int n = of_later ? nl : ns;
+    qsort(st, (size_t)n, sizeof(st[0]), cmp_double);
+    double med = n % 2 ? st[n / 2] : 0.5 * (st[n / 2 - 1] + st[n / 2]);
     double stall = ST_MAX(0.0, span - med);
     parts.rest = stall - (parts.wait + parts.connect + parts.reshape + parts.transfer +
                           parts.commit);
@@ -1091,9 +1110,9 @@ static void stall_done(struct coord_loop *L, const struct wv *v, size_t nv) {
     S->records[L->stall_rec].after_waited = waited;
     struct coord_loop_record *rec = &S->records[L->stall_rec];
     st_log(ST_LOG_INFO, "loop", "Epoch %" PRIu64 " stall %.6f s: wait %.6f connect %.6f "
-           "reshape %.6f transfer %.6f commit %.6f rest %.6f (first-step median %.6f)",
+           "reshape %.6f transfer %.6f commit %.6f rest %.6f (step median %.6f, of %s)",
            L->epoch, stall, parts.wait, parts.connect, parts.reshape, parts.transfer,
-           parts.commit, parts.rest, med);
+           parts.commit, parts.rest, med, of_later ? "later steps" : "first steps");
     S->stall[rec->kind] += stall;
     if (rec->dp_reshard)
         S->stall[PLAN_RECONF_DP_RESHARDING] += stall;
@@ -1160,7 +1179,7 @@ static void phase_reconf(struct coord_loop *L, const struct wv *v, size_t nv, do
     char bad[160] = "";
     /* A migration ordered for a later boundary leaves the running epoch training until then:
      * its first step may come in now, and ends its own chain, not the next one's. */
-    stall_done(L, v, nv);
+    stall_done(L, v, nv, false);
     pthread_mutex_lock(&L->lock);
     for (size_t k = 0; k < L->rc.npart; k++) {
         struct lworker *w = loop__lw_get(L, L->rc.part[k]);
@@ -1205,6 +1224,8 @@ static void phase_reconf(struct coord_loop *L, const struct wv *v, size_t nv, do
         snprintf(bad, sizeof(bad), "timed out: nothing moved for %.0f s (ordered %.0f s ago)",
                  now - L->rc.alive, now - L->rc.started);
     }
+    if (failed || done >= L->rc.npart)
+        stall_done(L, v, nv, true); /* the running epoch's steps are over */
     if (failed) {
         record_done(L, false, moved, now);
         if (L->rc.rec.kind == PLAN_RECONF_PEER_RESTORE)
@@ -1345,7 +1366,7 @@ static void phase_running(struct coord_loop *L, const struct wv *v, size_t nv, d
         minstep = 0;
     if (npos > 0)
         L->max_step = ST_MAX(L->max_step, maxstep);
-    stall_done(L, v, nv);
+    stall_done(L, v, nv, minstep >= L->total);
     if (minstep > L->fail_at)
         L->restore_tries = 0; /* progress past every failed boundary: failures are not a loop */
     L->st.step = minstep;

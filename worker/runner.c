@@ -2071,7 +2071,8 @@ static int runner_loop(struct runner *R) {
             progress(R, R->last_step_end - t0, 0.0);
             if (R->first_epoch == R->epoch) {
                 /* The end of this epoch's first step ends its stall: say so at once. Its
-                 * own time, which the stall subtracts (the first steps' median), leaves out
+                 * own time (the stall subtracts it where the epoch ends before three later
+                 * steps are reported, coordinator/loop.c stall_done) leaves out
                  * what it waited at the move's gates for state still moving: that wait is
                  * stall. A worker early at the boundary (a spare) starts its first step as
                  * soon as its migration is set up, while its peers, their handshakes done

@@ -167,7 +167,7 @@ int worker_engine_reshape_prepare(struct worker_engine *e, const struct worker_l
                                   int stage, int replica);
 /* Allocates the work buffers of a step now (else the first step does): a reconfiguration
  * calls it before it ends, so that the new epoch's first step is an ordinary one and the
- * stall, which subtracts the first steps' median, counts the allocation. 0 or -ENOMEM;
+ * stall, which subtracts the epoch's median step time, counts the allocation. 0 or -ENOMEM;
  * nothing to do for a spare, mid-reshape, or when they exist. */
 int worker_engine_ready(struct worker_engine *e);
 /* Bytes of work buffers that the last making of them (worker_engine_ready, or the first step
