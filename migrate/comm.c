@@ -65,7 +65,7 @@ int mig__comm_new_ops(const struct mig_transport_ops *ops, struct mig_endpoint *
     c->nranks = nranks;
     c->timeout_s = timeout_s;
     if (how) {
-        c->ahead = how->ahead;
+        c->ahead = true;
         c->stop = how->stop;
     }
     if (auth) {
@@ -109,7 +109,7 @@ int mig_comm_new_auth(const char *transport, struct mig_endpoint *ep, uint64_t e
 int mig_comm_new_ahead(struct mig_endpoint *ep, uint64_t epoch, int rank, int nranks,
                        const char *const *peer_addrs, const struct mig_auth *auth,
                        double timeout_s, _Atomic bool *stop, struct mig_comm **ret) {
-    struct mig__build how = {.ahead = true, .stop = stop};
+    struct mig__build how = {.stop = stop};
     if (!ret || (epoch & MIG_EPOCH_SIDE))
         return -EINVAL;
     return mig__comm_new_ops(&mig__tcp_ops, ep, epoch, rank, nranks, peer_addrs, auth,

@@ -62,9 +62,9 @@ struct mig_comm {
     void *priv;        /* the transport's state */
 };
 
-/* How a communicator is built: at its boundary (NULL), or ahead of it (mig_comm_new_ahead). */
+/* How a communicator is built: at its boundary (NULL), or ahead of it (mig_comm_new_ahead),
+ * given up when *stop is set (stop NULL: never). */
 struct mig__build {
-    bool ahead;
     _Atomic bool *stop;
 };
 

@@ -127,6 +127,7 @@ struct aheadbg {
     pthread_t th;
     bool running;              /* th was started and not joined */
     uint64_t epoch;            /* whose comms are (being) built; 0: none */
+    uint64_t tried;            /* the last epoch ahead_start looked at (never twice) */
     _Atomic bool stop;         /* ahead_drop, or the boundary's wait ran out: give up */
     bool finished;             /* th is done (under lock) */
     struct mig_endpoint *ep;
@@ -1157,8 +1158,12 @@ static void ahead_start(struct runner *R, const Spottrain__V1__Command *cfg,
     bool tls;
     const ProtobufCBinaryData *secret = order_secret(cfg, mig, &tls);
     struct peerlist pl = order_peers(cfg, mig);
-    if (R->cfg.connect_at_boundary || a->epoch == mig->epoch || a->running ||
-        secret->len != MIG_KEY_BYTES || !secret->data || pl.n < 2 || pl.n > INT_MAX)
+    if (R->cfg.connect_at_boundary || a->tried == mig->epoch || a->running)
+        return;
+    /* Whatever follows, once per epoch: what fails here fails again, and the boundary
+     * builds the comms itself. */
+    a->tried = mig->epoch;
+    if (secret->len != MIG_KEY_BYTES || !secret->data || pl.n < 2 || pl.n > INT_MAX)
         return;
     int me = -1;
     for (size_t i = 0; i < pl.n; i++) {
