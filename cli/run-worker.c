@@ -104,6 +104,22 @@ static int fault_count(const char *name, long *ret) {
     return 0;
 }
 
+/* A number of seconds from the environment, at most max: 0 and *ret set, or 0 and *ret
+ * untouched when unset; -EINVAL (said on stderr) when malformed, negative or above max. */
+static int env_seconds(const char *name, double max, double *ret) {
+    const char *v = getenv(name);
+    if (!v || !v[0])
+        return 0;
+    char *e;
+    double x = strtod(v, &e);
+    if (*e || !(x >= 0) || x > max) {
+        fprintf(stderr, "spottrain worker: invalid %s '%s'\n", name, v);
+        return -EINVAL;
+    }
+    *ret = x;
+    return 0;
+}
+
 static int parse_int(const char *flag, const char *s, int lo, int hi, int *ret) {
     char *e;
     long v = strtol(s, &e, 10);
@@ -252,16 +268,9 @@ int cli_worker_job_main(int argc, char **argv) {
     ret = CLI_EXIT_INPUT;
     signal(SIGPIPE, SIG_IGN);
     struct notice_sources ns = {.imds = NULL, .grace = -1};
-    const char *grace = getenv("SPOTTRAIN_NOTICE_SECONDS");
-    if (grace && grace[0]) {
-        char *e;
-        double g = strtod(grace, &e);
-        if (*e || !(g >= 0) || g > 86400) {
-            fprintf(stderr, "spottrain worker: invalid SPOTTRAIN_NOTICE_SECONDS '%s'\n", grace);
-            ret = CLI_EXIT_INPUT;
-            goto out;
-        }
-        ns.grace = g;
+    if (env_seconds("SPOTTRAIN_NOTICE_SECONDS", 86400, &ns.grace) < 0)
+        goto out; /* ret is CLI_EXIT_INPUT */
+    if (ns.grace >= 0) {
         struct sigaction sa;
         memset(&sa, 0, sizeof(sa));
         sa.sa_handler = on_term;
@@ -271,30 +280,11 @@ int cli_worker_job_main(int argc, char **argv) {
     }
     /* Tests: hold this worker at a migration's boundary (a spare then arrives that much
      * earlier than the others, as it does ahead of slow steps). */
-    const char *hold = getenv("SPOTTRAIN_TEST_BOUNDARY_DELAY");
-    if (hold && *hold) {
-        char *e;
-        double h = strtod(hold, &e);
-        if (*e || !(h >= 0) || h > 3600) {
-            fprintf(stderr, "spottrain worker: invalid SPOTTRAIN_TEST_BOUNDARY_DELAY '%s'\n",
-                    hold);
-            ret = CLI_EXIT_INPUT;
-            goto out;
-        }
-        cfg->boundary_delay = h;
-    }
+    if (env_seconds("SPOTTRAIN_TEST_BOUNDARY_DELAY", 3600, &cfg->boundary_delay) < 0)
+        goto out;
     /* Tests: the tied copies of wte move late after a migration's boundary. */
-    const char *tied = getenv("SPOTTRAIN_TEST_TIED_DELAY");
-    if (tied && *tied) {
-        char *e;
-        double h = strtod(tied, &e);
-        if (*e || !(h >= 0) || h > 60) {
-            fprintf(stderr, "spottrain worker: invalid SPOTTRAIN_TEST_TIED_DELAY '%s'\n", tied);
-            ret = CLI_EXIT_INPUT;
-            goto out;
-        }
-        cfg->tied_delay = h;
-    }
+    if (env_seconds("SPOTTRAIN_TEST_TIED_DELAY", 60, &cfg->tied_delay) < 0)
+        goto out;
     /* Tests: this worker's step N hangs (it keeps reporting) until the coordinator moves on. */
     long stall;
     if (fault_count("SPOTTRAIN_TEST_STALL_STEP", &stall) < 0) {

@@ -77,14 +77,16 @@ with tempfile.TemporaryDirectory(prefix="st-cli-") as d:
                                env=dict(os.environ, **{var: bad}))
             check(p.returncode == 2 and f"invalid {var} '{bad}'" in p.stderr,
                   f"worker with {var}={bad} exits 2 ({p.returncode})")
-    # The boundary hold (seconds): not a number, negative, or more than an hour.
-    for bad in ("x", "-1", "1e9", "nan"):
-        var = "SPOTTRAIN_TEST_BOUNDARY_DELAY"
-        p = subprocess.run([BIN, "worker", "--coordinator", "127.0.0.1:1", "--job", SPEC,
-                            "--state-dir", d], capture_output=True, text=True, timeout=30,
-                           env=dict(os.environ, **{var: bad}))
-        check(p.returncode == 2 and f"invalid {var} '{bad}'" in p.stderr,
-              f"worker with {var}={bad} exits 2 ({p.returncode})")
+    # The boundary hold (seconds): not a number, negative, or more than an hour; the tied
+    # copies' delay (seconds): the same, or more than a minute.
+    for var, bads in (("SPOTTRAIN_TEST_BOUNDARY_DELAY", ("x", "-1", "1e9", "nan")),
+                      ("SPOTTRAIN_TEST_TIED_DELAY", ("x", "-1", "61", "nan", "2s"))):
+        for bad in bads:
+            p = subprocess.run([BIN, "worker", "--coordinator", "127.0.0.1:1", "--job", SPEC,
+                                "--state-dir", d], capture_output=True, text=True, timeout=30,
+                               env=dict(os.environ, **{var: bad}))
+            check(p.returncode == 2 and f"invalid {var} '{bad}'" in p.stderr,
+                  f"worker with {var}={bad} exits 2 ({p.returncode})")
     # The sim's workers die with the run (SPOTTRAIN_PARENT_PID): a malformed pid is bad
     # input; a parent already gone before the worker could tie itself to it ends the worker.
     var = "SPOTTRAIN_PARENT_PID"
