@@ -1287,7 +1287,8 @@ static void phase_reconf(struct coord_loop *L, const struct wv *v, size_t nv, do
                   L->epoch, L->dp, L->pp, L->lease, L->rc.why);
     else
         set_status(L, "epoch %" PRIu64 " running %dx%d from step %" PRIu64 "; its stall is "
-                   "known at its first step", L->epoch, L->dp, L->pp, L->lease);
+                   "known %d steps after its first", L->epoch, L->dp, L->pp, L->lease,
+                   LOOP_LATER_STEPS);
 }
 
 /* "node-3 was noticed", "node-1 and node-2 were lost": the positioned workers that are lost
