@@ -547,13 +547,19 @@ int cli_job_write_json(const char *path, const struct coord_loop_summary *s) {
                    "\"stall_seconds\": %.6f, \"steps_replayed\": %" PRIu64 ", "
                    "\"seconds\": %.6f, \"stall_parts\": {\"wait\": %.6f, \"connect\": %.6f, "
                    "\"reshape\": %.6f, \"transfer\": %.6f, \"commit\": %.6f, \"rest\": %.6f}, "
-                   "\"after_boundary\": {\"seconds\": %.6f, \"waited_seconds\": %.6f}, ",
+                   "\"after_boundary\": {\"seconds\": %.6f, \"waited_seconds\": %.6f}, "
+                   "\"stall_span_seconds\": %.6f, \"stall_step_seconds\": %.6f, "
+                   "\"stall_step_from\": \"%s\", ",
                 i ? "," : "", r->epoch, r->at_step, plan_reconf_name(r->kind),
                 r->dp_reshard ? "true" : "false", r->from_dp, r->from_pp, r->to_dp, r->to_pp,
                 r->planned_bytes, r->moved_bytes, r->prewarmed_bytes, r->stall_seconds,
                 r->steps_replayed, r->seconds,
                 r->parts.wait, r->parts.connect, r->parts.reshape, r->parts.transfer,
-                r->parts.commit, r->parts.rest, r->after_seconds, r->after_waited);
+                r->parts.commit, r->parts.rest, r->after_seconds, r->after_waited,
+                r->stall_span, r->stall_step,
+                r->stall_step_from == 2   ? "later-steps"
+                : r->stall_step_from == 1 ? "first-steps"
+                                          : "none");
         /* The cost model's prediction for a live migration, made when it was ordered. */
         if (r->stall_predicted >= 0)
             fprintf(f, "\"stall_seconds_predicted\": %.6f, \"stall_calibrated\": %s, ",

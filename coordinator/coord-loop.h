@@ -113,6 +113,13 @@ struct coord_loop_record {
      * training waited for it (layer gates, the update, or the first pipeline message when
      * the move shared the communicator). 0 where nothing moved after the boundary. */
     double after_seconds, after_waited;
+    /* The stall's inputs (shared/DESIGN.md): the longest span from a worker's last step
+     * before the chain to the end of its first step in the new epoch, and the epoch's median
+     * step time it subtracts, of the steps after the first or, where the epoch ended before
+     * any was reported, of the first steps' own times (stall_step_from 2 or 1). All 0 where
+     * no stall was measured (the job's start, an epoch replaced before its first step). */
+    double stall_span, stall_step;
+    int stall_step_from;
     bool ok;
     char reason[96];
 };

@@ -1102,8 +1102,12 @@ static void stall_done(struct coord_loop *L, const struct wv *v, size_t nv, bool
     double stall = ST_MAX(0.0, span - med);
     parts.rest = stall - (parts.wait + parts.connect + parts.reshape + parts.transfer +
                           parts.commit);
-    for (int i = L->chain; i <= L->stall_rec; i++)
+    for (int i = L->chain; i <= L->stall_rec; i++) {
         S->records[i].stall_seconds = stall;
+        S->records[i].stall_span = span;
+        S->records[i].stall_step = med;
+        S->records[i].stall_step_from = of_later ? 2 : 1;
+    }
     S->records[L->stall_rec].parts = parts;
     S->records[L->stall_rec].prewarmed_bytes = prewarmed;
     S->records[L->stall_rec].after_seconds = after;

@@ -215,6 +215,13 @@ def check_parts(s):
         check(abs(sum(p.values()) - r["stall_seconds"]) <= 1e-5,
               "epoch %d: parts %r do not add up to the stall %.6f" %
               (r["epoch"], p, r["stall_seconds"]))
+        # The stall is its span less the epoch's median step time (shared/DESIGN.md), from
+        # the steps after the first or, in an epoch ended before any, the first steps.
+        span, step = r["stall_span_seconds"], r["stall_step_seconds"]
+        check(r["stall_step_from"] in ("later-steps", "first-steps") and step > 0 and
+              abs(r["stall_seconds"] - max(0.0, span - step)) <= 2e-6,
+              "epoch %d: stall %.6f, span %.6f, step %.6f (%s)" % (
+                  r["epoch"], r["stall_seconds"], span, step, r["stall_step_from"]))
 
 
 def forced(name, shapes, trace, want, steps=30, fleet_extra="", model=TINY, shares=False):
@@ -542,6 +549,8 @@ def test_inter():
     # (Subtracting the first steps' median, as before 2026-11-28, took it back out: 0.75 s.)
     stall = kinds(s)[0]["stall_seconds"]
     check(stall >= 1.0, "stall %.3f s with the tied copy held back 1.5 s" % stall)
+    check(kinds(s)[0]["stall_step_from"] == "later-steps",
+          "a 1000-step job's stall subtracted %s" % kinds(s)[0]["stall_step_from"])
 
 
 def test_inter_early():
