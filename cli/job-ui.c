@@ -497,6 +497,16 @@ static void stall_means(FILE *f, uint64_t n, double predicted, double measured) 
 }
 
 /* See cli.h. */
+/* The summary's name for where a stall's subtracted step time came from. */
+static const char *step_from_name(enum coord_loop_step_from f) {
+    switch (f) {
+    case COORD_LOOP_STEP_FROM_LATER: return "later-steps";
+    case COORD_LOOP_STEP_FROM_FIRST: return "first-steps";
+    case COORD_LOOP_STEP_FROM_NONE: break;
+    }
+    return "none";
+}
+
 int cli_job_write_json(const char *path, const struct coord_loop_summary *s) {
     FILE *f = fopen(path, "w");
     if (!f)
@@ -557,9 +567,7 @@ int cli_job_write_json(const char *path, const struct coord_loop_summary *s) {
                 r->parts.wait, r->parts.connect, r->parts.reshape, r->parts.transfer,
                 r->parts.commit, r->parts.rest, r->after_seconds, r->after_waited,
                 r->stall_span, r->stall_step,
-                r->stall_step_from == 2   ? "later-steps"
-                : r->stall_step_from == 1 ? "first-steps"
-                                          : "none");
+                step_from_name(r->stall_step_from));
         /* The cost model's prediction for a live migration, made when it was ordered. */
         if (r->stall_predicted >= 0)
             fprintf(f, "\"stall_seconds_predicted\": %.6f, \"stall_calibrated\": %s, ",

@@ -116,10 +116,14 @@ struct coord_loop_record {
     /* The stall's inputs (shared/DESIGN.md): the longest span from a worker's last step
      * before the chain to the end of its first step in the new epoch, and the epoch's median
      * step time it subtracts, of the steps after the first or, where the epoch ended before
-     * any was reported, of the first steps' own times (stall_step_from 2 or 1). All 0 where
-     * no stall was measured (the job's start, an epoch replaced before its first step). */
+     * any was reported, of the first steps' own times (stall_step_from). All 0 where no
+     * stall was measured (the job's start, an epoch replaced before its first step). */
     double stall_span, stall_step;
-    int stall_step_from;
+    enum coord_loop_step_from {
+        COORD_LOOP_STEP_FROM_NONE = 0,
+        COORD_LOOP_STEP_FROM_FIRST, /* the first steps' own times */
+        COORD_LOOP_STEP_FROM_LATER, /* the steps after each worker's first */
+    } stall_step_from;
     bool ok;
     char reason[96];
 };

@@ -1009,17 +1009,17 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* Once every positioned worker of the running epoch reported its first step and
- * LOOP_LATER_STEPS steps after it: the stall of the chain of reconfigurations that led to it
- * (shared/DESIGN.md): the longest span from a worker's last step before the chain to the end
- * of its first step in this epoch, minus the epoch's median step time, the median of those
- * later steps' times. Not of the first steps: a pipeline's first step waits for its
- * neighbours, so a new stage's wait for its parameters is in every first step, and a median
- * of them took part of it back out of the stall (with two workers, half); and every first
- * step shares the cores with the move after the boundary. With settle (the epoch ends: the
- * next reconfiguration is done or failed, or the job's last step), the later steps that came
- * stand, or with none the first steps' own times. Every record of the chain (failed ones too) shows
- * it; the summary counts it once, under the kind of the epoch that ended the chain. */
+/* Once every positioned worker of the running epoch reported its first step and LOOP_LATER_STEPS
+ * steps after it: the stall of the chain of reconfigurations that led to it (shared/DESIGN.md):
+ * the longest span from a worker's last step before the chain to the end of its first step in this
+ * epoch, minus the epoch's median step time, the median of those later steps' times. Not of the
+ * first steps: a pipeline's first step waits for its neighbours, so a new stage's wait for its
+ * parameters is in every first step, and a median of them took part of it back out of the stall
+ * (with two workers, half); and every first step shares the cores with the move after the
+ * boundary. With settle (the epoch ends: the next reconfiguration is done or failed, or the job's
+ * last step), the later steps that came stand, or with none the first steps' own times. Every
+ * record of the chain (failed ones too) shows it; the summary counts it once, under the kind of
+ * the epoch that ended the chain. */
 static void stall_done(struct coord_loop *L, const struct wv *v, size_t nv, bool settle) {
     struct coord_loop_summary *S = &L->sum;
     if (L->stall_rec < 0 || L->chain < 0 || S->records[L->stall_rec].epoch != L->epoch)
@@ -1106,7 +1106,8 @@ static void stall_done(struct coord_loop *L, const struct wv *v, size_t nv, bool
         S->records[i].stall_seconds = stall;
         S->records[i].stall_span = span;
         S->records[i].stall_step = med;
-        S->records[i].stall_step_from = of_later ? 2 : 1;
+        S->records[i].stall_step_from =
+            of_later ? COORD_LOOP_STEP_FROM_LATER : COORD_LOOP_STEP_FROM_FIRST;
     }
     S->records[L->stall_rec].parts = parts;
     S->records[L->stall_rec].prewarmed_bytes = prewarmed;

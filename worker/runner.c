@@ -82,16 +82,16 @@ struct reconf_note {
     size_t prewarmed; /* bytes a new engine took from the warm reserve (fleet.prewarm) */
 };
 
-/* State after the boundary (fleet.data_plane.overlap, Migrate.defer_moments): a live
- * migration's transfers move on the new epoch's communicator on a thread of their own while
- * the first step computes: the parameters first, layer by layer in layer order (the tied
- * copies of wte that later stages' heads read last), then the optimizer moments. Each forward
- * pass waits at the engine's layer gate until the layer it is about to read is in
- * (params_below; a head for all the parameters); the engine's gate (worker_engine_set_gate) waits for
- * the whole move before the step first uses the communicator or the moments. The thread
- * touches only the comm and the buffers `ptrs` names (the old position's, which the engine
- * holds for it, and the new one's); the runner thread waits for it (defer_settle) before
- * anything else can: the gate, a checkpoint, the next reconfiguration, a failure. */
+/* State after the boundary (fleet.data_plane.overlap, Migrate.defer_moments): a live migration's
+ * transfers move on the new epoch's communicator on a thread of their own while the first step
+ * computes: the parameters first, layer by layer in layer order (the tied copies of wte that later
+ * stages' heads read last), then the optimizer moments. Each forward pass waits at the engine's
+ * layer gate until the layer it is about to read is in (params_below; a head for all the
+ * parameters); the engine's gate (worker_engine_set_gate) waits for the whole move before the step
+ * first uses the communicator or the moments. The thread touches only the comm and the buffers
+ * `ptrs` names (the old position's, which the engine holds for it, and the new one's); the runner
+ * thread waits for it (defer_settle) before anything else can: the gate, a checkpoint, the next
+ * reconfiguration, a failure. */
 struct deferbg {
     pthread_t th;
     bool running;              /* th was started and not joined */
