@@ -414,8 +414,8 @@ static void shard_counts(size_t n, int dp, size_t *counts) {
     }
 }
 
-/* Exact sum of squares (shape-independent grad norm). Each square s = m·2^(p−1126), m a
- * 53-bit integer, p = exponent + 1073 ≥ 0, is added as three 32-bit chunks into 32-bit limbs
+/* Exact sum of squares (shape-independent grad norm). Each square s = m·2^(p−1126), m an
+ * integer below 2^53, 52 ≤ p ≤ 2097, is added as three 32-bit chunks into 32-bit limbs
  * held in uint64 (carries deferred, normalized after each call). Limbs NORM_LIMBS and
  * NORM_LIMBS+1 count NaN and infinite squares. */
 #define NORM_LIMBS (WORKER_NORM_SLOTS - 2)
@@ -430,9 +430,8 @@ static void limbs_normalize(uint64_t *limb) {
     }
 }
 
-/* See worker-internal.h. */
-void worker__sumsq_exact_add(uint64_t *limb, const double *x, size_t n) {
-    size_t pending = 0;
+/* Adds the squares of x[0..n), n < 2^30 (no limb can carry out of 64 bits), unnormalized. */
+static void sumsq_chunk(uint64_t *limb, const double *x, size_t n) {
     for (size_t i = 0; i < n; i++) {
         double s = x[i] * x[i];
         if (s == 0.0)
@@ -441,18 +440,48 @@ void worker__sumsq_exact_add(uint64_t *limb, const double *x, size_t n) {
             limb[isnan(s) ? NORM_LIMBS : NORM_LIMBS + 1]++;
             continue;
         }
-        int e;
-        double f = frexp(s, &e); /* s = f·2^e, f in [0.5, 1) */
-        uint64_t m = (uint64_t)ldexp(f, 53);
-        int p = e + 1073, k = p / 32, sh = p % 32;
+        /* s = m·2^(p−1126) read off its bits: a normal s with biased exponent E and
+         * fraction F is (2^52 + F)·2^(E−1075), so m = 2^52 + F, p = E + 51; a subnormal one
+         * is F·2^−1074, so m = F, p = 52. (frexp and ldexp gave the same value as a
+         * normalized m, and so the same sum, at a library call each per element.) */
+        uint64_t bits;
+        memcpy(&bits, &s, sizeof(bits));
+        uint64_t m = bits & ((UINT64_C(1) << 52) - 1);
+        int p = (int)(bits >> 52); /* s > 0: no sign bit */
+        if (p) {
+            m |= UINT64_C(1) << 52;
+            p += 51;
+        } else {
+            p = 52;
+        }
+        int k = p / 32, sh = p % 32;
         uint64_t rest = m >> (32 - sh);
         limb[k] += (m << sh) & LIMB_MASK;
         limb[k + 1] += rest & LIMB_MASK;
         limb[k + 2] += rest >> 32;
-        if (++pending == ((size_t)1 << 30)) {
-            limbs_normalize(limb);
-            pending = 0;
+    }
+}
+
+#define SUMSQ_CHUNK ((size_t)1 << 16)
+
+/* See worker-internal.h. Each OpenMP thread sums whole chunks into limbs of its own, and the
+ * threads' limbs are added: integer sums, so the result is the same bits whatever the number
+ * of threads or the order they finish in. */
+void worker__sumsq_exact_add(uint64_t *limb, const double *x, size_t n) {
+    size_t nch = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
+#pragma omp parallel if (nch > 1)
+    {
+        uint64_t mine[WORKER_NORM_SLOTS];
+        memset(mine, 0, sizeof(mine));
+#pragma omp for schedule(static)
+        for (size_t c = 0; c < nch; c++) {
+            size_t lo = c * SUMSQ_CHUNK;
+            sumsq_chunk(mine, x + lo, ST_MIN(n - lo, SUMSQ_CHUNK));
+            limbs_normalize(mine);
         }
+#pragma omp critical(worker_sumsq)
+        for (int k = 0; k < WORKER_NORM_SLOTS; k++)
+            limb[k] += mine[k];
     }
     limbs_normalize(limb);
 }

@@ -156,7 +156,6 @@ int worker__work_prep(const struct worker_engine *e, const struct engine_view *v
 int worker__work_complete(const struct worker_engine *e, const struct engine_view *v,
                           bool touch, struct engine_work *w, const struct work_donor *donors,
                           int ndonors);
-/* NULL-safe; returns NULL. */
 /* Adds the squares of x[0..n) exactly into limb[WORKER_NORM_SLOTS] (fixed point, 32-bit
  * limbs; the last two slots count NaN and infinite squares). Limbs of several accumulators
  * may be summed element-wise (in double too, exactly, for up to 2^21 of them). */
@@ -164,6 +163,7 @@ void worker__sumsq_exact_add(uint64_t *limb, const double *x, size_t n);
 /* The exact sum held in limb as a double (NaN, inf if any such square); normalizes limb.
  * Deterministic: equal exact sums give equal doubles, however they were split. */
 double worker__sumsq_exact_value(uint64_t *limb);
+/* NULL-safe; returns NULL. */
 struct engine_work *worker__work_free(struct engine_work *w, int nowned);
 /* Comm rank of position (stage, replica) of the view's layout. */
 int worker__rank(const struct engine_view *v, int stage, int replica);

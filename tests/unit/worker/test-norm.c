@@ -111,4 +111,61 @@ static int test_exact_values(void) {
     return 0;
 }
 
-TEST_MAIN(TEST(test_split_independent), TEST(test_exact_values))
+/* The accumulator as first written, with frexp and ldexp (a library call each per element):
+ * the bit reading that replaced it must leave the same limbs. */
+static void sumsq_frexp(uint64_t *limb, const double *x, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        double s = x[i] * x[i];
+        if (s == 0.0 || !isfinite(s))
+            continue;
+        int e;
+        double f = frexp(s, &e);
+        uint64_t m = (uint64_t)ldexp(f, 53);
+        int p = e + 1073, k = p / 32, sh = p % 32;
+        uint64_t rest = m >> (32 - sh);
+        limb[k] += (m << sh) & 0xffffffffULL;
+        limb[k + 1] += rest & 0xffffffffULL;
+        limb[k + 2] += rest >> 32;
+    }
+    uint64_t carry = 0;
+    for (int k = 0; k < WORKER_NORM_SLOTS - 2; k++) {
+        uint64_t v = limb[k] + carry;
+        limb[k] = v & 0xffffffffULL;
+        carry = v >> 32;
+    }
+}
+
+/* Long enough for several of the accumulator's chunks (2^16 elements), which the kernels'
+ * OpenMP threads sum apart (two on a 2-core machine). */
+#define NV (3 * 65536 + 1234)
+
+static int test_same_limbs_as_frexp(void) {
+    /* Squares across the whole finite range: subnormal (|x| below 2^-537), normal, up to just
+     * under overflow; random fractions, and powers of two (a fraction of 0). */
+    static double v[NV];
+    srand(11);
+    for (int i = 0; i < NV; i++) {
+        double m = i % 7 ? 0.5 + (double)rand() / RAND_MAX * 0.5 : 0.5;
+        int e = rand() % 1050 - 560; /* x in [2^-561, 2^489]: s from 2^-1122 to 2^978 */
+        v[i] = (rand() & 1 ? -1.0 : 1.0) * ldexp(m, e);
+    }
+    v[0] = ldexp(1.0, -537);             /* the smallest x whose square is not 0 */
+    v[1] = nextafter(ldexp(1.0, 512), 0); /* the largest square still finite */
+    v[2] = ldexp(1.0, -511);             /* the smallest normal square, 2^-1022 */
+    v[3] = nextafter(v[2], 0);           /* just below it: a subnormal square */
+    int subnormal = 0;
+    for (int i = 0; i < NV; i++)
+        subnormal += v[i] * v[i] != 0.0 && fpclassify(v[i] * v[i]) == FP_SUBNORMAL;
+    ASSERT_GT(subnormal, 100);
+    uint64_t a[WORKER_NORM_SLOTS], b[WORKER_NORM_SLOTS];
+    memset(a, 0, sizeof(a));
+    memset(b, 0, sizeof(b));
+    worker__sumsq_exact_add(a, v, NV);
+    sumsq_frexp(b, v, NV);
+    ASSERT_TRUE(memcmp(a, b, sizeof(a)) == 0);
+    double x = worker__sumsq_exact_value(a), y = worker__sumsq_exact_value(b);
+    ASSERT_TRUE(memcmp(&x, &y, sizeof(x)) == 0);
+    return 0;
+}
+
+TEST_MAIN(TEST(test_split_independent), TEST(test_exact_values), TEST(test_same_limbs_as_frexp))
