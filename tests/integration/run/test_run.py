@@ -917,6 +917,25 @@ def peer_copy_times(state):
     return out
 
 
+def peer_copy_holders(state, epoch, step):
+    """The workers (journal worker ids) whose peer-copy notices say they hold a copy of epoch's
+    step `step` or later (each notice names the two generations its worker keeps; a newer
+    one may replace a dropped one, never a lost one)."""
+    import sqlite3
+    db = sqlite3.connect(os.path.join(state, "journal", "journal.db"))
+    try:
+        rows = db.execute("select worker_id, message from events where kind = 'notice' and "
+                          "message like 'peer-copy %'").fetchall()
+    finally:
+        db.close()
+    held = set()
+    for subject, m in rows:
+        g = re.search(r" epoch=(\d+) step=(\d+) prev_epoch=(\d+) prev_step=(\d+)", m)
+        if g and any(int(g.group(i)) == epoch and int(g.group(i + 1)) >= step for i in (1, 3)):
+            held.add(subject)
+    return held
+
+
 def median(xs):
     xs = sorted(xs)
     return xs[len(xs) // 2]
@@ -946,6 +965,12 @@ def test_peer():
 
         j = wait_for("step 3 copies in", lambda: job_at(3 * every + 5, 1), 90)
         check(j["shape"]["dp"] == 2 and j["shape"]["pp"] == 2, "started as 2x2: %r" % j["shape"])
+        # The copies move in the background: the job's step passing a copy's step does not
+        # mean the exchange ended (with fast steps one restore came from step 50, the copy of
+        # 75 still in flight). Wait until every position's worker holds one of step 75 or later.
+        wait_for("every worker's copy of step %d" % (3 * every),
+                 lambda: len(peer_copy_holders(r.state, 1, 3 * every)) == 4, 90,
+                 show=lambda: peer_copy_holders(r.state, 1, 3 * every))
         r.signal(signal.SIGKILL, "i-00000000000000002")
         j = wait_for("the peer restore trained on", lambda: job_at(j["step"] + 3 * every, 2), 90)
 
