@@ -37,6 +37,14 @@ struct mig_transport_ops {
 extern const struct mig_transport_ops mig__tcp_ops;
 #ifdef MIG_HAVE_NCCL
 extern const struct mig_transport_ops mig__nccl_ops;
+
+/* nccl.c loads the CUDA runtime, cuBLAS and NCCL on the first NCCL comm (dlopen). */
+enum { MIG_CUDA_LIB_CUDART, MIG_CUDA_LIB_CUBLAS, MIG_CUDA_LIB_NCCL, MIG_CUDA_NLIBS };
+/* The sonames loaded: the major versions the headers this build was compiled with name. */
+void mig__cuda_lib_names(char names[MIG_CUDA_NLIBS][32]);
+/* Loads names and resolves every function nccl.c calls, without touching the transport's own
+ * table: 0, or -ENOENT with the missing library or symbol in why (for tests). */
+int mig__cuda_try(const char *const names[MIG_CUDA_NLIBS], char *why, size_t whylen);
 #endif
 
 struct mig_comm {
