@@ -8,6 +8,7 @@ Usage: test_vocab.py (env SPOTTRAIN_BIN, SPOTTRAIN_SRCDIR). Exit 0 pass, 1 fail.
 """
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -47,6 +48,13 @@ def run(*args):
 
 def main():
     d = tempfile.mkdtemp(prefix="st-vocab-")
+    try:
+        return check_vocab(d)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def check_vocab(d):
     trace = os.path.join(d, "trace.csv")
     with open(trace, "w") as f:
         f.write("".join("%d,%d\n" % (60 * i, 2 + (i * 7) % 5) for i in range(40)))

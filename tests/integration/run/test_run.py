@@ -147,11 +147,56 @@ def write_job(d, name, steps, trace, scale=0.02, notice="120s", unannounced=0,
     return path
 
 
+def training_text(job):
+    """The lines of job's spec that decide what `train --local` computes: its model, training
+    and data sections (the fleet, planner, checkpoint and fault-tolerance sections do not)."""
+    keep, out = False, []
+    for line in open(job):
+        if line.startswith("  ") and not line.startswith("   "):
+            keep = line.split(":")[0].strip() in ("model", "training", "data")
+        elif not line.startswith("   "):
+            keep = False
+        if keep:
+            out.append(line)
+    return "".join(out)
+
+
 def reference(d, job, steps):
-    ref = os.path.join(d, "ref")
+    """The uninterrupted run: `train --local --dp 1 --pp 1` of job. Several scenarios train the
+    same model, data and steps; the first to need a reference leaves it in the build dir, keyed
+    by those and the binary, and the others use it (a reference from another job could only
+    make a comparison fail, never pass)."""
+    import hashlib
+    st = os.stat(BIN)
+    binary = hashlib.sha256(("%s %d %d" % (os.path.realpath(BIN), st.st_mtime_ns, st.st_size))
+                            .encode()).hexdigest()[:16]
+    top = os.path.join(os.environ.get("SPOTTRAIN_BUILDDIR", d), "test-references")
+    cache = os.path.join(top, binary)
+    ref = os.path.join(cache, hashlib.sha256(("%d\n" % steps + training_text(job)).encode())
+                       .hexdigest()[:32])
+    if os.path.isfile(os.path.join(ref, "manifest.json")):
+        print("reference: %s (made by an earlier scenario)" % ref)
+        # The reference run also made the job's token file (data.synth), which the scenario's
+        # workers need and do not make: one step makes it the same way.
+        rc, out, err = sh([BIN, "train", "--local", "--dp", "1", "--pp", "1", "--steps", "1",
+                           job], 120)
+        check(rc == 0, "making the job's data: %s" % err[-2000:])
+        return ref
+    if not os.path.isdir(cache):  # a new binary: the older binaries' references go
+        for old in os.listdir(top) if os.path.isdir(top) else []:
+            if old != binary:  # another scenario of this binary may have made it meanwhile
+                shutil.rmtree(os.path.join(top, old), ignore_errors=True)
+        os.makedirs(cache, exist_ok=True)
+    mine = tempfile.mkdtemp(prefix="ref-", dir=cache)
     rc, out, err = sh([BIN, "train", "--local", "--dp", "1", "--pp", "1", "--steps", str(steps),
-                       "--save", ref, job], 120)
+                       "--save", mine, job], 120)
+    if rc != 0:
+        shutil.rmtree(mine, ignore_errors=True)
     check(rc == 0, "reference training failed: %s" % err[-2000:])
+    try:
+        os.rename(mine, ref)  # atomic; another scenario may have put the same one first
+    except OSError:
+        shutil.rmtree(mine, ignore_errors=True)
     return ref
 
 
@@ -883,15 +928,21 @@ def sim_worker_pids(d):
     return pids
 
 
-def journal_events(state, kind, like):
-    """The messages of the events of kind the job's journal recorded that match like (SQL)."""
+def journal_rows(state, kind, like):
+    """(worker_id, message) of the events of kind the job's journal recorded whose message
+    matches like (SQL)."""
     import sqlite3
     db = sqlite3.connect(os.path.join(state, "journal", "journal.db"))
     try:
-        return [m for (m,) in db.execute("select message from events where kind = ? "
-                                         "and message like ?", (kind, like)).fetchall()]
+        return db.execute("select worker_id, message from events where kind = ? and "
+                          "message like ?", (kind, like)).fetchall()
     finally:
         db.close()
+
+
+def journal_events(state, kind, like):
+    """The messages of the events of kind the job's journal recorded that match like (SQL)."""
+    return [m for _, m in journal_rows(state, kind, like)]
 
 
 def journal_notices(state, like):
@@ -902,15 +953,8 @@ def journal_notices(state, like):
 def peer_copy_times(state):
     """(seconds, blocked) of every peer-copy notice the job's journal recorded: the exchange's
     time and the time training waited for it (snapshot, the previous exchange)."""
-    import sqlite3
-    db = sqlite3.connect(os.path.join(state, "journal", "journal.db"))
-    try:
-        rows = db.execute("select message from events where kind = 'notice' and "
-                          "message like 'peer-copy %'").fetchall()
-    finally:
-        db.close()
     out = []
-    for (m,) in rows:
+    for m in journal_notices(state, "peer-copy %"):
         g = re.search(r"seconds=([0-9.]+) blocked=([0-9.]+)", m)
         check(g is not None, "a peer-copy notice without its times: %r" % m)
         out.append((float(g.group(1)), float(g.group(2))))
@@ -921,15 +965,8 @@ def peer_copy_holders(state, epoch, step):
     """The workers (journal worker ids) whose peer-copy notices say they hold a copy of epoch's
     step `step` or later (each notice names the two generations its worker keeps; a newer
     one may replace a dropped one, never a lost one)."""
-    import sqlite3
-    db = sqlite3.connect(os.path.join(state, "journal", "journal.db"))
-    try:
-        rows = db.execute("select worker_id, message from events where kind = 'notice' and "
-                          "message like 'peer-copy %'").fetchall()
-    finally:
-        db.close()
     held = set()
-    for subject, m in rows:
+    for subject, m in journal_rows(state, "notice", "peer-copy %"):
         g = re.search(r" epoch=(\d+) step=(\d+) prev_epoch=(\d+) prev_step=(\d+)", m)
         if g and any(int(g.group(i)) == epoch and int(g.group(i + 1)) >= step for i in (1, 3)):
             held.add(subject)
