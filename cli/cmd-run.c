@@ -50,7 +50,7 @@ static int parse_num(const char *flag, const char *s, double lo, double hi, doub
 
 static int run_job(const struct run_opts *o, struct st_spec *spec) {
     struct cli_job *j = cli__job_new("run", spec, o->job, o->save);
-    char state[PATH_MAX], journal[PATH_MAX + 16];
+    char state[PATH_MAX] = "", journal[PATH_MAX + 16];
     int code, r;
 
     if (!j)
@@ -59,6 +59,13 @@ static int run_job(const struct run_opts *o, struct st_spec *spec) {
     if ((code = cli__job_state_dir("run", o->state_dir, "--state-dir", state, sizeof(state))) !=
         CLI_EXIT_OK)
         goto out;
+    /* The final checkpoint's place, checked before any worker starts: one that cannot be
+     * written would fail every worker at the end and restart the job for ever. */
+    if (o->save && (r = mig_ckpt_check_dest(o->save)) < 0) {
+        fprintf(stderr, "spottrain run: cannot use --save '%s': %s\n", o->save, st_strerror(r));
+        code = r == -ENOMEM ? CLI_EXIT_FAILURE : CLI_EXIT_INPUT;
+        goto out;
+    }
     struct coord_config *cc = &j->cc;
     snprintf(cc->listen, sizeof(cc->listen), "127.0.0.1:0");
     snprintf(cc->status_listen, sizeof(cc->status_listen), "127.0.0.1:0");
@@ -84,6 +91,10 @@ static int run_job(const struct run_opts *o, struct st_spec *spec) {
     cli_job_ui_finish(&j->ui);
     code = cli__job_summary(j, r, o->json);
 out:
+    /* A state directory of our own that the job never wrote to (it stopped before the
+     * coordinator started) goes; one with a journal or checkpoints stays, as printed. */
+    if (!o->state_dir && state[0])
+        (void)rmdir(state);
     st_free(j);
     return code;
 }

@@ -470,7 +470,7 @@ int cli_cmd_train(int argc, char **argv) {
     }
 
     /* A checkpoint store that refuses us is bad input, found before any step is trained. */
-    r = o->save ? mig_ckpt_check_root(o->save) : 0;
+    r = o->save ? mig_ckpt_check_dest(o->save) : 0;
     if (r < 0) {
         fprintf(stderr, "spottrain train: cannot use --save '%s': %s\n", o->save,
                 st_strerror(r));

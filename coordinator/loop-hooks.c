@@ -72,6 +72,8 @@ static void hook_report(struct coord *c, const struct coord_report *r, void *use
             w->reconf_fail_epoch = f->epoch;
         } else if (!strcmp(k, "step-failed")) {
             w->fail_epoch = f->epoch;
+            snprintf(w->fail_why, sizeof(w->fail_why), "%s",
+                     r->notices[i].detail ? r->notices[i].detail : "");
         } else if (!strcmp(k, "ckpt-written")) {
             w->ckw_step = f->step;
             w->ckw_stage = f->stage;

@@ -41,6 +41,9 @@ enum loop_phase {
  * median step time: stall_done). */
 #define LOOP_LATER_STEPS 3
 
+/* Final saves (--save) a worker may fail to write before the job stops unfinished. */
+#define COORD_LOOP_SAVE_TRIES 3
+
 struct lworker {
     char id[ST_UUID_STR_LEN];
     bool terminate;            /* relayed a cloud interruption notice */
@@ -59,6 +62,7 @@ struct lworker {
         double deferred, waited; /* its state after the boundary: moving, waited for */
     } rh[2];
     uint64_t fail_epoch;       /* epoch in which a step or checkpoint failed; 0 = none */
+    char fail_why[160];        /* its step-failed notice's detail */
     double step_seconds;       /* wall seconds of its last step */
     uint64_t meas_epoch;       /* epoch whose step times it reports are measured (the first
                                 * report of an epoch is not: warm-up counts in the stall) */
@@ -173,6 +177,7 @@ struct coord_loop {
     char ckpt_pend_dir[ST_SPEC_PATH_MAX + 32];
     double steps_per_s;
     bool save_ordered, cancel;
+    int save_failures;        /* final saves (--save) a worker failed to write, lost nobody */
     double stop_at;
     int forecast;
 

@@ -1661,21 +1661,42 @@ static void phase_stopping(struct coord_loop *L, const struct wv *v, size_t nv, 
 
 static void phase_finish_save(struct coord_loop *L, const struct wv *v, size_t nv,
                               double now) {
-    bool all = true, dead = false;
+    bool all = true, dead = false, failed = false;
+    char why[200] = "";
     pthread_mutex_lock(&L->lock);
     for (size_t i = 0; i < nv; i++) {
         if (!v[i].positioned)
             continue;
-        if (v[i].dead || v[i].failed)
-            dead = true;
+        dead |= v[i].dead;
         struct lworker *w = loop__lw_get(L, v[i].w.id);
+        if (v[i].failed && !failed) {
+            failed = true;
+            snprintf(why, sizeof(why), "%.8s: %s", v[i].w.id, w ? w->fail_why : "?");
+        }
         if (!w || w->ckpt_step != L->total || strcmp(w->ckpt_dir, L->cfg.save_dir))
             all = false;
     }
     pthread_mutex_unlock(&L->lock);
-    if (dead) {
+    /* A worker that could not write its part, with nobody lost: the same write may fail again
+     * (a full disk, a store that refuses us), and each try trains again from the last
+     * checkpoint, so after COORD_LOOP_SAVE_TRIES the job stops unfinished, its periodic
+     * checkpoints kept, rather than train for ever. */
+    if (failed && !dead && ++L->save_failures >= COORD_LOOP_SAVE_TRIES) {
+        snprintf(L->sum.error, sizeof(L->sum.error), "the final save to '%s' failed %d times "
+                 "(last: worker %s)", L->cfg.save_dir, L->save_failures, why);
+        set_event(L, "%s; stopping", L->sum.error);
+        shape_time(L, now);
+        (void)coord_stop(L->c, "the final save failed");
+        L->phase = PH_STOPPING;
+        L->stop_at = now;
+        return;
+    }
+    if (dead || failed) {
+        char reason[260] = "a worker was lost while saving";
+        if (!dead)
+            snprintf(reason, sizeof(reason), "the final save failed on worker %s", why);
         L->save_ordered = false;
-        (void)start_restore(L, v, nv, now, "a worker was lost while saving");
+        (void)start_restore(L, v, nv, now, reason);
         return;
     }
     if (!all && now - L->stop_at < L->cfg.reconfig_timeout)

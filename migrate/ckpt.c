@@ -1070,6 +1070,16 @@ int mig_ckpt_check_root(const char *root) {
     return st ? st->list(root, count_any, &n) : 0;
 }
 
+/* See migrate.h. */
+int mig_ckpt_check_dest(const char *dir) {
+    if (!dir || !*dir)
+        return -EINVAL;
+    if (mig__store_for(dir))
+        return mig_ckpt_check_root(dir);
+    TRY(st_mkdir_p(dir, 0755));
+    return access(dir, W_OK | X_OK) < 0 ? -errno : 0;
+}
+
 /* Collects the object names of one checkpoint directory in a store (prune_store). */
 struct name_list {
     char (*v)[256];

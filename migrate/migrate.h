@@ -400,6 +400,10 @@ int mig_ckpt_prune(const char *root, int keep);
  * Returns 0, -ENOKEY (no credentials), -EACCES (refused), -ENXIO (no such bucket), -EINVAL
  * (bad URL) or another negative errno. Callers use it to fail fast with exit 2. */
 int mig_ckpt_check_root(const char *root);
+/* The same check for a checkpoint that is about to be written to dir (a `--save`): a store URL
+ * as mig_ckpt_check_root; a local directory is created (as the writer would) and must be
+ * writable. 0, or a negative errno (-EACCES, -ENOENT, -ENOTDIR, -EROFS, ...). */
+int mig_ckpt_check_dest(const char *dir);
 
 /* 64-bit XXH64 (xxHash, seed) of data, as the checkpoint files use it. Exposed for tests and
  * tools. */

@@ -141,5 +141,46 @@ with tempfile.TemporaryDirectory() as d:
           f"soak outside a checkout exits 2 ({p.returncode}: {p.stderr!r})")
     check(not os.path.exists(os.path.join(d, "build-soak")), "soak made nothing there")
 
+# A --save that cannot be written is bad input, found before any training: `run` used to
+# start its workers, fail each of them at the final save and restart the job for ever. `run`
+# checks it after making its temporary state directory, which must not be left behind.
+SAVE_SPEC = """apiVersion: spottrain/v1
+kind: TrainingJob
+metadata: {name: save-check}
+spec:
+  model: {layers: 2, hidden: 32, heads: 2, vocab: 64, seq_len: 16}
+  training: {micro_batch: 2, global_batch: 4, steps: 5}
+  data:
+    train: data.bin
+    synth: {kind: markov, order: 1, seed: 3, tokens: 20000}
+  fleet: {provider: sim, min: 1, max: 2, trace: trace.csv, time_scale: 0.01}
+"""
+with tempfile.TemporaryDirectory(prefix="st-cli-save-") as d:
+    tmp = os.path.join(d, "tmp")
+    os.mkdir(tmp)
+    with open(os.path.join(d, "job.yaml"), "w") as f:
+        f.write(SAVE_SPEC)
+    with open(os.path.join(d, "trace.csv"), "w") as f:
+        f.write("0,2\n")
+    with open(os.path.join(d, "file"), "w") as f:
+        f.write("a file, not a directory\n")
+    bad = os.path.join(d, "file", "save")  # ENOTDIR, for root too
+    for cmd in (["run"], ["train", "--local"]):
+        p = subprocess.run([BIN] + cmd + [os.path.join(d, "job.yaml"), "--save", bad],
+                           capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, TMPDIR=tmp))
+        want = f"spottrain {cmd[0]}: cannot use --save '{bad}': Not a directory"
+        check(p.returncode == 2 and want in p.stderr,
+              f"{' '.join(cmd)} --save under a file exits 2 ({p.returncode}: {p.stderr[-300:]!r})")
+        check("step 1" not in p.stdout and "step 1" not in p.stderr,
+              f"{' '.join(cmd)} trained nothing before refusing the --save")
+    check(os.listdir(tmp) == [], f"run left its state directory behind: {os.listdir(tmp)}")
+    # A directory that does not exist yet is made, as the final save would make it.
+    good = os.path.join(d, "out", "final")
+    p = subprocess.run([BIN, "train", "--local", os.path.join(d, "job.yaml"), "--steps", "1",
+                        "--save", good], capture_output=True, text=True, timeout=60)
+    check(p.returncode == 0 and os.path.isfile(os.path.join(good, "manifest.json")),
+          f"train --local --save into a new directory ({p.returncode}: {p.stderr[-300:]!r})")
+
 print(f"{len(failures) == 0 and 'all' or len(failures)} {'passed' if not failures else 'failed'}")
 sys.exit(1 if failures else 0)

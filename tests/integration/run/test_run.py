@@ -1289,6 +1289,45 @@ def test_stuck():
         shutil.rmtree(d, ignore_errors=True)
 
 
+def test_save_failed():
+    # The final save (--save) fails on the worker with nobody lost: the directory passed the
+    # run's check at the start, then became a file. Each try restores and trains again from
+    # the last checkpoint; after the third failure the job stops unfinished (exit 1), the
+    # reason in the summary, instead of training for ever (it used to).
+    d = tempfile.mkdtemp(prefix="st-run-")
+    r = None
+    try:
+        steps = 3000
+        job = write_job(d, "savefail", steps, "seconds,N\n0,1\n",
+                        planner="dp: 1, pp: 1, learn: false", ckpt="1s")
+        r = Live(d, job, steps)
+        wait_for("the first step", lambda: job_at_least(r.base, 1, 1), 90)
+        check(os.path.isdir(r.save), "run made its --save directory when it checked it")
+        shutil.rmtree(r.save)
+        with open(r.save, "w") as f:
+            f.write("a file where the final checkpoint should go\n")
+        out, _ = r.proc.communicate(timeout=150)
+        r.err.close()
+        sys.stdout.write(out[-3000:])
+        check(r.proc.returncode == 1, "spottrain run exited %d, not 1" % r.proc.returncode)
+        with open(r.summ) as f:
+            s = json.load(f)
+        want = "the final save to '%s' failed 3 times (last: worker " % r.save
+        check(not s["finished"] and s.get("error", "").startswith(want),
+              "summary: finished %r, error %r" % (s["finished"], s.get("error")))
+        check(s["steps"] == steps, "the steps were all trained: %r" % s["steps"])
+        retries = journal_events(r.state, "loop", "%the final save failed on worker %")
+        check(len(retries) == 2, "two restores before the third failure: %r" % retries)
+        stops = journal_events(r.state, "loop", want.replace("%", "%%") + "%; stopping")
+        check(len(stops) == 1, "one stop for the failed save: %r" % stops)
+        with open(r.save) as f:
+            check(f.read().startswith("a file"), "the file in --save's place was left alone")
+    finally:
+        if r:
+            r.stop()
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def test_zone():
     # A whole zone lost at once, without notice. Three zones over five instances (the sim puts
     # instance n in zone n mod 3), pp pinned to 2: the 2x2 runs on four of them and zone-a
@@ -2414,7 +2453,7 @@ TESTS = {"tls": test_tls, "auth": test_auth, "restart": test_restart, "standalon
          "inter-early": test_inter_early, "ahead-late": test_ahead_late, "trace-minute": test_trace_minute,
          "peer": test_peer, "peer-cut": test_peer_cut, "moments-cut": test_moments_cut,
          "reconfig-timeout": test_reconfig_timeout, "stuck": test_stuck, "zone": test_zone, "refused": test_refused,
-         "mitm": test_mitm, "killed": test_killed}
+         "mitm": test_mitm, "killed": test_killed, "save-failed": test_save_failed}
 
 if __name__ == "__main__":
     name = sys.argv[1] if len(sys.argv) > 1 else ""
