@@ -129,6 +129,10 @@ static int launch_job(const struct launch_opts *o, const struct st_spec *spec) {
     snprintf(cc->state_dir, sizeof(cc->state_dir), "%s", state);
     if ((code = launch_token(spec, state, cc->token, sizeof(cc->token))) != CLI_EXIT_OK)
         goto out;
+    /* Before any instance is asked for: a store that refuses us, or a summary file that
+     * cannot be written, would otherwise be found when the fleet has trained. */
+    if ((code = cli__job_check_outputs("launch", o->save, false, o->json)) != CLI_EXIT_OK)
+        goto out;
 
     j->jc.fleet = COORD_JOB_FLEET_PROVIDER;
     j->jc.on_stop = o->keep ? COORD_JOB_STOP_KEEP : COORD_JOB_STOP_RELEASE;

@@ -26,6 +26,7 @@
 #include "coordinator.h"
 #include "migrate.h"
 #include "planner.h"
+#include "trace-load.h" /* cli__trace_check */
 
 struct run_opts {
     const char *job;
@@ -59,13 +60,10 @@ static int run_job(const struct run_opts *o, struct st_spec *spec) {
     if ((code = cli__job_state_dir("run", o->state_dir, "--state-dir", state, sizeof(state))) !=
         CLI_EXIT_OK)
         goto out;
-    /* The final checkpoint's place, checked before any worker starts: one that cannot be
-     * written would fail every worker at the end and restart the job for ever. */
-    if (o->save && (r = mig_ckpt_check_dest(o->save)) < 0) {
-        fprintf(stderr, "spottrain run: cannot use --save '%s': %s\n", o->save, st_strerror(r));
-        code = r == -ENOMEM ? CLI_EXIT_FAILURE : CLI_EXIT_INPUT;
+    /* What the job writes at its end, checked before any worker starts: a --save that cannot
+     * be written would fail the workers' final save, a --json-summary the summary. */
+    if ((code = cli__job_check_outputs("run", o->save, true, o->json)) != CLI_EXIT_OK)
         goto out;
-    }
     struct coord_config *cc = &j->cc;
     snprintf(cc->listen, sizeof(cc->listen), "127.0.0.1:0");
     snprintf(cc->status_listen, sizeof(cc->status_listen), "127.0.0.1:0");
@@ -170,6 +168,10 @@ int cli_cmd_run(int argc, char **argv) {
     }
     if (o.steps > 0)
         spec->training.steps = o.steps;
+    /* A trace that does not parse is bad input, said before a corpus is made or a directory
+     * created (the driver would find it only once started). */
+    if ((code = cli__trace_check("run", spec->fleet.trace)) != CLI_EXIT_OK)
+        goto out;
     if ((code = cli_ensure_data("run", spec, true)) != 0)
         goto out;
     code = run_job(&o, spec);

@@ -11,6 +11,7 @@
 
 #include "cli.h"
 #include "common.h" /* st_spec_load, st_error_format */
+#include "trace-load.h" /* cli__trace_check */
 
 #define VALIDATE_MAX_ERRS 100
 
@@ -164,6 +165,10 @@ int cli_cmd_validate(int argc, char **argv) {
     }
     /* A spec every field of which is fine may still allow no (dp, pp) shape at all. */
     if ((ret = cli_spec_feasible(path, spec)) != CLI_EXIT_OK)
+        goto out;
+    /* The trace file was found by the spec's check; what is in it, `run` reads first. */
+    if (spec->fleet.trace[0] && (ret = cli__trace_check("validate", spec->fleet.trace)) !=
+                                    CLI_EXIT_OK)
         goto out;
     if (json) {
         char *text = st_spec_to_json(spec);

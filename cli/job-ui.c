@@ -9,6 +9,7 @@
 #include <fcntl.h> /* F_DUPFD_CLOEXEC, O_CLOEXEC */
 #include <inttypes.h>
 #include <jansson.h> /* json_dumps: the error string quoted */
+#include <limits.h> /* PATH_MAX */
 #include <math.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -16,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h> /* TIOCGWINSZ */
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "check.h" /* TRY */
@@ -406,6 +408,36 @@ int cli__job_state_dir(const char *cmd, const char *dir, const char *what, char 
         fprintf(stderr, "spottrain %s: cannot create a state directory: %s\n", cmd,
                 strerror(errno));
         return CLI_EXIT_FAILURE;
+    }
+    return CLI_EXIT_OK;
+}
+
+/* See job-ui.h. */
+int cli__job_check_outputs(const char *cmd, const char *save, bool local_save, const char *json) {
+    int r;
+    if (save && (local_save || strstr(save, "://")) && (r = mig_ckpt_check_dest(save)) < 0) {
+        fprintf(stderr, "spottrain %s: cannot use --save '%s': %s\n", cmd, save, st_strerror(r));
+        return r == -ENOMEM ? CLI_EXIT_FAILURE : CLI_EXIT_INPUT;
+    }
+    if (!json)
+        return CLI_EXIT_OK;
+    /* The file itself when it is there, else its directory (it is created at the end). */
+    char dir[PATH_MAX];
+    const char *slash = strrchr(json, '/');
+    snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - json) + 1 : 1, slash ? json : ".");
+    struct stat sb;
+    if (!*json)
+        r = -ENOENT;
+    else if (stat(json, &sb) == 0)
+        r = S_ISDIR(sb.st_mode) ? -EISDIR : access(json, W_OK) < 0 ? -errno : 0;
+    else if (errno != ENOENT)
+        r = -errno;
+    else
+        r = access(dir, W_OK | X_OK) < 0 ? -errno : 0;
+    if (r < 0) {
+        fprintf(stderr, "spottrain %s: cannot write --json-summary '%s': %s\n", cmd, json,
+                st_strerror(r));
+        return CLI_EXIT_INPUT;
     }
     return CLI_EXIT_OK;
 }

@@ -38,6 +38,15 @@ struct cli_job *cli__job_new(const char *cmd, const struct st_spec *spec, const 
 int cli__job_state_dir(const char *cmd, const char *dir, const char *what, char *state,
                        size_t statesz);
 
+/* Checks, before anything starts, that what the job writes at its end can be written: save
+ * (NULL: none) with mig_ckpt_check_dest when it is a store URL, or a local directory and
+ * local_save (the workers run here: `run`; a cloud fleet's workers write a local path on their
+ * own disks, which is not ours to make); json (NULL: none), the --json-summary file, must be
+ * creatable or writable. Prints "spottrain CMD: cannot use --save 'DIR': WHY" or "spottrain
+ * CMD: cannot write --json-summary 'FILE': WHY" and returns CLI_EXIT_INPUT (CLI_EXIT_FAILURE
+ * when out of memory); else CLI_EXIT_OK. */
+int cli__job_check_outputs(const char *cmd, const char *save, bool local_save, const char *json);
+
 /* Catches SIGINT and SIGTERM into the job's stop flag, ignores SIGPIPE (a worker or REST
  * client gone mid-write is not our death) and runs the driver into j->sum. A negative result
  * is printed as "spottrain CMD: <strerror>" and returned for the caller to map to an exit

@@ -35,3 +35,11 @@ int cli__trace_load(const char *cmd, const char *path, struct plan_trace **ret) 
     }
     return CLI_EXIT_OK;
 }
+
+/* See trace-load.h. */
+int cli__trace_check(const char *cmd, const char *path) {
+    struct plan_trace *t = NULL;
+    int code = cli__trace_load(cmd, path, &t);
+    plan_trace_free(t);
+    return code;
+}

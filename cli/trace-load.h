@@ -11,4 +11,8 @@ struct plan_trace;
  * CLI_EXIT_INPUT, or CLI_EXIT_FAILURE when out of memory while parsing; else CLI_EXIT_OK. */
 int cli__trace_load(const char *cmd, const char *path, struct plan_trace **ret);
 
+/* cli__trace_load() for a spec's fleet.trace, read only to find its errors before a job
+ * starts (`validate`, `run`): the same messages and return codes. */
+int cli__trace_check(const char *cmd, const char *path);
+
 #endif

@@ -175,12 +175,53 @@ with tempfile.TemporaryDirectory(prefix="st-cli-save-") as d:
         check("step 1" not in p.stdout and "step 1" not in p.stderr,
               f"{' '.join(cmd)} trained nothing before refusing the --save")
     check(os.listdir(tmp) == [], f"run left its state directory behind: {os.listdir(tmp)}")
+    # The same for the summary file: refused before the job starts, not lost after it ran.
+    # launch checks it (and a store --save) before it asks its cloud for any instance: this
+    # spec's fleet has no endpoint and no credentials, and nothing may try to reach one.
+    summ = os.path.join(d, "file", "summary.json")
+    with open(os.path.join(d, "launch.yaml"), "w") as f:
+        f.write(SAVE_SPEC.replace("metadata: {name: save-check}", "metadata: {name: launch-check}")
+                .replace("fleet: {provider: sim, min: 1, max: 2, trace: trace.csv, time_scale: 0.01}",
+                         "fleet: {provider: aws, instance_type: t3.micro, image: ami-12c6146b, "
+                         "zones: [us-east-1a], max: 1}\n"
+                         "  coordinator: {listen: \"127.0.0.1:0\", advertise: \"127.0.0.1:1\"}"))
+    for cmd, job in ((["run"], "job.yaml"), (["launch", "--state-dir", os.path.join(d, "ls")],
+                                             "launch.yaml")):
+        p = subprocess.run([BIN] + cmd + [os.path.join(d, job), "--json-summary", summ],
+                           capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, TMPDIR=tmp, AWS_ENDPOINT_URL="http://127.0.0.1:1"))
+        want = f"spottrain {cmd[0]}: cannot write --json-summary '{summ}': Not a directory"
+        check(p.returncode == 2 and want in p.stderr,
+              f"{cmd[0]} --json-summary under a file exits 2 ({p.returncode}: {p.stderr[-300:]!r})")
+    check(os.listdir(tmp) == [], f"run left its state directory behind: {os.listdir(tmp)}")
     # A directory that does not exist yet is made, as the final save would make it.
     good = os.path.join(d, "out", "final")
     p = subprocess.run([BIN, "train", "--local", os.path.join(d, "job.yaml"), "--steps", "1",
                         "--save", good], capture_output=True, text=True, timeout=60)
     check(p.returncode == 0 and os.path.isfile(os.path.join(good, "manifest.json")),
           f"train --local --save into a new directory ({p.returncode}: {p.stderr[-300:]!r})")
+
+# A trace that does not parse: validate used to call the spec valid and run found it only
+# after making the corpus (and said "Invalid argument" after the parser's line). Both now
+# print the parser's message and exit 2, run before it makes anything.
+with tempfile.TemporaryDirectory(prefix="st-cli-trace-") as d:
+    tmp = os.path.join(d, "tmp")
+    os.mkdir(tmp)
+    with open(os.path.join(d, "job.yaml"), "w") as f:
+        f.write(SAVE_SPEC)
+    trace = os.path.join(d, "trace.csv")
+    for text, why in (("garbage\n1,2,3\n", f"{trace}:1:1: header: unknown header 'garbage'"),
+                      ("", f"{trace}: trace: no events in trace")):
+        with open(trace, "w") as f:
+            f.write(text)
+        for cmd in ("validate", "run"):
+            p = subprocess.run([BIN, cmd, os.path.join(d, "job.yaml")], capture_output=True,
+                               text=True, timeout=60, env=dict(os.environ, TMPDIR=tmp))
+            check(p.returncode == 2 and f"spottrain {cmd}: {why}" in p.stderr and
+                  "Invalid argument" not in p.stderr,
+                  f"{cmd} with the trace {text!r} exits 2 ({p.returncode}: {p.stderr[-300:]!r})")
+    check(not os.path.exists(os.path.join(d, "data.bin")) and os.listdir(tmp) == [],
+          f"run made nothing before refusing the trace: {os.listdir(d)} {os.listdir(tmp)}")
 
 print(f"{len(failures) == 0 and 'all' or len(failures)} {'passed' if not failures else 'failed'}")
 sys.exit(1 if failures else 0)
