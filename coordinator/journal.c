@@ -5,9 +5,11 @@
  * instead of being "repaired". Statements are prepared per call: the hot path (heartbeats)
  * never touches the journal, only state changes do. */
 #include <errno.h>
+#include <fcntl.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h> /* flock */
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,6 +18,7 @@
 
 struct coord_journal {
     sqlite3 *db;
+    int lock_fd;         /* dir/lock, flocked while open; -1 = none */
     char path[ST_SPEC_PATH_MAX + 32];
     int64_t events_keep; /* newest events kept; 0 = all */
     bool later;          /* a transaction ended with commit_later is still open */
@@ -156,6 +159,25 @@ int coord__journal_open(const char *dir, struct coord_journal **ret_j) {
     j = st_calloc(1, sizeof(*j));
     if (!j)
         return -ENOMEM;
+    /* One coordinator per state directory: a second one would take the same job over and
+     * write the same journal (a second `run --state-dir D` used to launch its own workers
+     * beside the first's). The lock goes with the process, so a restart after kill -9 finds
+     * it free; close-on-exec, so no worker the coordinator starts keeps it. */
+    char lock[sizeof(j->path)];
+    snprintf(lock, sizeof(lock), "%s/%s", dir, COORD_JOURNAL_LOCK);
+    j->lock_fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (j->lock_fd < 0) {
+        r = -errno;
+        r = st_log_errno(r, "Cannot open '%s': %s", lock, st_strerror(r));
+        goto out;
+    }
+    if (flock(j->lock_fd, LOCK_EX | LOCK_NB) < 0) {
+        r = errno == EWOULDBLOCK ? -EBUSY : -errno;
+        st_log(ST_LOG_ERR, "journal", "State directory '%s' is in use: another coordinator holds "
+               "its journal (stop that one first, or give this one another state directory)",
+               dir);
+        goto out;
+    }
     snprintf(j->path, sizeof(j->path), "%s/%s", dir, COORD_JOURNAL_FILE);
     int rc = sqlite3_open_v2(j->path, &j->db,
                              SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
@@ -194,9 +216,12 @@ out:
 void coord__journal_close(struct coord_journal *j) {
     if (!j)
         return;
-    (void)coord__journal_flush(j, 0);
-    if (j->db)
+    if (j->db) {
+        (void)coord__journal_flush(j, 0);
         sqlite3_close(j->db);
+    }
+    if (j->lock_fd >= 0)
+        close(j->lock_fd); /* and with it the lock */
     st_free(j);
 }
 

@@ -19,6 +19,7 @@
 #define COORD_JOURNAL_MAGIC "spottrain-journal"
 #define COORD_JOURNAL_VERSION 1
 #define COORD_JOURNAL_FILE "journal.db"
+#define COORD_JOURNAL_LOCK "lock"
 
 struct coord_journal;
 
@@ -49,8 +50,10 @@ typedef int coord_journal_command_fn(const struct coord_command_row *row, void *
 typedef int coord_journal_event_fn(int64_t seq, double time, const char *kind,
                                    const char *worker_id, const char *message, void *userdata);
 
-/* Creates dir if needed and opens (or creates) dir/journal.db. Errors, logged with the path:
- * -ENOTDIR/-EACCES/-EROFS... for an unusable directory, -EIO for a corrupt or non-SQLite
+/* Creates dir if needed and opens (or creates) dir/journal.db, holding an exclusive lock on
+ * dir/lock (flock, released by coord__journal_close or the process's end, kill -9 included)
+ * while it is open. Errors, logged with the path: -ENOTDIR/-EACCES/-EROFS... for an unusable
+ * directory, -EBUSY when another coordinator holds the lock, -EIO for a corrupt or non-SQLite
  * file, -EPROTO for a SQLite file that is not a spottrain journal or has another version.
  * Caller frees with coord__journal_close(). */
 int coord__journal_open(const char *dir, struct coord_journal **ret_j);

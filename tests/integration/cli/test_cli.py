@@ -201,6 +201,36 @@ with tempfile.TemporaryDirectory(prefix="st-cli-save-") as d:
     check(p.returncode == 0 and os.path.isfile(os.path.join(good, "manifest.json")),
           f"train --local --save into a new directory ({p.returncode}: {p.stderr[-300:]!r})")
 
+# One coordinator per state directory: a second `run` on the one a running job uses is refused
+# (it used to take the job over beside the first, launch its own workers and fail after 20 s).
+with tempfile.TemporaryDirectory(prefix="st-cli-lock-") as d:
+    with open(os.path.join(d, "job.yaml"), "w") as f:
+        f.write(SAVE_SPEC)
+    with open(os.path.join(d, "trace.csv"), "w") as f:
+        f.write("0,1\n")
+    sd = os.path.join(d, "state")
+    err = open(os.path.join(d, "first.err"), "w+")
+    first = subprocess.Popen([BIN, "run", os.path.join(d, "job.yaml"), "--steps", "100000000",
+                              "--state-dir", sd], stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        import time
+        deadline = time.time() + 60
+        while time.time() < deadline and first.poll() is None:
+            err.seek(0)
+            if "coordinator grpc=" in err.read():  # its journal is open
+                break
+            time.sleep(0.05)
+        p = subprocess.run([BIN, "run", os.path.join(d, "job.yaml"), "--steps", "5",
+                            "--state-dir", sd], capture_output=True, text=True, timeout=60)
+        want = f"State directory '{sd}/journal' is in use: another coordinator holds its journal"
+        check(p.returncode == 1 and want in p.stderr and first.poll() is None,
+              f"a second run on a state directory in use exits 1 ({p.returncode}: "
+              f"{p.stderr[-400:]!r}), the first runs on")
+    finally:
+        first.terminate()
+        check(first.wait(timeout=60) is not None, "the first run stops on SIGTERM")
+        err.close()
+
 # A trace that does not parse: validate used to call the spec valid and run found it only
 # after making the corpus (and said "Invalid argument" after the parser's line). Both now
 # print the parser's message and exit 2, run before it makes anything.

@@ -1,9 +1,12 @@
 /* test-journal.c: the coordinator's SQLite journal — create, reopen, redelivery set, ack
  * idempotence, and refusing corrupt, foreign or unusable state directories with a clear error.
  * Also the coordinator API on top of it (coord_new/configure/migrate/stop, restart). */
+#include <signal.h>
+#include <spawn.h>
 #include <sqlite3.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -133,6 +136,29 @@ static int test_foreign(void) {
               SQLITE_OK);
     sqlite3_close(db);
     ASSERT_ERR(coord__journal_open(d, &j), -EPROTO);
+    rm_rf(d);
+    return 0;
+}
+
+/* One coordinator per state directory: a second open of the same directory is refused while
+ * the first is open, and allowed once it is closed, even with a child the first started still
+ * running (the lock is not inherited across exec). */
+static int test_one_coordinator(void) {
+    char *d = tmpdir();
+    struct coord_journal *j = NULL, *j2 = NULL;
+    ASSERT_OK(coord__journal_open(d, &j));
+    ASSERT_ERR(coord__journal_open(d, &j2), -EBUSY);
+    ASSERT_TRUE(j2 == NULL);
+    extern char **environ;
+    pid_t child;
+    char *argv[] = {"sleep", "60", NULL};
+    ASSERT_EQ(posix_spawnp(&child, "sleep", NULL, NULL, argv, environ), 0);
+    coord__journal_close(j);
+    int r = coord__journal_open(d, &j2);
+    kill(child, SIGKILL);
+    waitpid(child, NULL, 0);
+    ASSERT_OK(r);
+    coord__journal_close(j2);
     rm_rf(d);
     return 0;
 }
@@ -752,7 +778,7 @@ static int test_deaf_while_committing(void) {
 }
 
 TEST_MAIN(TEST(test_create_reopen), TEST(test_corrupt), TEST(test_foreign),
-          TEST(test_unusable_dir), TEST(test_coord_api), TEST(test_events_retention),
+          TEST(test_unusable_dir), TEST(test_one_coordinator), TEST(test_coord_api), TEST(test_events_retention),
           TEST(test_tls_config), TEST(test_slow_disk),
           TEST(test_lease_one_sync), TEST(test_commit_later),
           TEST(test_deaf_while_committing))
