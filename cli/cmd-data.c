@@ -132,8 +132,9 @@ static int cmd_synth(int argc, char **argv) {
     struct st_markov_entropy e;
     int r = st_synth_write(&p, out, &e);
     if (r < 0) {
-        (void)st_log_errno(r, "Failed to write synthetic corpus '%s': %s", out, st_strerror(r));
-        return CLI_EXIT_FAILURE;
+        /* A place that cannot take the file is bad input; a disk that failed under it is not. */
+        fprintf(stderr, "spottrain data: cannot write '%s': %s\n", out, st_strerror(r));
+        return r == -ENOSPC || r == -EIO || r == -ENOMEM ? CLI_EXIT_FAILURE : CLI_EXIT_INPUT;
     }
     printf("wrote %s: %" PRIu64 " tokens, %s format, vocab %d, order-%d Markov source, "
            "seed %" PRIu64 "\n",

@@ -201,6 +201,16 @@ with tempfile.TemporaryDirectory(prefix="st-cli-save-") as d:
     check(p.returncode == 0 and os.path.isfile(os.path.join(good, "manifest.json")),
           f"train --local --save into a new directory ({p.returncode}: {p.stderr[-300:]!r})")
 
+# `data synth` to a place that cannot take the file: bad input, said in the command's words.
+with tempfile.TemporaryDirectory(prefix="st-cli-synth-") as d:
+    with open(os.path.join(d, "file"), "w") as f:
+        f.write("x\n")
+    bad = os.path.join(d, "file", "corpus.bin")
+    p = subprocess.run([BIN, "data", "synth", "--out", bad, "--tokens", "1000"],
+                       capture_output=True, text=True, timeout=30)
+    check(p.returncode == 2 and p.stderr == f"spottrain data: cannot write '{bad}': Not a directory\n",
+          f"data synth --out under a file exits 2 ({p.returncode}: {p.stderr!r})")
+
 # One coordinator per state directory: a second `run` on the one a running job uses is refused
 # (it used to take the job over beside the first, launch its own workers and fail after 20 s).
 with tempfile.TemporaryDirectory(prefix="st-cli-lock-") as d:
