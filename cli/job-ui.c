@@ -396,8 +396,10 @@ int cli__job_state_dir(const char *cmd, const char *dir, const char *what, char 
                        size_t statesz) {
     if (dir) {
         snprintf(state, statesz, "%s", dir);
-        if (st_mkdir_p(state, 0700) < 0) {
-            fprintf(stderr, "spottrain %s: cannot create %s '%s'\n", cmd, what, state);
+        int r = st_mkdir_p(state, 0700);
+        if (r < 0) {
+            fprintf(stderr, "spottrain %s: cannot create %s '%s': %s\n", cmd, what, state,
+                    st_strerror(r));
             return CLI_EXIT_INPUT;
         }
         return CLI_EXIT_OK;

@@ -180,7 +180,8 @@ bool st_uuid_valid(const char *s);
 int st_read_file(const char *path, size_t max, char **ret_data, size_t *ret_len);
 /* Writes data to path atomically (temp file + fsync + rename). Returns 0 or negative errno. */
 int st_write_file_atomic(const char *path, const void *data, size_t len);
-/* mkdir -p. Returns 0 or negative errno. */
+/* mkdir -p. Returns 0 (made, or a directory already) or negative errno: -ENOTDIR when path, or
+ * a component of it, is there as something other than a directory. */
 int st_mkdir_p(const char *path, unsigned mode);
 
 /* ---- parse errors ------------------------------------------------------------------ */

@@ -267,9 +267,15 @@ int st_mkdir_p(const char *path, unsigned mode) {
             return -errno;
         *p = '/';
     }
-    if (mkdir(buf, mode) < 0 && errno != EEXIST)
+    if (mkdir(buf, mode) == 0)
+        return 0;
+    if (errno != EEXIST)
         return -errno;
-    return 0;
+    /* There already: as a directory (or a link to one), not as a file. */
+    struct stat sb;
+    if (stat(buf, &sb) < 0)
+        return -errno;
+    return S_ISDIR(sb.st_mode) ? 0 : -ENOTDIR;
 }
 
 int st_error_set(struct st_error *e, const char *file, int line, int column, const char *field,

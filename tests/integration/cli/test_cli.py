@@ -164,16 +164,25 @@ with tempfile.TemporaryDirectory(prefix="st-cli-save-") as d:
         f.write("0,2\n")
     with open(os.path.join(d, "file"), "w") as f:
         f.write("a file, not a directory\n")
-    bad = os.path.join(d, "file", "save")  # ENOTDIR, for root too
-    for cmd in (["run"], ["train", "--local"]):
-        p = subprocess.run([BIN] + cmd + [os.path.join(d, "job.yaml"), "--save", bad],
-                           capture_output=True, text=True, timeout=60,
-                           env=dict(os.environ, TMPDIR=tmp))
-        want = f"spottrain {cmd[0]}: cannot use --save '{bad}': Not a directory"
+    # ENOTDIR, for root too: under a file, and the file itself (mkdir -p used to accept a file
+    # that was there already, and the final save failed on it)
+    for bad in (os.path.join(d, "file", "save"), os.path.join(d, "file")):
+        for cmd in (["run"], ["train", "--local"]):
+            p = subprocess.run([BIN] + cmd + [os.path.join(d, "job.yaml"), "--save", bad],
+                               capture_output=True, text=True, timeout=60,
+                               env=dict(os.environ, TMPDIR=tmp))
+            want = f"spottrain {cmd[0]}: cannot use --save '{bad}': Not a directory"
+            check(p.returncode == 2 and want in p.stderr,
+                  f"{' '.join(cmd)} --save {bad} exits 2 ({p.returncode}: {p.stderr[-300:]!r})")
+            check("step 1" not in p.stdout and "step 1" not in p.stderr,
+                  f"{' '.join(cmd)} trained nothing before refusing the --save")
+    # A --state-dir that is a file, or under one.
+    for sd in (os.path.join(d, "file"), os.path.join(d, "file", "state")):
+        p = subprocess.run([BIN, "run", os.path.join(d, "job.yaml"), "--state-dir", sd],
+                           capture_output=True, text=True, timeout=60)
+        want = f"spottrain run: cannot create --state-dir '{sd}': Not a directory"
         check(p.returncode == 2 and want in p.stderr,
-              f"{' '.join(cmd)} --save under a file exits 2 ({p.returncode}: {p.stderr[-300:]!r})")
-        check("step 1" not in p.stdout and "step 1" not in p.stderr,
-              f"{' '.join(cmd)} trained nothing before refusing the --save")
+              f"run --state-dir {sd} exits 2 ({p.returncode}: {p.stderr[-300:]!r})")
     check(os.listdir(tmp) == [], f"run left its state directory behind: {os.listdir(tmp)}")
     # The same for the summary file: refused before the job starts, not lost after it ran.
     # launch checks it (and a store --save) before it asks its cloud for any instance: this

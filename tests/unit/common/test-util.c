@@ -57,8 +57,14 @@ static int test_files(void) {
     char path[PATH_MAX], sub[PATH_MAX];
     snprintf(sub, sizeof(sub), "%s/a/b/c", dir);
     ASSERT_OK(st_mkdir_p(sub, 0755));
+    ASSERT_OK(st_mkdir_p(sub, 0755)); /* there already */
     snprintf(path, sizeof(path), "%s/f.txt", sub);
     ASSERT_OK(st_write_file_atomic(path, "hello", 5));
+    /* A file in the directory's place, and one in a parent's. */
+    ASSERT_ERR(st_mkdir_p(path, 0755), -ENOTDIR);
+    char below[PATH_MAX + 8];
+    snprintf(below, sizeof(below), "%s/d", path);
+    ASSERT_ERR(st_mkdir_p(below, 0755), -ENOTDIR);
     char *data = NULL;
     size_t len = 0;
     ASSERT_OK(st_read_file(path, 100, &data, &len));
