@@ -202,6 +202,11 @@ with tempfile.TemporaryDirectory(prefix="st-cli-save-") as d:
         want = f"spottrain {cmd[0]}: cannot write --json-summary '{summ}': Not a directory"
         check(p.returncode == 2 and want in p.stderr,
               f"{cmd[0]} --json-summary under a file exits 2 ({p.returncode}: {p.stderr[-300:]!r})")
+    p = subprocess.run([BIN, "run", os.path.join(d, "job.yaml"), "--json-summary", d],
+                       capture_output=True, text=True, timeout=60, env=dict(os.environ, TMPDIR=tmp))
+    check(p.returncode == 2 and
+          f"spottrain run: cannot write --json-summary '{d}': Is a directory" in p.stderr,
+          f"run --json-summary DIR exits 2 ({p.returncode}: {p.stderr[-300:]!r})")
     check(os.listdir(tmp) == [], f"run left its state directory behind: {os.listdir(tmp)}")
     # A directory that does not exist yet is made, as the final save would make it.
     good = os.path.join(d, "out", "final")
