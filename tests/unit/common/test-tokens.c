@@ -568,8 +568,13 @@ static int test_cli(void) {
     ASSERT_OK(st_read_file(log, 1 << 16, &out, &len));
     ASSERT_CONTAINS(out, "Usage: spottrain data synth");
     st_free(out);
-    /* An unwritable destination is a runtime failure (1). */
-    ASSERT_EQ(run_cli("data synth --out /nonexistent-dir/x.bin --tokens 100", log), 1);
+    /* A destination that cannot be made is bad input (2), as for train --save; a disk that
+     * fails under the write is a runtime failure (1). */
+    ASSERT_EQ(run_cli("data synth --out /nonexistent-dir/x.bin --tokens 100", log), 2);
+    ASSERT_OK(st_read_file(log, 1 << 16, &out, &len));
+    ASSERT_STREQ(out, "spottrain data: cannot write '/nonexistent-dir/x.bin': No such file or "
+                      "directory\n");
+    st_free(out);
     return 0;
 }
 
