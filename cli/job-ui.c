@@ -414,6 +414,21 @@ int cli__job_state_dir(const char *cmd, const char *dir, const char *what, char 
     return CLI_EXIT_OK;
 }
 
+/* 0 when path can be written: the file when it is there, else a new one in its directory. */
+static int file_writable(const char *path) {
+    struct stat sb;
+    if (!*path)
+        return -ENOENT;
+    if (stat(path, &sb) == 0)
+        return S_ISDIR(sb.st_mode) ? -EISDIR : access(path, W_OK) < 0 ? -errno : 0;
+    if (errno != ENOENT)
+        return -errno;
+    char dir[PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - path) + 1 : 1, slash ? path : ".");
+    return access(dir, W_OK | X_OK) < 0 ? -errno : 0;
+}
+
 /* See job-ui.h. */
 int cli__job_check_outputs(const char *cmd, const char *save, bool local_save, const char *json) {
     int r;
@@ -421,22 +436,7 @@ int cli__job_check_outputs(const char *cmd, const char *save, bool local_save, c
         fprintf(stderr, "spottrain %s: cannot use --save '%s': %s\n", cmd, save, st_strerror(r));
         return r == -ENOMEM ? CLI_EXIT_FAILURE : CLI_EXIT_INPUT;
     }
-    if (!json)
-        return CLI_EXIT_OK;
-    /* The file itself when it is there, else its directory (it is created at the end). */
-    char dir[PATH_MAX];
-    const char *slash = strrchr(json, '/');
-    snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - json) + 1 : 1, slash ? json : ".");
-    struct stat sb;
-    if (!*json)
-        r = -ENOENT;
-    else if (stat(json, &sb) == 0)
-        r = S_ISDIR(sb.st_mode) ? -EISDIR : access(json, W_OK) < 0 ? -errno : 0;
-    else if (errno != ENOENT)
-        r = -errno;
-    else
-        r = access(dir, W_OK | X_OK) < 0 ? -errno : 0;
-    if (r < 0) {
+    if (json && (r = file_writable(json)) < 0) {
         fprintf(stderr, "spottrain %s: cannot write --json-summary '%s': %s\n", cmd, json,
                 st_strerror(r));
         return CLI_EXIT_INPUT;

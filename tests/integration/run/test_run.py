@@ -1318,7 +1318,7 @@ def test_save_failed():
         check(s["steps"] == steps, "the steps were all trained: %r" % s["steps"])
         retries = journal_events(r.state, "loop", "%the final save failed on worker %")
         check(len(retries) == 2, "two restores before the third failure: %r" % retries)
-        stops = journal_events(r.state, "loop", want.replace("%", "%%") + "%; stopping")
+        stops = journal_events(r.state, "loop", want + "%; stopping")
         check(len(stops) == 1, "one stop for the failed save: %r" % stops)
         with open(r.save) as f:
             check(f.read().startswith("a file"), "the file in --save's place was left alone")
