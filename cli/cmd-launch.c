@@ -29,6 +29,7 @@ struct launch_opts {
     const char *state_dir;
     const char *save;
     const char *json;
+    const char *costs; /* --save-costs */
     bool dry_run;
     bool keep;
 };
@@ -131,7 +132,9 @@ static int launch_job(const struct launch_opts *o, const struct st_spec *spec) {
         goto out;
     /* Before any instance is asked for: a store that refuses us, or a summary file that
      * cannot be written, would otherwise be found when the fleet has trained. */
-    if ((code = cli__job_check_outputs("launch", o->save, false, o->json)) != CLI_EXIT_OK)
+    if ((code = cli__job_check_outputs("launch", o->save, false, o->json)) != CLI_EXIT_OK ||
+        (o->costs &&
+         (code = cli__job_check_file("launch", "--save-costs", o->costs)) != CLI_EXIT_OK))
         goto out;
 
     j->jc.fleet = COORD_JOB_FLEET_PROVIDER;
@@ -155,6 +158,7 @@ static int launch_job(const struct launch_opts *o, const struct st_spec *spec) {
     } else {
         code = cli__job_summary(j, r, o->json);
     }
+    code = cli__job_save_costs(j, o->costs, code); /* stopped or not: what was measured */
     fflush(stdout);
 out:
     st_free(j);
@@ -168,6 +172,7 @@ int cli_cmd_launch(int argc, char **argv) {
         {"keep-fleet", no_argument, NULL, 'k'},
         {"save", required_argument, NULL, 'o'},
         {"json-summary", required_argument, NULL, 'j'},
+        {"save-costs", required_argument, NULL, 'c'},
         {NULL, 0, NULL, 0},
     };
     struct launch_opts o;
@@ -182,6 +187,7 @@ int cli_cmd_launch(int argc, char **argv) {
         case 'k': o.keep = true; break;
         case 'o': o.save = optarg; break;
         case 'j': o.json = optarg; break;
+        case 'c': o.costs = optarg; break;
         default:
             return cli_usage_error("launch", "unknown or incomplete option '%s'",
                                    argv[optind - 1]);

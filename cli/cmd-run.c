@@ -32,6 +32,7 @@ struct run_opts {
     const char *job;
     const char *save;
     const char *json;
+    const char *costs;  /* --save-costs */
     const char *state_dir;
     const char *shapes;
     int steps;          /* 0 = spec */
@@ -62,7 +63,8 @@ static int run_job(const struct run_opts *o, struct st_spec *spec) {
         goto out;
     /* What the job writes at its end, checked before any worker starts: a --save that cannot
      * be written would fail the workers' final save, a --json-summary the summary. */
-    if ((code = cli__job_check_outputs("run", o->save, true, o->json)) != CLI_EXIT_OK)
+    if ((code = cli__job_check_outputs("run", o->save, true, o->json)) != CLI_EXIT_OK ||
+        (o->costs && (code = cli__job_check_file("run", "--save-costs", o->costs)) != CLI_EXIT_OK))
         goto out;
     struct coord_config *cc = &j->cc;
     snprintf(cc->listen, sizeof(cc->listen), "127.0.0.1:0");
@@ -88,6 +90,7 @@ static int run_job(const struct run_opts *o, struct st_spec *spec) {
     }
     cli_job_ui_finish(&j->ui);
     code = cli__job_summary(j, r, o->json);
+    code = cli__job_save_costs(j, o->costs, code);
 out:
     /* A state directory of our own that the job never wrote to (it stopped before the
      * coordinator started) goes; one with a journal or checkpoints stays, as printed. */
@@ -103,6 +106,7 @@ int cli_cmd_run(int argc, char **argv) {
         {"steps", required_argument, NULL, 's'},
         {"time-scale", required_argument, NULL, 'x'},
         {"json-summary", required_argument, NULL, 'j'},
+        {"save-costs", required_argument, NULL, 'c'},
         {"state-dir", required_argument, NULL, 'd'},
         {"shapes", required_argument, NULL, 'S'},
         {"threads", required_argument, NULL, 't'},
@@ -118,6 +122,7 @@ int cli_cmd_run(int argc, char **argv) {
         switch (c) {
         case 'o': o.save = optarg; break;
         case 'j': o.json = optarg; break;
+        case 'c': o.costs = optarg; break;
         case 'd': o.state_dir = optarg; break;
         case 'S': {
             struct coord_loop_forced f[COORD_LOOP_MAX_FORCED];

@@ -436,8 +436,14 @@ int cli__job_check_outputs(const char *cmd, const char *save, bool local_save, c
         fprintf(stderr, "spottrain %s: cannot use --save '%s': %s\n", cmd, save, st_strerror(r));
         return r == -ENOMEM ? CLI_EXIT_FAILURE : CLI_EXIT_INPUT;
     }
-    if (json && (r = file_writable(json)) < 0) {
-        fprintf(stderr, "spottrain %s: cannot write --json-summary '%s': %s\n", cmd, json,
+    return json ? cli__job_check_file(cmd, "--json-summary", json) : CLI_EXIT_OK;
+}
+
+/* See job-ui.h. */
+int cli__job_check_file(const char *cmd, const char *flag, const char *path) {
+    int r = file_writable(path);
+    if (r < 0) {
+        fprintf(stderr, "spottrain %s: cannot write %s '%s': %s\n", cmd, flag, path,
                 st_strerror(r));
         return CLI_EXIT_INPUT;
     }
@@ -478,6 +484,56 @@ int cli__job_json(const struct cli_job *j, const char *json, int code) {
         fprintf(stderr, "spottrain %s: cannot write '%s': %s\n", j->cmd, json, st_strerror(r));
         return CLI_EXIT_FAILURE;
     }
+    return code;
+}
+
+/* See job-ui.h. */
+int cli__job_save_costs(const struct cli_job *j, const char *path, int code) {
+    const __typeof__(j->sum.cost_model) *cm = &j->sum.cost_model;
+    if (!path)
+        return code;
+    if (!cm->fitted_ok) {
+        printf("costs: no live migration was measured; '%s' left as it was\n", path);
+        return code;
+    }
+    struct plan_measured_costs m = cm->fitted;
+    const struct st_spec *spec = j->jc.spec;
+    uint64_t n = 0;
+    for (int k = 0; k < PLAN_RECONF_NLIVE; k++)
+        if (k != PLAN_RECONF_DP_RESHARDING) /* a dp change is also counted under its kind */
+            n += cm->n[k];
+    char source[512];
+    if (spec->planner.migration_costs[0]) {
+        snprintf(source, sizeof(source), "spottrain %s (job %s): fixed parts fitted from %" PRIu64
+                 " live migrations and those behind %s; throughput and machine from that file",
+                 j->cmd, spec->name, n, spec->planner.migration_costs);
+    } else {
+        char host[64] = "";
+        (void)gethostname(host, sizeof(host) - 1);
+        if (spec->fleet.provider == ST_PROVIDER_SIM) /* the workers ran here */
+            snprintf(m.machine, sizeof(m.machine), "%s (%ld cpus), sim fleet",
+                     host[0] ? host : "?", sysconf(_SC_NPROCESSORS_ONLN));
+        else
+            snprintf(m.machine, sizeof(m.machine), "%s, %s fleet", spec->fleet.instance_type,
+                     st_provider_name(spec->fleet.provider));
+        snprintf(source, sizeof(source), "spottrain %s (job %s): fixed parts fitted from %" PRIu64
+                 " live migrations; throughput: the spec's fleet.net_gbps (%g Gb/s), not "
+                 "measured", j->cmd, spec->name, n, spec->fleet.net_gbps);
+    }
+    char *text = NULL;
+    int r = plan_measured_costs_format(&m, source, &text);
+    if (r == 0)
+        r = st_write_file_atomic(path, text, strlen(text));
+    st_free(text);
+    if (r < 0) {
+        fprintf(stderr, "spottrain %s: cannot write --save-costs '%s': %s\n", j->cmd, path,
+                st_strerror(r));
+        return CLI_EXIT_FAILURE;
+    }
+    printf("costs: %s (fixed s: intra-stage %.4f, inter-stage %.4f, pipeline %.4f, "
+           "dp-resharding %.4f)\n", path, m.fixed_s[PLAN_RECONF_INTRA_STAGE],
+           m.fixed_s[PLAN_RECONF_INTER_STAGE], m.fixed_s[PLAN_RECONF_PIPELINE],
+           m.fixed_s[PLAN_RECONF_DP_RESHARDING]);
     return code;
 }
 

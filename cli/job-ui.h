@@ -47,6 +47,10 @@ int cli__job_state_dir(const char *cmd, const char *dir, const char *what, char 
  * when out of memory); else CLI_EXIT_OK. */
 int cli__job_check_outputs(const char *cmd, const char *save, bool local_save, const char *json);
 
+/* Checks that the file path a flag names can be created or written: prints "spottrain CMD:
+ * cannot write FLAG 'PATH': WHY" and returns CLI_EXIT_INPUT, else CLI_EXIT_OK. */
+int cli__job_check_file(const char *cmd, const char *flag, const char *path);
+
 /* Catches SIGINT and SIGTERM into the job's stop flag, ignores SIGPIPE (a worker or REST
  * client gone mid-write is not our death) and runs the driver into j->sum. A negative result
  * is printed as "spottrain CMD: <strerror>" and returned for the caller to map to an exit
@@ -63,5 +67,12 @@ int cli__job_summary(struct cli_job *j, int r, const char *json);
 /* Writes the summary JSON to json (NULL: nothing). On failure prints "spottrain CMD: cannot
  * write 'PATH': <strerror>" and returns CLI_EXIT_FAILURE; else returns code unchanged. */
 int cli__job_json(const struct cli_job *j, const char *json, int code);
+
+/* Writes the migration costs the job fitted (the summary's cost_model.fitted) to path (NULL:
+ * nothing) as a cost file that planner.migration_costs reads, so a later job starts from
+ * them, and prints "costs: PATH (...)". Without a measured live migration it writes nothing
+ * and says so. On a failed write prints "spottrain CMD: cannot write --save-costs 'PATH':
+ * WHY" and returns CLI_EXIT_FAILURE; else returns code unchanged. */
+int cli__job_save_costs(const struct cli_job *j, const char *path, int code);
 
 #endif

@@ -19,7 +19,8 @@
 #include <stdint.h>
 
 #include "common.h"
-#include "reconf.h" /* enum plan_reconf: what each reconfiguration was */
+#include "planner.h" /* struct plan_measured_costs: the fitted costs in the summary */
+#include "reconf.h"  /* enum plan_reconf: what each reconfiguration was */
 
 struct coord;
 struct coord_hooks;
@@ -93,10 +94,17 @@ struct coord_loop_record {
                                     * (fleet.prewarm), over the positioned workers */
     double stall_seconds;          /* shared/DESIGN.md "One meaning of stall"; for a failed
                                     * epoch, until the epoch that replaced it made a step */
-    double stall_predicted;        /* live migrations: the cost model's stall when ordered
-                                    * (its base kind's; < 0 where none was made) */
+    double stall_predicted;        /* live migrations: the cost model's stall when ordered,
+                                    * shown once the stall was measured (< 0 before, and
+                                    * where none was made) */
     bool stall_calibrated;         /* that prediction rested on measured migrations (this
                                     * job's, or a cost file's) rather than the prior alone */
+    /* Held from the order until the stall is measured, which may be after the next
+     * reconfiguration was ordered (the epoch ended before its later steps): the prediction,
+     * whether it was calibrated, and what the plan moves as the cost model charges it. */
+    double ordered_stall;
+    bool ordered_calibrated;
+    struct plan_fit_move ordered_move;
     uint64_t steps_replayed;       /* restores: steps done before the loss, trained again */
     double seconds;                /* order to last "reconfigured" */
     /* Where the stall went, on the worker whose span set it (seconds, docs/live-migration.md):
@@ -162,6 +170,10 @@ struct coord_loop_summary {
         double stall_predicted[PLAN_RECONF_NLIVE], stall_measured[PLAN_RECONF_NLIVE]; /* sums */
         uint64_t cal_n[PLAN_RECONF_NLIVE]; /* of those, calibrated */
         double cal_predicted[PLAN_RECONF_NLIVE], cal_measured[PLAN_RECONF_NLIVE];
+        /* The migration costs fitted by the end (plan_fit_costs), for the next job's
+         * planner.migration_costs; fitted_ok is false when no live migration was measured. */
+        bool fitted_ok;
+        struct plan_measured_costs fitted;
     } cost_model;
 };
 

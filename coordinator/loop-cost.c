@@ -88,14 +88,13 @@ void loop__cm_epoch_end(struct coord_loop *L) {
 void loop__cm_predict(struct coord_loop *L, int dp, int pp, const struct plan_migration *plan) {
     double all = plan ? (double)plan->bytes_moved : 0;
     double w = plan ? (double)plan->bytes_kind[ST_STATE_PARAM] : 0;
-    L->rc.move = (struct plan_fit_move){w, all - w, dp, pp};
+    struct coord_loop_record *rec = &L->rc.rec;
+    rec->ordered_move = (struct plan_fit_move){w, all - w, dp, pp, rec->dp_reshard};
     L->rc.pred_step = L->fit ? plan_fit_step_seconds(L->fit, dp, pp) : 0;
     L->rc.calibrated = L->fit_has_steps;
-    L->rc.pred_stall = L->fit ? plan_fit_stall_seconds_move(L->fit, meas_kind(L->rc.rec.kind),
-                                                            &L->rc.move) : 0;
-    L->rc.pred_stall_dp = L->fit ? plan_fit_stall_seconds_move(L->fit, PLAN_RECONF_DP_RESHARDING,
-                                                               &L->rc.move) : 0;
-    L->rc.stall_calibrated = L->fit && plan_fit_stall_calibrated(L->fit);
+    rec->ordered_stall = L->fit ? plan_fit_stall_seconds_move(L->fit, meas_kind(rec->kind),
+                                                              &rec->ordered_move) : 0;
+    rec->ordered_calibrated = L->fit && plan_fit_stall_calibrated(L->fit);
 }
 
 /* Epoch L->epoch runs from now: measure its steps against the prediction made for it. */
@@ -123,25 +122,27 @@ static void cm_count(struct coord_loop *L, int k, double predicted, bool calibra
     }
 }
 
-/* A live migration finished: compare (in the summary and on its record) and learn. */
+/* A live migration's stall was measured: compare it (in the summary and on its record) with
+ * the prediction made when it was ordered, and learn. */
 void loop__cm_migration(struct coord_loop *L, struct coord_loop_record *rec, uint64_t moved,
                         double stall) {
     if (!L->fit || (unsigned)rec->kind >= PLAN_RECONF_NLIVE) /* live migrations only */
         return;
-    rec->stall_predicted = L->rc.pred_stall;
-    rec->stall_calibrated = L->rc.stall_calibrated;
-    cm_count(L, rec->kind, L->rc.pred_stall, L->rc.stall_calibrated, stall);
+    rec->stall_predicted = rec->ordered_stall;
+    rec->stall_calibrated = rec->ordered_calibrated;
+    cm_count(L, rec->kind, rec->stall_predicted, rec->stall_calibrated, stall);
     /* The wire's bytes, split as the plan's were. */
-    struct plan_fit_move mv = L->rc.move;
+    struct plan_fit_move mv = rec->ordered_move;
     double planned = mv.weight_bytes + mv.moment_bytes;
     double scale = planned > 0 ? (double)moved / planned : 0;
     mv.weight_bytes *= scale;
     mv.moment_bytes *= scale;
     if (planned <= 0)
         mv.weight_bytes = (double)moved;
-    (void)plan_fit_observe_move(L->fit, rec->kind, &mv, stall);
-    if (rec->dp_reshard) {
-        cm_count(L, PLAN_RECONF_DP_RESHARDING, L->rc.pred_stall_dp, L->rc.stall_calibrated, stall);
-        (void)plan_fit_observe_move(L->fit, PLAN_RECONF_DP_RESHARDING, &mv, stall);
-    }
+    (void)plan_fit_observe_move(L->fit, rec->kind, &mv, stall); /* dp's part with it */
+    /* A move that changed dp counts again under dp-resharding: the same prediction of its
+     * whole stall against the same measurement. */
+    if (rec->dp_reshard)
+        cm_count(L, PLAN_RECONF_DP_RESHARDING, rec->stall_predicted, rec->stall_calibrated,
+                 stall);
 }

@@ -130,10 +130,8 @@ struct reconf {
     int split[PLAN_MIG_MAX_STAGES + 1];
     uint64_t first_lease;      /* the new epoch's first lease, sent with a migration's
                                 * orders (Migrate.lease); 0 = none */
-    double pred_step, pred_stall, pred_stall_dp; /* the fitted model's, when ordered */
-    struct plan_fit_move move; /* what the plan moves, as the cost model charges it */
+    double pred_step;          /* the fitted model's, when ordered (the stall's: rec) */
     bool calibrated;           /* pred_step had measured steps behind it */
-    bool stall_calibrated;     /* pred_stall had measured migrations behind it */
     char why[240];             /* the event line's tail: why this epoch (set at the order) */
 };
 

@@ -1978,6 +1978,7 @@ void coord_loop_summary(struct coord_loop *L, struct coord_loop_summary *ret) {
     pthread_mutex_lock(&L->lock);
     loop__cm_account(L, ret); /* the epoch still running */
     pthread_mutex_unlock(&L->lock);
+    ret->cost_model.fitted_ok = L->fit && plan_fit_costs(L->fit, &ret->cost_model.fitted) == 0;
 }
 
 /* See coord-loop.h. */

@@ -9,17 +9,22 @@
  * average). a is the wrong hardware; b and c catch a prior that scales wrongly with the shape,
  * e.g. workers that share CPU cores gain nothing from more replicas. Migrations: once one was
  * measured, the cost model charges live migrations (plan_cost_use_measured) with each kind's
- * fixed part fitted as the median, over its last FIT_MIG_WINDOW migrations, of stall minus its
- * bytes over the prior's link, and a kind not yet seen at the largest fixed part seen so far.
- * A median, not a mean: a job's first migration pays one-time costs (connections, buffers
- * faulted in) several times a typical stall, and a mean carried that into every prediction
- * after it (the quickstart: predicted 2x the measured stall, calibrated ones included); the
- * window lets the figure follow a machine that gets busier or quieter. A cost file
- * (planner.migration_costs, plan_fit_start_costs) replaces the prior's migration figures from
- * the start: every kind then has its file's fixed part and throughput until the job measures
- * it. Pure: the loop feeds it numbers. */
+ * fixed part: what a stall leaves beyond its bytes over the link, averaged over the kind's last
+ * FIT_MIG_WINDOW migrations and its cost file's figure (counted as many times as the
+ * migrations behind it, at most FIT_PRIOR_MAX), leaving out any more than FIT_OUTLIER times
+ * their median. A mean, because the planner charges expected costs and stalls are skewed: on
+ * the quickstart a kind's stalls run 2-4x apart, and the median of a job's few fell 15-25%
+ * short of their mean. Without the outliers, because one stall an order of magnitude above the
+ * rest (a worker descheduled at the hand-off) would otherwise move every prediction after it;
+ * that skew, up to about 4x the median on the quickstart, is the expected cost. A kind
+ * this job has no figure for is charged the same mean over every kind it measured. The window
+ * follows a machine that gets busier or quieter; plan_fit_costs hands the figures back in the
+ * cost file's shape, so the next job (`spottrain run --save-costs`) starts where this one
+ * ended. A cost file (planner.migration_costs, plan_fit_start_costs) also gives each kind's
+ * throughput. Pure: the loop feeds it numbers. */
 #include <errno.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h> /* qsort */
 #include <string.h>
 
@@ -30,7 +35,9 @@
 #define FIT_ALPHA 0.5  /* weight of a new sample in a shape's deviation */
 #define FIT_DECAY 0.7  /* weight left to older samples in the regression at each new one */
 #define FIT_RIDGE 1.0  /* pull of b and c towards 0 */
-#define FIT_MIG_WINDOW 8 /* the migrations of a kind whose median is its fixed part */
+#define FIT_MIG_WINDOW 8 /* the migrations of a kind its fixed part is fitted from */
+#define FIT_PRIOR_MAX 4  /* the most migrations a cost file's figure counts as */
+#define FIT_OUTLIER 8.0  /* a fixed part above this many times the median is left out */
 
 struct plan_fit {
     struct plan_cost *cost;      /* the fitted model plan_decide reads */
@@ -39,8 +46,11 @@ struct plan_fit {
     bool *seen;                  /* [nshapes] the shape ran */
     double A[3][3], B[3];        /* decayed normal equations of the regression */
     bool have_level;
-    double fixed[PLAN_RECONF_NLIVE][FIT_MIG_WINDOW]; /* a ring of the last fixed parts */
-    int nfixed[PLAN_RECONF_NLIVE];                   /* all observed (the ring holds the last) */
+    /* Per base kind (intra-stage, inter-stage, pipeline) a ring of its last moves: what each
+     * stalled beyond its bytes, and whether it changed dp. */
+    double fixed[PLAN_RECONF_DP_RESHARDING][FIT_MIG_WINDOW];
+    bool fixed_dp[PLAN_RECONF_DP_RESHARDING][FIT_MIG_WINDOW];
+    int nfixed[PLAN_RECONF_NLIVE]; /* moves observed per kind, dp changes under dp-resharding */
     double link_bytes_per_s;     /* the prior's point-to-point rate at large messages */
     bool have_file;              /* plan_fit_start_costs: the kinds' figures below */
     struct plan_measured_costs file;
@@ -151,26 +161,102 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* The median of kind k's last fixed parts; -1 when none was observed. */
-static double fixed_median(const struct plan_fit *f, int k) {
-    int n = ST_MIN(f->nfixed[k], FIT_MIG_WINDOW);
-    if (n <= 0) /* never below 0; said so, gcc -O3 bounds the memcpy below */
+/* The mean of v[0..n) (sorted here) without the values above FIT_OUTLIER times its median;
+ * -1 when n is 0. */
+static double robust_mean(double *v, int n) {
+    if (n <= 0)
         return -1;
-    double v[FIT_MIG_WINDOW];
-    memcpy(v, f->fixed[k], (size_t)n * sizeof(double));
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    double med = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2, sum = 0;
+    int kept = 0;
+    for (int i = 0; i < n && v[i] <= FIT_OUTLIER * med; i++, kept++)
+        sum += v[i];
+    return sum / kept; /* the smallest value is never above the median: kept >= 1 */
+}
+
+/* Appends to v what the last moves of base kind k left beyond their bytes: those that changed
+ * dp (dp 1), those that did not (dp 0), or all (dp -1). Returns how many. */
+static int window(const struct plan_fit *f, int k, int dp, double *v) {
+    int n = ST_MIN(f->nfixed[k], FIT_MIG_WINDOW), m = 0;
+    for (int i = 0; i < n; i++)
+        if (dp < 0 || f->fixed_dp[k][i] == (dp == 1))
+            v[m++] = f->fixed[k][i];
+    return m;
+}
+
+/* The migrations the cost file's figure for kind k counts as: 0 without a file, or where the
+ * file says nothing was measured (its figure then stands only until a measurement). */
+static int prior_weight(const struct plan_fit *f, int k) {
+    return f->have_file ? ST_MIN(f->file.samples[k], FIT_PRIOR_MAX) : 0;
+}
+
+static bool measured_any(const struct plan_fit *f) {
+    for (int k = 0; k < PLAN_RECONF_DP_RESHARDING; k++)
+        if (f->nfixed[k] > 0)
+            return true;
+    return false;
+}
+
+/* Base kind k's fixed part: its moves that kept dp with its file's figure; without either, all
+ * its moves (a kind whose every move changed dp carries that part itself, as `scripts/bench
+ * migration` charges it); then every base kind's moves; then the file's stand-in. -1 when
+ * nothing is known (the prior). */
+static double base_fixed(const struct plan_fit *f, int k) {
+    double v[PLAN_RECONF_DP_RESHARDING * FIT_MIG_WINDOW + FIT_PRIOR_MAX];
+    int n = window(f, k, 0, v), w = prior_weight(f, k);
+    for (int i = 0; i < w; i++)
+        v[n++] = f->file.fixed_s[k];
+    if (n == 0)
+        n = window(f, k, -1, v);
+    if (n == 0)
+        for (int j = 0; j < PLAN_RECONF_DP_RESHARDING; j++)
+            n += window(f, j, -1, v + n);
+    if (n > 0)
+        return robust_mean(v, n);
+    return f->have_file ? f->file.fixed_s[k] : -1;
+}
+
+/* The median of v[0..n), sorting it; +inf when n is 0. */
+static double median(double *v, int n) {
+    if (n <= 0)
+        return INFINITY;
     qsort(v, (size_t)n, sizeof(double), cmp_double);
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+/* What a change of dp adds to a move's stall (the ZeRO-1 shards' re-layout): the mean, over
+ * the moves that changed dp, of their stall beyond their base kind's fixed part, with the
+ * file's figure; those an order of magnitude above their kind's moves are left out, as
+ * robust_mean leaves them out of a kind. Residuals may be negative (a move faster than its
+ * kind's mean); the mean is not below 0. 0 when no move changed dp and the file says nothing;
+ * -1 when nothing is known at all. */
+static double dp_fixed(const struct plan_fit *f) {
+    double v[PLAN_RECONF_DP_RESHARDING * FIT_MIG_WINDOW + FIT_PRIOR_MAX];
+    double sum = 0;
+    int n = 0;
+    for (int k = 0; k < PLAN_RECONF_DP_RESHARDING; k++) {
+        double all[FIT_MIG_WINDOW], base = base_fixed(f, k);
+        double cap = FIT_OUTLIER * median(all, window(f, k, -1, all));
+        int m = window(f, k, 1, v);
+        for (int i = 0; i < m; i++)
+            if (v[i] <= cap) {
+                sum += v[i] - base;
+                n++;
+            }
+    }
+    int w = prior_weight(f, PLAN_RECONF_DP_RESHARDING);
+    sum += w * (f->have_file ? f->file.fixed_s[PLAN_RECONF_DP_RESHARDING] : 0);
+    n += w;
+    if (n > 0)
+        return ST_MAX(0.0, sum / n);
+    if (measured_any(f))
+        return 0;
+    return f->have_file ? f->file.fixed_s[PLAN_RECONF_DP_RESHARDING] : -1;
+}
+
+/* Kind k's fixed part (dp-resharding: what a dp change adds to its move's). */
 static double fixed_s(const struct plan_fit *f, enum plan_reconf k) {
-    if (f->nfixed[k] > 0)
-        return fixed_median(f, k);
-    if (f->have_file)
-        return f->file.fixed_s[k];
-    double worst = -1;
-    for (int j = 0; j < PLAN_RECONF_NLIVE; j++)
-        worst = ST_MAX(worst, fixed_median(f, j));
-    return worst;
+    return k == PLAN_RECONF_DP_RESHARDING ? dp_fixed(f) : base_fixed(f, k);
 }
 
 /* Bytes per second a migration of kind k moves: the cost file's, or the prior's link. */
@@ -183,7 +269,7 @@ int plan_fit_start_costs(struct plan_fit *f, const struct plan_measured_costs *m
         return -EINVAL;
     for (int k = 0; k < PLAN_RECONF_NLIVE; k++)
         if (!(m->bytes_per_s[k] > 0) || !(m->fixed_s[k] >= 0) || !isfinite(m->fixed_s[k]) ||
-            !isfinite(m->bytes_per_s[k]))
+            !isfinite(m->bytes_per_s[k]) || m->samples[k] < 0)
             return -EINVAL;
     f->file = *m;
     f->have_file = true;
@@ -210,35 +296,64 @@ double plan_fit_stall_seconds_move(const struct plan_fit *f, enum plan_reconf k,
         return -1;
     double fx = fixed_s(f, k);
     if (fx < 0) /* nothing measured yet: the prior's own estimate of a live move */
-        fx = plan__intra_ms(f->cost, 1, 1) / 1000;
-    return fx + move_s(f, k, mv);
+        return plan__intra_ms(f->cost, 1, 1) / 1000 + move_s(f, k, mv);
+    if (k == PLAN_RECONF_DP_RESHARDING) /* the part a dp change adds, alone */
+        return fx;
+    return fx + (mv->dp_change ? dp_fixed(f) : 0) + move_s(f, k, mv);
 }
 
 int plan_fit_observe_move(struct plan_fit *f, enum plan_reconf k,
                           const struct plan_fit_move *mv, double stall_s) {
-    if (!f || (unsigned)k >= PLAN_RECONF_NLIVE || !move_ok(mv) || !(stall_s >= 0) ||
+    if (!f || (unsigned)k >= PLAN_RECONF_DP_RESHARDING || !move_ok(mv) || !(stall_s >= 0) ||
         !isfinite(stall_s))
         return -EINVAL;
-    f->fixed[k][f->nfixed[k] % FIT_MIG_WINDOW] = ST_MAX(0.0, stall_s - move_s(f, k, mv));
+    int i = f->nfixed[k] % FIT_MIG_WINDOW;
+    f->fixed[k][i] = ST_MAX(0.0, stall_s - move_s(f, k, mv));
+    f->fixed_dp[k][i] = mv->dp_change;
     f->nfixed[k]++;
+    if (mv->dp_change)
+        f->nfixed[PLAN_RECONF_DP_RESHARDING]++;
     f->dirty = true;
     return 0;
 }
 
 /* The bytes all in the stall: weights, as far as the charge goes. */
 double plan_fit_stall_seconds(const struct plan_fit *f, enum plan_reconf k, double bytes) {
-    struct plan_fit_move mv = {bytes, 0, 1, 1};
+    struct plan_fit_move mv = {bytes, 0, 1, 1, false};
     return plan_fit_stall_seconds_move(f, k, &mv);
 }
 
 int plan_fit_observe_migration(struct plan_fit *f, enum plan_reconf k, double bytes,
                                double stall_s) {
-    struct plan_fit_move mv = {bytes, 0, 1, 1};
+    struct plan_fit_move mv = {bytes, 0, 1, 1, false};
     return plan_fit_observe_move(f, k, &mv, stall_s);
 }
 
 bool plan_fit_stall_calibrated(const struct plan_fit *f) {
-    return f && (f->have_file || fixed_s(f, PLAN_RECONF_INTRA_STAGE) >= 0);
+    return f && (f->have_file || measured_any(f));
+}
+
+int plan_fit_costs(const struct plan_fit *f, struct plan_measured_costs *ret) {
+    if (!f || !ret)
+        return -EINVAL;
+    if (!measured_any(f))
+        return -ENODATA;
+    struct plan_measured_costs m;
+    memset(&m, 0, sizeof(m));
+    if (f->have_file)
+        m = f->file;
+    else
+        m.link_gbps = f->link_bytes_per_s * 8 / 1e9;
+    for (int k = 0; k < PLAN_RECONF_NLIVE; k++) {
+        m.fixed_s[k] = fixed_s(f, (enum plan_reconf)k); /* >= 0: a migration was measured */
+        m.bytes_per_s[k] = rate(f, (enum plan_reconf)k);
+        /* What the figure rests on: the file's migrations and this job's (all of them, though
+         * the window keeps the last; a later job counts them as at most FIT_PRIOR_MAX). */
+        int64_t n = (int64_t)(f->have_file ? f->file.samples[k] : 0) + f->nfixed[k];
+        m.samples[k] = (int)ST_MIN(n, (int64_t)INT32_MAX);
+    }
+    *ret = m;
+    return 0;
 }
 
 const struct plan_cost *plan_fit_cost(struct plan_fit *f) {
@@ -251,7 +366,7 @@ const struct plan_cost *plan_fit_cost(struct plan_fit *f) {
         double s = plan_fit_step_seconds(f, c->shapes[i].dp, c->shapes[i].pp);
         c->samples_per_s[i] = s > 0 ? c->global_batch / s : 0;
     }
-    if (fixed_s(f, PLAN_RECONF_INTRA_STAGE) >= 0) { /* some kind was measured */
+    if (f->have_file || measured_any(f)) {
         struct plan_measured_costs m;
         memset(&m, 0, sizeof(m));
         m.link_gbps = f->have_file ? f->file.link_gbps : f->link_bytes_per_s * 8 / 1e9;

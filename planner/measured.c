@@ -10,12 +10,55 @@
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h> /* free: what json_dumps returns */
 #include <string.h>
 
 #include "common.h"
 #include "planner-internal.h"
 #include "planner.h"
+
+
+int plan_measured_costs_format(const struct plan_measured_costs *m, const char *source,
+                               char **ret) {
+    if (!m || !ret || !(m->link_gbps > 0) || !isfinite(m->link_gbps))
+        return -EINVAL;
+    for (int k = 0; k < PLAN_RECONF_NLIVE; k++) /* what the parser would refuse */
+        if (!(m->fixed_s[k] >= 0) || !isfinite(m->fixed_s[k]) || !(m->bytes_per_s[k] > 0) ||
+            !isfinite(m->bytes_per_s[k]) || !isfinite(m->raw_bytes_per_s[k]) ||
+            m->samples[k] < 0)
+            return -EINVAL;
+    json_t *root = json_object(), *kinds = json_object();
+    int r = root && kinds ? 0 : -ENOMEM;
+    for (int k = 0; r == 0 && k < PLAN_RECONF_NLIVE; k++) {
+        json_t *o = json_pack("{s:f, s:f, s:I}", "fixed_s", m->fixed_s[k], "bytes_per_s",
+                              m->bytes_per_s[k], "samples", (json_int_t)m->samples[k]);
+        if (o && m->raw_bytes_per_s[k] > 0 &&
+            json_object_set_new(o, "raw_bytes_per_s", json_real(m->raw_bytes_per_s[k])) < 0) {
+            json_decref(o);
+            o = NULL;
+        }
+        if (!o || json_object_set_new(kinds, plan_reconf_name((enum plan_reconf)k), o) < 0)
+            r = -ENOMEM;
+    }
+    if (r == 0 && (json_object_set_new(root, "machine", json_string(m->machine)) < 0 ||
+                   json_object_set_new(root, "link_gbps", json_real(m->link_gbps)) < 0 ||
+                   (source && json_object_set_new(root, "source", json_string(source)) < 0) ||
+                   json_object_set(root, "kinds", kinds) < 0))
+        r = -ENOMEM;
+    char *text = r == 0 ? json_dumps(root, JSON_INDENT(1) | JSON_PRESERVE_ORDER) : NULL;
+    if (r == 0 && text) {
+        *ret = st_strdup(text); /* st_free, as the rest of the tree frees */
+        r = *ret ? 0 : -ENOMEM;
+    } else if (r == 0) {
+        r = -ENOMEM; /* json_dumps fails only for memory: the values are finite numbers */
+    }
+    free(text);
+    json_decref(kinds);
+    json_decref(root);
+    return r;
+}
 
 /* Adam's two moments, the part of a stage's state ZeRO-1 shards across its replicas. */
 #define OPT_BYTES_PER_PARAM 8.0
@@ -82,6 +125,15 @@ int plan_measured_costs_parse(const char *name, const char *text, size_t len,
             r = st_error_set(err, name, 0, 0, field, "missing or not a positive number");
             goto out;
         }
+        json_t *n = json_object_get(o, "samples");
+        if (n && (!json_is_integer(n) || json_integer_value(n) < 0 ||
+                  json_integer_value(n) > INT32_MAX)) {
+            snprintf(field, sizeof(field), "kinds.%s.samples", kn);
+            r = st_error_set(err, name, 0, 0, field, "not an integer >= 0 (the migrations "
+                                                     "fixed_s was measured on)");
+            goto out;
+        }
+        m.samples[k] = n ? (int)json_integer_value(n) : 1;
         json_t *raw = json_object_get(o, "raw_bytes_per_s");
         if (raw && !positive(raw, &m.raw_bytes_per_s[k])) {
             snprintf(field, sizeof(field), "kinds.%s.raw_bytes_per_s", kn);

@@ -217,14 +217,22 @@ struct plan_measured_costs {
     double bytes_per_s[PLAN_RECONF_NLIVE];     /* data-plane throughput, bytes/s */
     double raw_bytes_per_s[PLAN_RECONF_NLIVE]; /* raw TCP in the same setting (optional "raw_
                                                 * bytes_per_s"; 0 = link_gbps), bytes/s */
+    int samples[PLAN_RECONF_NLIVE];            /* migrations behind fixed_s (optional
+                                                * "samples", 1 when absent; 0: a stand-in,
+                                                * not measured) */
 };
 
 /* Parses a cost file: {"machine": "...", "link_gbps": G, "kinds": {"intra-stage": {"fixed_s":
  * F, "bytes_per_s": B}, "inter-stage": {...}, "pipeline": {...}, "dp-resharding": {...}}};
  * other fields are ignored. Every kind is required, fixed_s >= 0 and finite, bytes_per_s and
- * link_gbps > 0. Returns 0 and fills *ret, or -EINVAL with err naming the field. */
+ * link_gbps > 0, an optional samples an integer >= 0. Returns 0 and fills *ret, or -EINVAL
+ * with err naming the field. */
 int plan_measured_costs_parse(const char *name, const char *text, size_t len,
                               struct plan_measured_costs *ret, struct st_error *err);
+/* m as a cost file plan_measured_costs_parse reads back, with "source" saying where it came
+ * from (may be NULL). Returns 0 and *ret (st_free), -EINVAL, -ENOMEM. */
+int plan_measured_costs_format(const struct plan_measured_costs *m, const char *source,
+                               char **ret);
 
 /* Makes c charge migrations with measured costs instead of Parcae's restart-based ones:
  * bytes from c's layer sizes (state_bytes_per_param per parameter) over a link of link_gbps
@@ -255,9 +263,9 @@ double plan_fit_step_seconds(const struct plan_fit *f, int dp, int pp);
  * seconds not > 0). */
 int plan_fit_observe_step(struct plan_fit *f, int dp, int pp, double seconds);
 /* Predicted stall of a live migration of kind k moving `bytes`, all of them in the stall: the
- * kind's fitted fixed part (the largest fitted one for a kind not seen; the prior's
- * intra-stage estimate before any) plus the bytes over the prior's link. -1 on bad
- * arguments. */
+ * kind's fitted fixed part (fitted.c says how; for a kind without a figure, the same over
+ * every kind measured; the prior's intra-stage estimate before any) plus the bytes over the
+ * prior's link (or the cost file's throughput). -1 on bad arguments. */
 double plan_fit_stall_seconds(const struct plan_fit *f, enum plan_reconf k, double bytes);
 /* One migration measured whose bytes all stalled. Returns 0 or -EINVAL. */
 int plan_fit_observe_migration(struct plan_fit *f, enum plan_reconf k, double bytes,
@@ -267,10 +275,15 @@ int plan_fit_observe_migration(struct plan_fit *f, enum plan_reconf k, double by
  * only what outlasts the step stalls (all of it when the prior's meas_at_boundary is set). */
 struct plan_fit_move {
     double weight_bytes, moment_bytes;
-    int dp, pp; /* the new shape, whose predicted step hides the moments */
+    int dp, pp;     /* the new shape, whose predicted step hides the moments */
+    bool dp_change; /* dp changes too: the dp-resharding fixed part adds to the kind's */
 };
 /* plan_fit_stall_seconds and plan_fit_observe_migration for such a move: the prediction the
- * planner's own charge makes, and the fixed part the measurement leaves beside it. */
+ * planner's own charge makes (the kind's fixed part, the dp-resharding one where dp changes,
+ * and the transfers), and the fixed part the measurement leaves beside it. Moves are observed
+ * under their base kind (intra-stage, inter-stage, pipeline; dp-resharding is -EINVAL): a
+ * move that changes dp also teaches what such a change adds. Predicted with k dp-resharding:
+ * that added part alone. */
 double plan_fit_stall_seconds_move(const struct plan_fit *f, enum plan_reconf k,
                                    const struct plan_fit_move *mv);
 int plan_fit_observe_move(struct plan_fit *f, enum plan_reconf k,
@@ -278,11 +291,17 @@ int plan_fit_observe_move(struct plan_fit *f, enum plan_reconf k,
 /* Whether stall predictions rest on measurements: a migration of this job was observed, or a
  * cost file (plan_fit_start_costs) gave every kind's figures. False with the prior alone. */
 bool plan_fit_stall_calibrated(const struct plan_fit *f);
-/* Starts the migration costs from a cost file (scripts/bench migration) instead of the
- * prior's: a kind not measured in this job yet is charged the file's fixed part, and bytes
- * cross at the file's throughput of that kind, in predictions and in the fit alike. Call
- * before the first observation. Returns 0 or -EINVAL. */
+/* Starts the migration costs from a cost file (scripts/bench migration, or a job's
+ * `--save-costs`) instead of the prior's: each kind's fixed part is the file's, counted as
+ * its samples (at most 4) migrations beside the ones this job measures, and bytes cross at
+ * the file's throughput of that kind, in predictions and in the fit alike. Call before the
+ * first observation. Returns 0 or -EINVAL. */
 int plan_fit_start_costs(struct plan_fit *f, const struct plan_measured_costs *m);
+/* The migration costs fitted so far, in a cost file's shape: per kind the fixed part charged
+ * now, the throughput used and the migrations behind the figure (the start file's and this
+ * job's); machine, link and raw rates from the start file (the prior's link without one).
+ * Returns 0, -ENODATA when this job measured no migration, -EINVAL. */
+int plan_fit_costs(const struct plan_fit *f, struct plan_measured_costs *ret);
 /* The fitted model for plan_decide: throughput from the predicted step times and, once a
  * migration was measured, migrations charged with the fitted costs (plan_cost_use_measured).
  * Borrowed; valid until the next call or plan_fit_free. */

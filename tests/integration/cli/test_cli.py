@@ -194,20 +194,55 @@ with tempfile.TemporaryDirectory(prefix="st-cli-save-") as d:
                          "fleet: {provider: aws, instance_type: t3.micro, image: ami-12c6146b, "
                          "zones: [us-east-1a], max: 1}\n"
                          "  coordinator: {listen: \"127.0.0.1:0\", advertise: \"127.0.0.1:1\"}"))
-    for cmd, job in ((["run"], "job.yaml"), (["launch", "--state-dir", os.path.join(d, "ls")],
-                                             "launch.yaml")):
-        p = subprocess.run([BIN] + cmd + [os.path.join(d, job), "--json-summary", summ],
-                           capture_output=True, text=True, timeout=60,
-                           env=dict(os.environ, TMPDIR=tmp, AWS_ENDPOINT_URL="http://127.0.0.1:1"))
-        want = f"spottrain {cmd[0]}: cannot write --json-summary '{summ}': Not a directory"
-        check(p.returncode == 2 and want in p.stderr,
-              f"{cmd[0]} --json-summary under a file exits 2 ({p.returncode}: {p.stderr[-300:]!r})")
+    # --save-costs (the migration costs the job fitted) is checked the same way.
+    for flag, out in (("--json-summary", summ), ("--save-costs", os.path.join(d, "file", "c.json"))):
+        for cmd, job in ((["run"], "job.yaml"),
+                         (["launch", "--state-dir", os.path.join(d, "ls")], "launch.yaml")):
+            p = subprocess.run([BIN] + cmd + [os.path.join(d, job), flag, out],
+                               capture_output=True, text=True, timeout=60,
+                               env=dict(os.environ, TMPDIR=tmp,
+                                        AWS_ENDPOINT_URL="http://127.0.0.1:1"))
+            want = f"spottrain {cmd[0]}: cannot write {flag} '{out}': Not a directory"
+            check(p.returncode == 2 and want in p.stderr,
+                  f"{cmd[0]} {flag} under a file exits 2 ({p.returncode}: {p.stderr[-300:]!r})")
     p = subprocess.run([BIN, "run", os.path.join(d, "job.yaml"), "--json-summary", d],
                        capture_output=True, text=True, timeout=60, env=dict(os.environ, TMPDIR=tmp))
     check(p.returncode == 2 and
           f"spottrain run: cannot write --json-summary '{d}': Is a directory" in p.stderr,
           f"run --json-summary DIR exits 2 ({p.returncode}: {p.stderr[-300:]!r})")
     check(os.listdir(tmp) == [], f"run left its state directory behind: {os.listdir(tmp)}")
+    # A job that measured no live migration (one shape all along) has no costs to write, says
+    # so, and leaves the --save-costs file as it was.
+    costs = os.path.join(d, "costs.json")
+    p = subprocess.run([BIN, "run", os.path.join(d, "job.yaml"), "--steps", "2", "--save-costs",
+                        costs, "--state-dir", os.path.join(d, "st-costs")],
+                       capture_output=True, text=True, timeout=120)
+    check(p.returncode == 0 and
+          f"costs: no live migration was measured; '{costs}' left as it was" in p.stdout and
+          not os.path.exists(costs),
+          f"a run without migrations writes no costs ({p.returncode}: {p.stdout[-300:]!r} "
+          f"{p.stderr[-300:]!r})")
+    # A --save-costs whose directory is gone by the end (checked when the job started): the
+    # job's work stands, the costs are lost, and run says so and exits 1. A forced 1x1 -> 2x1
+    # gives it a live migration to write; the directory goes once the coordinator is up.
+    sub = os.path.join(d, "gone")
+    os.mkdir(sub)
+    costs = os.path.join(sub, "costs.json")
+    job = subprocess.Popen([BIN, "run", os.path.join(d, "job.yaml"), "--steps", "40", "--shapes",
+                            "0:1x1,5:2x1", "--save-costs", costs, "--state-dir",
+                            os.path.join(d, "st-gone")], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    line = job.stderr.readline()
+    while line and "coordinator grpc=" not in line:  # the coordinator is up: the check passed
+        line = job.stderr.readline()
+    check("coordinator grpc=" in line, "run never started its coordinator")
+    os.rmdir(sub)
+    out, err = job.communicate(timeout=300)
+    check(job.returncode == 1 and
+          f"spottrain run: cannot write --save-costs '{costs}': No such file or directory" in err
+          and "final loss" in out,
+          f"a --save-costs directory gone by the end exits 1 ({job.returncode}: "
+          f"{out[-300:]!r} {err[-300:]!r})")
     # A directory that does not exist yet is made, as the final save would make it.
     good = os.path.join(d, "out", "final")
     p = subprocess.run([BIN, "train", "--local", os.path.join(d, "job.yaml"), "--steps", "1",
