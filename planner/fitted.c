@@ -161,15 +161,22 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* The median of v[0..n), sorting it; +inf when n is 0. */
+static double median(double *v, int n) {
+    if (n <= 0)
+        return INFINITY;
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 /* The mean of v[0..n) (sorted here) without the values above FIT_OUTLIER times its median;
  * -1 when n is 0. */
 static double robust_mean(double *v, int n) {
     if (n <= 0)
         return -1;
-    qsort(v, (size_t)n, sizeof(double), cmp_double);
-    double med = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2, sum = 0;
+    double cap = FIT_OUTLIER * median(v, n), sum = 0;
     int kept = 0;
-    for (int i = 0; i < n && v[i] <= FIT_OUTLIER * med; i++, kept++)
+    for (int i = 0; i < n && v[i] <= cap; i++, kept++)
         sum += v[i];
     return sum / kept; /* the smallest value is never above the median: kept >= 1 */
 }
@@ -197,31 +204,23 @@ static bool measured_any(const struct plan_fit *f) {
     return false;
 }
 
-/* Base kind k's fixed part: its moves that kept dp with its file's figure; without either, all
- * its moves (a kind whose every move changed dp carries that part itself, as `scripts/bench
- * migration` charges it); then every base kind's moves; then the file's stand-in. -1 when
- * nothing is known (the prior). */
+/* Base kind k's fixed part: its moves that kept dp, or all its moves where every one changed
+ * dp (the kind then carries that part itself, as `scripts/bench migration` charges it), with
+ * its file's figure; without either, every base kind's moves; then the file's stand-in. -1
+ * when nothing is known (the prior). */
 static double base_fixed(const struct plan_fit *f, int k) {
     double v[PLAN_RECONF_DP_RESHARDING * FIT_MIG_WINDOW + FIT_PRIOR_MAX];
     int n = window(f, k, 0, v), w = prior_weight(f, k);
-    for (int i = 0; i < w; i++)
-        v[n++] = f->file.fixed_s[k];
     if (n == 0)
         n = window(f, k, -1, v);
+    for (int i = 0; i < w; i++)
+        v[n++] = f->file.fixed_s[k];
     if (n == 0)
         for (int j = 0; j < PLAN_RECONF_DP_RESHARDING; j++)
             n += window(f, j, -1, v + n);
     if (n > 0)
         return robust_mean(v, n);
     return f->have_file ? f->file.fixed_s[k] : -1;
-}
-
-/* The median of v[0..n), sorting it; +inf when n is 0. */
-static double median(double *v, int n) {
-    if (n <= 0)
-        return INFINITY;
-    qsort(v, (size_t)n, sizeof(double), cmp_double);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 /* What a change of dp adds to a move's stall (the ZeRO-1 shards' re-layout): the mean, over

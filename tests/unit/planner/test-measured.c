@@ -615,6 +615,27 @@ static int test_fit_dp(void) {
     ASSERT_NEAR(plan_fit_stall_seconds_move(f, PLAN_RECONF_DP_RESHARDING, &change), 0.05, 1e-12,
                 0);
     plan_fit_free(f);
+    /* started from a file, a kind whose every move changes dp still learns from them (its
+     * figure would otherwise stay the file's job after job, and dp-resharding take up what
+     * every such kind measured) */
+    struct plan_measured_costs m;
+    memset(&m, 0, sizeof(m));
+    m.link_gbps = 10;
+    for (int k = 0; k < PLAN_RECONF_NLIVE; k++) {
+        m.fixed_s[k] = 0.2;
+        m.bytes_per_s[k] = 1e12;
+        m.samples[k] = 4;
+    }
+    m.fixed_s[PLAN_RECONF_DP_RESHARDING] = 0;
+    ASSERT_OK(plan_fit_new(c, &f));
+    ASSERT_OK(plan_fit_start_costs(f, &m));
+    ASSERT_OK(plan_fit_observe_move(f, PLAN_RECONF_INTRA_STAGE, &change, 0.1));
+    ASSERT_OK(plan_fit_observe_move(f, PLAN_RECONF_INTRA_STAGE, &change, 0.1));
+    ASSERT_NEAR(plan_fit_stall_seconds_move(f, PLAN_RECONF_INTRA_STAGE, &keep), 1.0 / 6, 1e-9,
+                0);
+    /* residuals -1/15 each beside the file's 4 x 0: the mean is below 0, so 0 */
+    ASSERT_NEAR(plan_fit_stall_seconds_move(f, PLAN_RECONF_DP_RESHARDING, &change), 0, 0, 0);
+    plan_fit_free(f);
     plan_cost_free(c);
     return 0;
 }
