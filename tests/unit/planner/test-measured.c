@@ -459,6 +459,19 @@ static int test_fit_move(void) {
     return 0;
 }
 
+/* A cost file of 10 Gb/s giving every kind the same figures. */
+static struct plan_measured_costs uniform_costs(double fixed_s, double bytes_per_s, int samples) {
+    struct plan_measured_costs m;
+    memset(&m, 0, sizeof(m));
+    m.link_gbps = 10;
+    for (int k = 0; k < PLAN_RECONF_NLIVE; k++) {
+        m.fixed_s[k] = fixed_s;
+        m.bytes_per_s[k] = bytes_per_s;
+        m.samples[k] = samples;
+    }
+    return m;
+}
+
 /* A kind's fixed part is the mean of its window, its cost file's figure counted as the
  * migrations behind it (at most 4), leaving out what is more than 8x the median; a file's
  * stand-in (samples 0) lasts until the job measured anything. */
@@ -482,14 +495,8 @@ static int test_fit_mean(void) {
     plan_fit_free(f);
 
     /* a file's figure counts as its samples, at most 4; samples 0 is a stand-in */
-    struct plan_measured_costs m, out;
-    memset(&m, 0, sizeof(m));
+    struct plan_measured_costs m = uniform_costs(0.2, 1e9, 0), out;
     snprintf(m.machine, sizeof(m.machine), "box");
-    m.link_gbps = 10;
-    for (int k = 0; k < PLAN_RECONF_NLIVE; k++) {
-        m.fixed_s[k] = 0.2;
-        m.bytes_per_s[k] = 1e9;
-    }
     m.raw_bytes_per_s[PLAN_RECONF_PIPELINE] = 2e9;
     m.samples[PLAN_RECONF_INTRA_STAGE] = 10;
     m.samples[PLAN_RECONF_INTER_STAGE] = 1;
@@ -618,14 +625,7 @@ static int test_fit_dp(void) {
     /* started from a file, a kind whose every move changes dp still learns from them (its
      * figure would otherwise stay the file's job after job, and dp-resharding take up what
      * every such kind measured) */
-    struct plan_measured_costs m;
-    memset(&m, 0, sizeof(m));
-    m.link_gbps = 10;
-    for (int k = 0; k < PLAN_RECONF_NLIVE; k++) {
-        m.fixed_s[k] = 0.2;
-        m.bytes_per_s[k] = 1e12;
-        m.samples[k] = 4;
-    }
+    struct plan_measured_costs m = uniform_costs(0.2, 1e12, 4);
     m.fixed_s[PLAN_RECONF_DP_RESHARDING] = 0;
     ASSERT_OK(plan_fit_new(c, &f));
     ASSERT_OK(plan_fit_start_costs(f, &m));
