@@ -248,15 +248,15 @@ PARTS = ("wait", "connect", "reshape", "transfer", "commit", "rest")
 
 def check_parts(s):
     """Every live migration's stall comes with its breakdown, measured on the worker that set
-    it (which need not be one that sent or received anything): a handshake always happened, and
-    the parts add up to the stall (rest: what the first step and the boundary's own work took
-    beyond them)."""
+    it (which need not be one that sent or received anything), and the parts add up to the
+    stall (rest: what the first step and the boundary's own work took beyond them). `connect`
+    may be 0: built ahead of the boundary, what is left of the handshake there can take less
+    than the summary's microsecond (a loaded soak saw 0.000000; docs/live-migration.md)."""
     for r in kinds(s):
         p = r["stall_parts"]
         check(set(p) == set(PARTS), "epoch %d: stall parts %r" % (r["epoch"], p))
         check(all(p[k] >= 0 for k in PARTS[:5]), "epoch %d: a negative part in %r" %
               (r["epoch"], p))
-        check(p["connect"] > 0, "epoch %d: no handshake measured: %r" % (r["epoch"], p))
         check(abs(sum(p.values()) - r["stall_seconds"]) <= 1e-5,
               "epoch %d: parts %r do not add up to the stall %.6f" %
               (r["epoch"], p, r["stall_seconds"]))
