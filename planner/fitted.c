@@ -12,9 +12,9 @@
  * fixed part: what a stall leaves beyond its bytes over the link, averaged over the kind's last
  * FIT_MIG_WINDOW migrations and its cost file's figure (counted as many times as the
  * migrations behind it, at most FIT_PRIOR_MAX), leaving out any more than FIT_OUTLIER times
- * their median. A mean, because the planner charges expected costs and stalls are skewed: on
- * the quickstart a kind's stalls run 2-4x apart, and the median of a job's few fell 15-25%
- * short of their mean. Without the outliers, because one stall an order of magnitude above the
+ * their median. A mean, because the planner charges expected costs and stalls are skewed (on
+ * the quickstart a kind's stalls run 2-4x apart; the median sits below the mean). Without the
+ * outliers, because one stall an order of magnitude above the
  * rest (a worker descheduled at the hand-off) would otherwise move every prediction after it;
  * that skew, up to about 4x the median on the quickstart, is the expected cost. A kind
  * this job has no figure for is charged the same mean over every kind it measured. The window
