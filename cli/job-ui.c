@@ -649,7 +649,7 @@ int cli_job_write_json(const char *path, const struct coord_loop_summary *s) {
                    "\"reshape\": %.6f, \"transfer\": %.6f, \"commit\": %.6f, \"rest\": %.6f}, "
                    "\"after_boundary\": {\"seconds\": %.6f, \"waited_seconds\": %.6f}, "
                    "\"stall_span_seconds\": %.6f, \"stall_step_seconds\": %.6f, "
-                   "\"stall_step_from\": \"%s\", ",
+                   "\"stall_step_from\": \"%s\", \"ordered_at_seconds\": %.3f, ",
                 i ? "," : "", r->epoch, r->at_step, plan_reconf_name(r->kind),
                 r->dp_reshard ? "true" : "false", r->from_dp, r->from_pp, r->to_dp, r->to_pp,
                 r->planned_bytes, r->moved_bytes, r->prewarmed_bytes, r->stall_seconds,
@@ -657,9 +657,10 @@ int cli_job_write_json(const char *path, const struct coord_loop_summary *s) {
                 r->parts.wait, r->parts.connect, r->parts.reshape, r->parts.transfer,
                 r->parts.commit, r->parts.rest, r->after_seconds, r->after_waited,
                 r->stall_span, r->stall_step,
-                step_from_name(r->stall_step_from));
-        /* The cost model's prediction for a live migration, made when it was ordered. */
-        if (r->stall_predicted >= 0)
+                step_from_name(r->stall_step_from), r->ordered_at);
+        /* The cost model's prediction for a live migration, made when it was ordered, where
+         * the stall it is compared with was measured. */
+        if (r->stall_compared)
             fprintf(f, "\"stall_seconds_predicted\": %.6f, \"stall_calibrated\": %s, ",
                     r->stall_predicted, r->stall_calibrated ? "true" : "false");
         else

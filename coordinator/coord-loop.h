@@ -94,17 +94,18 @@ struct coord_loop_record {
                                     * (fleet.prewarm), over the positioned workers */
     double stall_seconds;          /* shared/DESIGN.md "One meaning of stall"; for a failed
                                     * epoch, until the epoch that replaced it made a step */
-    double stall_predicted;        /* live migrations: the cost model's stall when ordered,
-                                    * shown once the stall was measured (< 0 before, and
-                                    * where none was made) */
-    bool stall_calibrated;         /* that prediction rested on measured migrations (this
-                                    * job's, or a cost file's) rather than the prior alone */
-    /* Held from the order until the stall is measured, which may be after the next
-     * reconfiguration was ordered (the epoch ended before its later steps): the prediction,
-     * whether it was calibrated, and what the plan moves as the cost model charges it. */
-    double ordered_stall;
-    bool ordered_calibrated;
-    struct plan_fit_move ordered_move;
+    double ordered_at;             /* wall seconds from the job's start to the order */
+    /* The cost model's prediction, made when the reconfiguration was ordered (< 0 where the
+     * loop has no cost model), whether it rested on measured migrations (this job's, or a cost
+     * file's) rather than the prior alone, and what the plan moves as the model charges it.
+     * A live migration's stall may be measured after the next reconfiguration was ordered
+     * (the epoch ended before its later steps), so the record holds them till then. */
+    double stall_predicted;
+    bool stall_calibrated;
+    struct plan_fit_move move;
+    bool stall_compared;           /* the measured stall was compared with that prediction and
+                                    * learnt (live migrations; the summary's cost_model counts
+                                    * it): the summary shows the prediction only then */
     uint64_t steps_replayed;       /* restores: steps done before the loss, trained again */
     double seconds;                /* order to last "reconfigured" */
     /* Where the stall went, on the worker whose span set it (seconds, docs/live-migration.md):

@@ -89,12 +89,12 @@ void loop__cm_predict(struct coord_loop *L, int dp, int pp, const struct plan_mi
     double all = plan ? (double)plan->bytes_moved : 0;
     double w = plan ? (double)plan->bytes_kind[ST_STATE_PARAM] : 0;
     struct coord_loop_record *rec = &L->rc.rec;
-    rec->ordered_move = (struct plan_fit_move){w, all - w, dp, pp, rec->dp_reshard};
+    rec->move = (struct plan_fit_move){w, all - w, dp, pp, rec->dp_reshard};
     L->rc.pred_step = L->fit ? plan_fit_step_seconds(L->fit, dp, pp) : 0;
     L->rc.calibrated = L->fit_has_steps;
-    rec->ordered_stall = L->fit ? plan_fit_stall_seconds_move(L->fit, meas_kind(rec->kind),
-                                                              &rec->ordered_move) : 0;
-    rec->ordered_calibrated = L->fit && plan_fit_stall_calibrated(L->fit);
+    rec->stall_predicted = L->fit ? plan_fit_stall_seconds_move(L->fit, meas_kind(rec->kind),
+                                                                &rec->move) : -1;
+    rec->stall_calibrated = L->fit && plan_fit_stall_calibrated(L->fit);
 }
 
 /* Epoch L->epoch runs from now: measure its steps against the prediction made for it. */
@@ -128,11 +128,10 @@ void loop__cm_migration(struct coord_loop *L, struct coord_loop_record *rec, uin
                         double stall) {
     if (!L->fit || (unsigned)rec->kind >= PLAN_RECONF_NLIVE) /* live migrations only */
         return;
-    rec->stall_predicted = rec->ordered_stall;
-    rec->stall_calibrated = rec->ordered_calibrated;
+    rec->stall_compared = true;
     cm_count(L, rec->kind, rec->stall_predicted, rec->stall_calibrated, stall);
     /* The wire's bytes, split as the plan's were. */
-    struct plan_fit_move mv = rec->ordered_move;
+    struct plan_fit_move mv = rec->move;
     double planned = mv.weight_bytes + mv.moment_bytes;
     double scale = planned > 0 ? (double)moved / planned : 0;
     mv.weight_bytes *= scale;

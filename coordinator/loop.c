@@ -519,7 +519,7 @@ static int start_restore(struct coord_loop *L, const struct wv *v, size_t nv, do
     loop__cm_epoch_end(L);
     shape_time(L, now);
     memset(&L->rc.rec, 0, sizeof(L->rc.rec));
-    L->rc.rec.stall_predicted = -1; /* cm_migration sets a live migration's */
+    L->rc.rec.ordered_at = now - L->t0;
     L->rc.rec.epoch = epoch;
     L->rc.rec.at_step = step;
     /* Without a checkpoint a "restore" starts from scratch: a fresh start, not a restore. The
@@ -812,7 +812,7 @@ static int start_migrate(struct coord_loop *L, const struct wv *v, size_t nv, in
      * communicators: counted as intra-stage. */
     enum plan_reconf kind = plan->cls == PLAN_RECONF_NONE ? PLAN_RECONF_INTRA_STAGE : plan->cls;
     memset(&L->rc.rec, 0, sizeof(L->rc.rec));
-    L->rc.rec.stall_predicted = -1; /* cm_migration sets a live migration's */
+    L->rc.rec.ordered_at = now - L->t0;
     L->rc.rec.epoch = epoch;
     L->rc.rec.at_step = at;
     L->rc.rec.kind = ps ? PLAN_RECONF_PEER_RESTORE : kind;

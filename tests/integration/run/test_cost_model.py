@@ -107,6 +107,12 @@ try:
         check(first.get("stall_calibrated") is False, "the first live migration's prediction is "
               "called calibrated: %r" % first)
         check((first.get("stall_seconds_predicted") or 0) > 0, "no prediction for %r" % first)
+    # When each was ordered, from the job's start: in the order of the epochs, within the run.
+    at = [r.get("ordered_at_seconds") for r in s.get("reconfigurations", [])]
+    check(all(isinstance(a, (int, float)) and 0 <= a <= s["wall_seconds"] for a in at),
+          "ordered_at_seconds outside 0..%s: %r" % (s.get("wall_seconds"), at))
+    check(all(isinstance(a, (int, float)) for a in at) and at == sorted(at) and at[-1] > at[0],
+          "ordered_at_seconds not rising with the epochs: %r" % at)
     for r in s.get("reconfigurations", []):
         if r["kind"] not in ("intra-stage", "inter-stage", "pipeline"):
             check(r.get("stall_seconds_predicted", 0) is None and r.get("stall_calibrated") is False,
