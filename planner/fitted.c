@@ -16,8 +16,10 @@
  * the quickstart a kind's stalls run 2-4x apart; the median sits below the mean). Without the
  * outliers, because one stall an order of magnitude above the
  * rest (a worker descheduled at the hand-off) would otherwise move every prediction after it;
- * that skew, up to about 4x the median on the quickstart, is the expected cost. A kind
- * this job has no figure for is charged the same mean over every kind it measured. The window
+ * that skew, up to about 4x the median on the quickstart, is the expected cost. What a dp
+ * change adds (dp-resharding) is learnt from the kinds whose moves both kept and changed dp; a
+ * kind whose every move changed dp is charged those moves' mean, whole (base_fixed). A kind
+ * this job has no figure for is charged the mean of the kinds' figures it has. The window
  * follows a machine that gets busier or quieter; plan_fit_costs hands the figures back in the
  * cost file's shape, so the next job (`spottrain run --save-costs`) starts where this one
  * ended. A cost file (planner.migration_costs, plan_fit_start_costs) also gives each kind's
@@ -204,36 +206,52 @@ static bool measured_any(const struct plan_fit *f) {
     return false;
 }
 
-/* Base kind k's fixed part: its moves that kept dp, or all its moves where every one changed
- * dp (the kind then carries that part itself, as `scripts/bench migration` charges it), with
- * its file's figure; without either, every base kind's moves; then the file's stand-in. -1
- * when nothing is known (the prior). */
+static double dp_fixed(const struct plan_fit *f);
+
+/* Base kind k's fixed part, without what a dp change adds: the mean of its moves that kept dp
+ * with its file's figure. A kind whose every move changed dp (the quickstart's intra-stage and
+ * pipeline moves) gives the mean of those moves, with the file's figure plus dp's part, less
+ * dp's part, so that the two add up to what such a move stalled. Without either, the mean of
+ * the measured kinds' parts; then the file's stand-in. -1 when nothing is known (the prior). */
 static double base_fixed(const struct plan_fit *f, int k) {
-    double v[PLAN_RECONF_DP_RESHARDING * FIT_MIG_WINDOW + FIT_PRIOR_MAX];
+    double v[FIT_MIG_WINDOW + FIT_PRIOR_MAX];
     int n = window(f, k, 0, v), w = prior_weight(f, k);
-    if (n == 0)
-        n = window(f, k, -1, v);
+    if (n == 0 && window(f, k, 1, v) > 0) {
+        double d = dp_fixed(f);
+        n = window(f, k, 1, v);
+        for (int i = 0; i < w; i++)
+            v[n++] = f->file.fixed_s[k] + d;
+        return ST_MAX(0.0, robust_mean(v, n) - d);
+    }
     for (int i = 0; i < w; i++)
         v[n++] = f->file.fixed_s[k];
-    if (n == 0)
-        for (int j = 0; j < PLAN_RECONF_DP_RESHARDING; j++)
-            n += window(f, j, -1, v + n);
     if (n > 0)
         return robust_mean(v, n);
+    double sum = 0;
+    for (int j = 0; j < PLAN_RECONF_DP_RESHARDING; j++)
+        if (f->nfixed[j] > 0) {
+            sum += base_fixed(f, j);
+            n++;
+        }
+    if (n > 0)
+        return sum / n;
     return f->have_file ? f->file.fixed_s[k] : -1;
 }
 
 /* What a change of dp adds to a move's stall (the ZeRO-1 shards' re-layout): the mean, over
- * the moves that changed dp, of their stall beyond their base kind's fixed part, with the
- * file's figure; those an order of magnitude above their kind's moves are left out, as
- * robust_mean leaves them out of a kind. Residuals may be negative (a move faster than its
- * kind's mean); the mean is not below 0. 0 when no move changed dp and the file says nothing;
- * -1 when nothing is known at all. */
+ * the moves that changed dp of the kinds that also have moves that kept dp, of their stall
+ * beyond their kind's fixed part, with the file's figure. A kind whose every move changed dp
+ * cannot tell the two parts apart, and is charged its own mean whole (base_fixed). Moves an
+ * order of magnitude above their kind's are left out, as robust_mean leaves them out of a
+ * kind. Residuals may be negative (a move faster than its kind's mean); the mean is not below
+ * 0. 0 when no such move was measured and the file says nothing; -1 when nothing is known. */
 static double dp_fixed(const struct plan_fit *f) {
-    double v[PLAN_RECONF_DP_RESHARDING * FIT_MIG_WINDOW + FIT_PRIOR_MAX];
+    double v[FIT_MIG_WINDOW];
     double sum = 0;
     int n = 0;
     for (int k = 0; k < PLAN_RECONF_DP_RESHARDING; k++) {
+        if (window(f, k, 0, v) == 0)
+            continue;
         double all[FIT_MIG_WINDOW], base = base_fixed(f, k);
         double cap = FIT_OUTLIER * median(all, window(f, k, -1, all));
         int m = window(f, k, 1, v);
