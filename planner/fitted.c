@@ -1,33 +1,34 @@
-/* fitted.c: the planner's cost model fitted online from what the job measures.
+/* fitted.c: the planner's cost model fitted online from what the job measures. Pure: the loop
+ * feeds it numbers.
  *
  * The spec's hardware figures (fleet.gpu_tflops, fleet.net_gbps) give a prior that can be off
  * by orders of magnitude (a CPU quickstart priced as a GPU). The one idea: keep the prior's
- * *shape* of the costs and fit the error. A shape that ran is predicted from its own
- * measurements: log(measured / prior) step time, a moving average. A shape not run yet is
- * predicted by a + b log dp + c log pp (least squares over every shape's measurements, older
- * ones decaying, so it follows the machine getting busier or quieter; b and c pulled towards
- * 0, so one shape's measurements scale every shape alike). a is the wrong hardware; b and c
- * catch a prior that scales wrongly with the shape, e.g. workers that share CPU cores gain
- * nothing from more replicas. (A shape that ran was once predicted as the regression plus its
- * own deviation from it, taken when it ran. The decay lets the running shape's measurements
- * take the regression over, so a shape not running was pulled towards the running one's step
- * time: 2x2 and 1x2 alternating at 20 and 30 ms were predicted at 17 and 35 ms, for ever.) Migrations: once one was
- * measured, the cost model charges live migrations (plan_cost_use_measured) with each kind's
- * fixed part: what a stall leaves beyond its bytes over the link, averaged over the kind's last
- * FIT_MIG_WINDOW migrations and its cost file's figure (counted as many times as the
- * migrations behind it, at most FIT_PRIOR_MAX), leaving out any more than FIT_OUTLIER times
- * their median. A mean, because the planner charges expected costs and stalls are skewed (on
- * the quickstart a kind's stalls run 2-4x apart; the median sits below the mean). Without the
- * outliers, because one stall an order of magnitude above the
- * rest (a worker descheduled at the hand-off) would otherwise move every prediction after it;
- * that skew, up to about 4x the median on the quickstart, is the expected cost. What a dp
- * change adds (dp-resharding) is learnt from the kinds whose moves both kept and changed dp; a
- * kind whose every move changed dp is charged those moves' mean, whole (base_fixed). A kind
- * this job has no figure for is charged the mean of the kinds' figures it has. The window
- * follows a machine that gets busier or quieter; plan_fit_costs hands the figures back in the
- * cost file's shape, so the next job (`spottrain run --save-costs`) starts where this one
- * ended. A cost file (planner.migration_costs, plan_fit_start_costs) also gives each kind's
- * throughput. Pure: the loop feeds it numbers. */
+ * *shape* of the costs and fit the error.
+ *
+ * Step times. log(measured / prior) step time is modelled as a + b log dp + c log pp (least
+ * squares over the measurements, older ones decaying, so it follows the machine getting busier
+ * or quieter; b and c pulled towards 0, so one shape's measurements scale every shape alike)
+ * plus, for a shape that ran, its own deviation (a moving average). a is the wrong hardware; b
+ * and c catch a prior that scales wrongly with the shape, e.g. workers that share CPU cores gain
+ * nothing from more replicas. Known flaw (docs/planner.md): the deviation is taken against the
+ * regression of its time, and the decay lets the running shape take the regression over, so a
+ * shape not running is pulled towards the running one's step time.
+ *
+ * Migrations. Once one was measured, the cost model charges live migrations
+ * (plan_cost_use_measured) with each kind's fixed part: what a stall leaves beyond its bytes
+ * over the link, averaged over the kind's last FIT_MIG_WINDOW migrations and its cost file's
+ * figure (counted as many times as the migrations behind it, at most FIT_PRIOR_MAX), leaving
+ * out any more than FIT_OUTLIER times their median. A mean, because the planner charges
+ * expected costs and stalls are skewed (on the quickstart a kind's stalls run 2-4x apart; the
+ * median sits below the mean). Without the outliers, because one stall an order of magnitude
+ * above the rest (a worker descheduled at the hand-off) would otherwise move every prediction
+ * after it; the skew up to about 4x the median is the expected cost. What a dp change adds
+ * (dp-resharding) is learnt from the kinds whose moves both kept and changed dp; a kind whose
+ * every move changed dp is charged those moves' mean, whole (base_fixed). A kind this job has
+ * no figure for is charged the mean of the kinds' figures it has. The window follows a machine
+ * that gets busier or quieter. plan_fit_costs hands the figures back in the cost file's shape,
+ * so the next job (`spottrain run --save-costs`) starts where this one ended; a cost file
+ * (planner.migration_costs, plan_fit_start_costs) also gives each kind's throughput. */
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
@@ -38,7 +39,7 @@
 #include "planner-internal.h"
 #include "planner.h"
 
-#define FIT_ALPHA 0.5  /* weight of a new sample in a shape's own average */
+#define FIT_ALPHA 0.5  /* weight of a new sample in a shape's deviation */
 #define FIT_DECAY 0.7  /* weight left to older samples in the regression at each new one */
 #define FIT_RIDGE 1.0  /* pull of b and c towards 0 */
 #define FIT_MIG_WINDOW 8 /* the migrations of a kind its fixed part is fitted from */
@@ -48,8 +49,7 @@
 struct plan_fit {
     struct plan_cost *cost;      /* the fitted model plan_decide reads */
     double *prior_sps;           /* [nshapes] prior samples/s */
-    double *own;                 /* [nshapes] a shape's own log(measured / prior) step time,
-                                  * a moving average */
+    double *dev;                 /* [nshapes] a shape's log deviation from the level */
     bool *seen;                  /* [nshapes] the shape ran */
     double A[3][3], B[3];        /* decayed normal equations of the regression */
     bool have_level;
@@ -79,9 +79,9 @@ int plan_fit_new(const struct plan_cost *prior, struct plan_fit **ret) {
     if ((r = plan_cost_dup(prior, &f->cost)) < 0)
         goto out;
     f->prior_sps = st_calloc((size_t)prior->nshapes, sizeof(double));
-    f->own = st_calloc((size_t)prior->nshapes, sizeof(double));
+    f->dev = st_calloc((size_t)prior->nshapes, sizeof(double));
     f->seen = st_calloc((size_t)prior->nshapes, sizeof(bool));
-    if (!f->prior_sps || !f->own || !f->seen) {
+    if (!f->prior_sps || !f->dev || !f->seen) {
         r = -ENOMEM;
         goto out;
     }
@@ -101,7 +101,7 @@ struct plan_fit *plan_fit_free(struct plan_fit *f) {
         return NULL;
     plan_cost_free(f->cost);
     st_free(f->prior_sps);
-    st_free(f->own);
+    st_free(f->dev);
     st_free(f->seen);
     st_free(f);
     return NULL;
@@ -139,7 +139,7 @@ double plan_fit_step_seconds(const struct plan_fit *f, int dp, int pp) {
     double p = prior_step(f, i);
     if (!f->have_level)
         return p;
-    return p * exp(f->seen[i] ? f->own[i] : regress(f, dp, pp));
+    return p * exp(regress(f, dp, pp) + (f->seen[i] ? f->dev[i] : 0));
 }
 
 int plan_fit_observe_step(struct plan_fit *f, int dp, int pp, double seconds) {
@@ -156,7 +156,8 @@ int plan_fit_observe_step(struct plan_fit *f, int dp, int pp, double seconds) {
         f->B[r] = FIT_DECAY * f->B[r] + x[r] * l;
     }
     f->have_level = true;
-    f->own[i] = f->seen[i] ? (1 - FIT_ALPHA) * f->own[i] + FIT_ALPHA * l : l;
+    double d = l - regress(f, dp, pp);
+    f->dev[i] = f->seen[i] ? (1 - FIT_ALPHA) * f->dev[i] + FIT_ALPHA * d : d;
     f->seen[i] = true;
     f->dirty = true;
     return 0;
@@ -220,9 +221,8 @@ static double dp_fixed(const struct plan_fit *f);
 static double base_fixed(const struct plan_fit *f, int k) {
     double v[FIT_MIG_WINDOW + FIT_PRIOR_MAX];
     int n = window(f, k, 0, v), w = prior_weight(f, k);
-    if (n == 0 && window(f, k, 1, v) > 0) {
+    if (n == 0 && (n = window(f, k, 1, v)) > 0) {
         double d = dp_fixed(f);
-        n = window(f, k, 1, v);
         for (int i = 0; i < w; i++)
             v[n++] = f->file.fixed_s[k] + d;
         return ST_MAX(0.0, robust_mean(v, n) - d);
