@@ -320,10 +320,15 @@ static void choose_shape(struct coord_loop *L, int n, uint64_t at, const struct 
         o.pp_max = s->planner.pp_max ? ST_MIN(s->planner.pp_max, L->nlayers) : L->nlayers;
         o.dp_min = s->planner.dp_min;
         o.dp_max = s->planner.dp_max;
+        o.rules = &L->rules; /* choose among the shapes the engine can run (clamp_shape's) */
         struct plan_decision d;
         loop__cm_feed(L);
+        const struct plan_cost *dc = loop__decide_cost(L);
+        if (dc != L->cfg.cost)
+            plan_fit_margins(L->fit, dc, &o); /* a gain the step times cannot tell from noise
+                                               * buys no migration */
         double t0 = st_now();
-        int r = plan_decide(loop__decide_cost(L), &sit, &o, &d);
+        int r = plan_decide(dc, &sit, &o, &d);
         decided = st_now() - t0;
         consulted = true;
         if (r == 0 && d.shape.dp > 0) {

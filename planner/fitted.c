@@ -5,14 +5,20 @@
  * by orders of magnitude (a CPU quickstart priced as a GPU). The one idea: keep the prior's
  * *shape* of the costs and fit the error.
  *
- * Step times. log(measured / prior) step time is modelled as a + b log dp + c log pp (least
- * squares over the measurements, older ones decaying, so it follows the machine getting busier
- * or quieter; b and c pulled towards 0, so one shape's measurements scale every shape alike)
- * plus, for a shape that ran, its own deviation (a moving average). a is the wrong hardware; b
- * and c catch a prior that scales wrongly with the shape, e.g. workers that share CPU cores gain
- * nothing from more replicas. Known flaw (docs/planner.md): the deviation is taken against the
- * regression of its time, and the decay lets the running shape take the regression over, so a
- * shape not running is pulled towards the running one's step time.
+ * Step times. A shape that ran is predicted from its own measurements: log(measured / prior)
+ * step time, a moving average. A shape not run yet is predicted by a + b log dp + c log pp
+ * (least squares over every shape's measurements, older ones decaying, so it follows the
+ * machine getting busier or quieter; b and c pulled towards 0, so one shape's measurements
+ * scale every shape alike). a is the wrong hardware; b and c catch a prior that scales wrongly
+ * with the shape, e.g. workers that share CPU cores gain nothing from more replicas. A shape
+ * that ran was once predicted as the regression plus its own deviation from it, taken when it
+ * ran; the decay let the running shape take the regression over, so a shape not running was
+ * pulled towards the running one (2x2 and 1x2 taking turns at 20 and 30 ms: 2x2 predicted at
+ * 16.9 ms, for ever). This sharper fit needs the planner to choose only shapes the job can
+ * run (plan_options.rules): a shape it chose and the loop replaced never met a measurement,
+ * and the jobs flapped (docs/planner.md). The fit also keeps the step spread, how far a
+ * shape's measured step lands from its own prediction; plan_fit_margins makes the planner's
+ * margins at least that, so noise between two shapes a few percent apart buys no move.
  *
  * Migrations. Once one was measured, the cost model charges live migrations
  * (plan_cost_use_measured) with each kind's fixed part: what a stall leaves beyond its bytes
@@ -39,8 +45,9 @@
 #include "planner-internal.h"
 #include "planner.h"
 
-#define FIT_ALPHA 0.5  /* weight of a new sample in a shape's deviation */
+#define FIT_ALPHA 0.5  /* weight of a new sample in a shape's own average */
 #define FIT_DECAY 0.7  /* weight left to older samples in the regression at each new one */
+#define FIT_SPREAD_DECAY 0.9 /* weight left to older errors in the step spread at each new one */
 #define FIT_RIDGE 1.0  /* pull of b and c towards 0 */
 #define FIT_MIG_WINDOW 8 /* the migrations of a kind its fixed part is fitted from */
 #define FIT_PRIOR_MAX 4  /* the most migrations a cost file's figure counts as */
@@ -49,10 +56,12 @@
 struct plan_fit {
     struct plan_cost *cost;      /* the fitted model plan_decide reads */
     double *prior_sps;           /* [nshapes] prior samples/s */
-    double *dev;                 /* [nshapes] a shape's log deviation from the level */
+    double *own;                 /* [nshapes] a shape's own log(measured / prior) step time,
+                                  * a moving average */
     bool *seen;                  /* [nshapes] the shape ran */
     double A[3][3], B[3];        /* decayed normal equations of the regression */
     bool have_level;
+    double spread_sum, spread_w; /* decayed |log(measured / predicted)| of shapes that ran */
     /* Per base kind (intra-stage, inter-stage, pipeline) a ring of its last moves: what each
      * stalled beyond its bytes, and whether it changed dp. */
     double fixed[PLAN_RECONF_DP_RESHARDING][FIT_MIG_WINDOW];
@@ -79,9 +88,9 @@ int plan_fit_new(const struct plan_cost *prior, struct plan_fit **ret) {
     if ((r = plan_cost_dup(prior, &f->cost)) < 0)
         goto out;
     f->prior_sps = st_calloc((size_t)prior->nshapes, sizeof(double));
-    f->dev = st_calloc((size_t)prior->nshapes, sizeof(double));
+    f->own = st_calloc((size_t)prior->nshapes, sizeof(double));
     f->seen = st_calloc((size_t)prior->nshapes, sizeof(bool));
-    if (!f->prior_sps || !f->dev || !f->seen) {
+    if (!f->prior_sps || !f->own || !f->seen) {
         r = -ENOMEM;
         goto out;
     }
@@ -101,7 +110,7 @@ struct plan_fit *plan_fit_free(struct plan_fit *f) {
         return NULL;
     plan_cost_free(f->cost);
     st_free(f->prior_sps);
-    st_free(f->dev);
+    st_free(f->own);
     st_free(f->seen);
     st_free(f);
     return NULL;
@@ -139,7 +148,7 @@ double plan_fit_step_seconds(const struct plan_fit *f, int dp, int pp) {
     double p = prior_step(f, i);
     if (!f->have_level)
         return p;
-    return p * exp(regress(f, dp, pp) + (f->seen[i] ? f->dev[i] : 0));
+    return p * exp(f->seen[i] ? f->own[i] : regress(f, dp, pp));
 }
 
 int plan_fit_observe_step(struct plan_fit *f, int dp, int pp, double seconds) {
@@ -156,11 +165,25 @@ int plan_fit_observe_step(struct plan_fit *f, int dp, int pp, double seconds) {
         f->B[r] = FIT_DECAY * f->B[r] + x[r] * l;
     }
     f->have_level = true;
-    double d = l - regress(f, dp, pp);
-    f->dev[i] = f->seen[i] ? (1 - FIT_ALPHA) * f->dev[i] + FIT_ALPHA * d : d;
+    if (f->seen[i]) {
+        f->spread_sum = FIT_SPREAD_DECAY * f->spread_sum + fabs(l - f->own[i]);
+        f->spread_w = FIT_SPREAD_DECAY * f->spread_w + 1;
+    }
+    f->own[i] = f->seen[i] ? (1 - FIT_ALPHA) * f->own[i] + FIT_ALPHA * l : l;
     f->seen[i] = true;
     f->dirty = true;
     return 0;
+}
+
+double plan_fit_step_spread(const struct plan_fit *f) {
+    return f && f->spread_w > 0 ? expm1(f->spread_sum / f->spread_w) : 0;
+}
+
+void plan_fit_margins(const struct plan_fit *f, const struct plan_cost *cost,
+                      struct plan_options *o) {
+    double s = plan_fit_step_spread(f);
+    o->hysteresis = fmax(plan__margin(cost, o->hysteresis), s);
+    o->defer = fmax(plan__margin(cost, o->defer), s);
 }
 
 static int cmp_double(const void *a, const void *b) {

@@ -53,11 +53,11 @@ static bool shape_ok(const struct plan_cost *c, const struct plan_options *o, in
         return false;
     if (o->dp_max > 0 && dp > o->dp_max)
         return false;
-    return true;
+    return !o->rules || plan_shape_check(o->rules, dp, pp) == PLAN_RULE_OK;
 }
 
-/* Candidate shapes: every allowed shape when the model is small, otherwise the widest dp for
- * each depth at each count on the path (a narrower dp at the same depth only loses). */
+/* Candidate shapes: every allowed shape when the model is small, otherwise the widest allowed
+ * dp for each depth at each count on the path (a narrower dp at the same depth only loses). */
 static int candidates(const struct plan_cost *c, const struct plan_options *o, const int *path,
                       int L, struct plan_shape cur, struct plan_shape *out, int max) {
     int n = 0;
@@ -76,7 +76,9 @@ static int candidates(const struct plan_cost *c, const struct plan_options *o, c
                 continue;
             for (int pp = 1; pp <= c->nlayers && n < max; pp++) {
                 int dp = path[t] / pp;
-                if (dp < 1 || !shape_ok(c, o, dp, pp))
+                while (dp >= 1 && !shape_ok(c, o, dp, pp))
+                    dp--;
+                if (dp < 1)
                     continue;
                 bool dup = false;
                 for (int k = 0; k < n && !dup; k++)

@@ -254,14 +254,27 @@ struct plan_fit;
 /* Returns 0 and *ret (plan_fit_free; the prior is copied, not kept), -EINVAL, -ENOMEM. */
 int plan_fit_new(const struct plan_cost *prior, struct plan_fit **ret);
 struct plan_fit *plan_fit_free(struct plan_fit *f);
-/* Predicted seconds per step of a shape: the prior x exp(a + b log dp + c log pp + the shape's
- * deviation), a, b, c fitted to log(measured / prior) by decaying least squares (b, c pulled to
- * 0) and the deviation a moving average of the shape's own residuals (0 for a shape that did
- * not run); the prior before any measurement; 0 when the shape is not in the model. */
+/* Predicted seconds per step of a shape: for a shape that ran, the prior x exp(a moving
+ * average of its own log(measured / prior)); for one that did not, the prior x exp(a + b log
+ * dp + c log pp), a, b, c fitted to every shape's log(measured / prior) by decaying least
+ * squares (b, c pulled to 0); the prior before any measurement; 0 when the shape is not in the
+ * model. */
 double plan_fit_step_seconds(const struct plan_fit *f, int dp, int pp);
 /* One step of `seconds` measured on shape (dp, pp). Returns 0, or -EINVAL (unknown shape,
  * seconds not > 0). */
 int plan_fit_observe_step(struct plan_fit *f, int dp, int pp, double seconds);
+/* How far a step-time prediction of a shape that ran typically is from what it then measures,
+ * as a fraction: exp(a decayed mean of |log(measured / predicted)|) - 1 over the observations
+ * of shapes seen before (0 before any). On shared CPU cores it is a few percent. */
+double plan_fit_step_spread(const struct plan_fit *f);
+/* Raises o's margins (hysteresis, defer; NAN: the defaults for `cost`) to the step spread: a
+ * change the step times cannot tell from noise is not worth a migration. Without it, two
+ * shapes measured within a few percent of each other take turns, each move bought by the last
+ * interval's noise (scripts/bench cost-model --minutes 150, docs/planner.md). Call with the
+ * cost model plan_decide reads (plan_fit_cost). */
+struct plan_options;
+void plan_fit_margins(const struct plan_fit *f, const struct plan_cost *cost,
+                      struct plan_options *o);
 /* Predicted stall of a live migration of kind k moving `bytes`, all of them in the stall: the
  * kind's fitted fixed part (fitted.c says how; for a kind without a figure, the same over
  * every kind measured; the prior's intra-stage estimate before any) plus the bytes over the
@@ -356,11 +369,14 @@ struct plan_situation {
     int nfuture;              /*   intervals (oracle); the forecast is not used */
 };
 
+struct plan_rules;
 struct plan_options {
     int lookahead;            /* L intervals (default 12) */
     enum plan_predictor predictor;
     int pp_min, pp_max;       /* extra bounds; 0 = the model's */
     int dp_min, dp_max;
+    const struct plan_rules *rules; /* when set, only shapes plan_shape_check passes: the
+                               * shapes a job can run (the coordinator's loop); NULL: none */
     int spares;               /* instances kept out of the shape as spares */
     bool on_demand_fallback;  /* when no spot shape fits, ask for on-demand instances */
     double hysteresis;        /* a change must gain this fraction over staying (default NAN:

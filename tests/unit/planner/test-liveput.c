@@ -270,5 +270,78 @@ static int test_count_model(void) {
     return 0;
 }
 
+/* plan_options.rules: the planner chooses among the shapes a job can run, not among every
+ * shape of the cost model (the loop once ran a substitute for a 3x2 that cannot split its
+ * global batch, and the next decision asked for 3x2 again). Both ways of listing candidates:
+ * every shape of a small model, the widest dp per depth of a large one. */
+static int test_rules(void) {
+    struct plan_cost *small = tp_cost("bert_gbs1024_mbs8");
+    struct plan_model_desc md = {.layers = 48, .hidden = 256, .seq = 128, .vocab = 1000,
+                                 .micro_batch = 1, .global_batch = 64, .gpu_tflops = 10,
+                                 .gpu_mem_gib = 80, .net_gbps = 10, .max_n = 64};
+    struct plan_cost *large = NULL;
+    ASSERT_TRUE(small != NULL);
+    ASSERT_OK(plan_cost_analytic(&md, &large));
+    ASSERT_TRUE(small->nshapes <= 256);
+    ASSERT_TRUE(large->nshapes > 256);
+    struct plan_cost *models[2] = {small, large};
+    for (int m = 0; m < 2; m++) {
+        struct plan_cost *c = models[m];
+        int hist[4] = {30, 30, 30, 30};
+        struct plan_situation s = {.n_before = 30, .hist = hist, .nhist = 4};
+        struct plan_options o;
+        plan_options_init(&o);
+        struct plan_decision free_d, d;
+        ASSERT_OK(plan_decide(c, &s, &o, &free_d));
+        /* rules that the free choice breaks: its dp cannot split the global batch (or, for
+         * dp = 1, which always can, its depth is over the bound) */
+        struct plan_rules r = {.dp_lo = 1, .pp_lo = 1, .global_batch = c->global_batch,
+                               .micro_batch = c->micro_batch, .stages_max = c->nlayers,
+                               .workers_max = 64};
+        ASSERT_TRUE(free_d.shape.dp > 0);
+        if (plan_shape_check(&r, free_d.shape.dp, free_d.shape.pp) == PLAN_RULE_OK) {
+            if (free_d.shape.dp > 1)
+                r.global_batch = c->micro_batch * (free_d.shape.dp + 1);
+            else
+                r.pp_hi = free_d.shape.pp - 1;
+        }
+        ASSERT_TRUE(plan_shape_check(&r, free_d.shape.dp, free_d.shape.pp) != PLAN_RULE_OK);
+        o.rules = &r;
+        ASSERT_OK(plan_decide(c, &s, &o, &d));
+        ASSERT_TRUE(d.shape.dp > 0);
+        ASSERT_EQ(plan_shape_check(&r, d.shape.dp, d.shape.pp), PLAN_RULE_OK);
+        ASSERT_LE(d.shape.dp * d.shape.pp, 30);
+        /* and it is the best runnable one by throughput, up to what starting costs */
+        double best = 0;
+        for (int i = 0; i < c->nshapes; i++) {
+            struct plan_shape x = c->shapes[i];
+            if (x.dp * x.pp <= 30 && plan_cost_shape_allowed(c, x.dp, x.pp) &&
+                plan_shape_check(&r, x.dp, x.pp) == PLAN_RULE_OK)
+                best = fmax(best, plan_cost_throughput(c, x.dp, x.pp));
+        }
+        ASSERT_TRUE(plan_cost_throughput(c, d.shape.dp, d.shape.pp) >= 0.95 * best);
+        if (c == large) {
+            /* depth pinned at 10: the widest dp on 30 instances, 3, cannot split 64; the
+             * candidates must reach down to 2 */
+            struct plan_rules p10 = r;
+            p10.global_batch = 64;
+            p10.pp_lo = p10.pp_hi = 10;
+            o.rules = &p10;
+            ASSERT_OK(plan_decide(c, &s, &o, &d));
+            ASSERT_EQ(d.shape.dp, 2);
+            ASSERT_EQ(d.shape.pp, 10);
+            o.rules = &r;
+        }
+        /* rules no shape passes: idle */
+        r.pp_lo = r.pp_hi = c->nlayers + 1;
+        ASSERT_OK(plan_decide(c, &s, &o, &d));
+        ASSERT_EQ(d.shape.dp, 0);
+    }
+    plan_cost_free(small);
+    plan_cost_free(large);
+    return 0;
+}
+
 TEST_MAIN(TEST(test_dp_equals_brute_force), TEST(test_notice_and_hysteresis),
-          TEST(test_bad_and_idle), TEST(test_defer_cap), TEST(test_count_model))
+          TEST(test_bad_and_idle), TEST(test_defer_cap), TEST(test_count_model),
+          TEST(test_rules))
