@@ -325,8 +325,8 @@ static void choose_shape(struct coord_loop *L, int n, uint64_t at, const struct 
         loop__cm_feed(L);
         const struct plan_cost *dc = loop__decide_cost(L);
         if (dc != L->cfg.cost)
-            plan_fit_margins(L->fit, dc, &o); /* a gain the step times cannot tell from noise
-                                               * buys no migration */
+            plan_fit_margins(L->fit, &o); /* a gain the step times cannot tell from noise
+                                           * buys no migration */
         double t0 = st_now();
         int r = plan_decide(dc, &sit, &o, &d);
         decided = st_now() - t0;

@@ -179,8 +179,8 @@ double plan_fit_step_spread(const struct plan_fit *f) {
     return f && f->spread_w > 0 ? expm1(f->spread_sum / f->spread_w) : 0;
 }
 
-void plan_fit_margins(const struct plan_fit *f, const struct plan_cost *cost,
-                      struct plan_options *o) {
+void plan_fit_margins(struct plan_fit *f, struct plan_options *o) {
+    const struct plan_cost *cost = plan_fit_cost(f); /* measured costs set the defaults */
     double s = plan_fit_step_spread(f);
     o->hysteresis = fmax(plan__margin(cost, o->hysteresis), s);
     o->defer = fmax(plan__margin(cost, o->defer), s);

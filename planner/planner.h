@@ -267,14 +267,13 @@ int plan_fit_observe_step(struct plan_fit *f, int dp, int pp, double seconds);
  * as a fraction: exp(a decayed mean of |log(measured / predicted)|) - 1 over the observations
  * of shapes seen before (0 before any). On shared CPU cores it is a few percent. */
 double plan_fit_step_spread(const struct plan_fit *f);
-/* Raises o's margins (hysteresis, defer; NAN: the defaults for `cost`) to the step spread: a
- * change the step times cannot tell from noise is not worth a migration. Without it, two
- * shapes measured within a few percent of each other take turns, each move bought by the last
- * interval's noise (scripts/bench cost-model --minutes 150, docs/planner.md). Call with the
- * cost model plan_decide reads (plan_fit_cost). */
+/* Raises o's margins (hysteresis, defer; NAN: the defaults for the fitted model,
+ * plan_fit_cost) to the step spread: a change the step times cannot tell from noise is not
+ * worth a migration. Without it, two shapes measured within a few percent of each other take
+ * turns, each move bought by the last interval's noise (scripts/bench cost-model --minutes
+ * 150, docs/planner.md). */
 struct plan_options;
-void plan_fit_margins(const struct plan_fit *f, const struct plan_cost *cost,
-                      struct plan_options *o);
+void plan_fit_margins(struct plan_fit *f, struct plan_options *o);
 /* Predicted stall of a live migration of kind k moving `bytes`, all of them in the stall: the
  * kind's fitted fixed part (fitted.c says how; for a kind without a figure, the same over
  * every kind measured; the prior's intra-stage estimate before any) plus the bytes over the

@@ -462,7 +462,7 @@ static int test_fit_spread(void) {
     ASSERT_NEAR(plan_fit_step_spread(f), 0, 1e-12, 0);
     struct plan_options o;
     plan_options_init(&o);
-    plan_fit_margins(f, plan_fit_cost(f), &o);
+    plan_fit_margins(f, &o);
     ASSERT_NEAR(o.hysteresis, 0.003, 1e-12, 0); /* the prior's costs: PLAN_MARGIN_RESTART */
     ASSERT_NEAR(o.defer, 0.003, 1e-12, 0);
     for (int k = 0; k < 60; k++)
@@ -472,11 +472,11 @@ static int test_fit_spread(void) {
     double want = expm1(4.0 / 3 * log(1.05));
     ASSERT_NEAR(plan_fit_step_spread(f), want, 0, 0.02);
     plan_options_init(&o);
-    plan_fit_margins(f, plan_fit_cost(f), &o);
+    plan_fit_margins(f, &o);
     ASSERT_NEAR(o.hysteresis, plan_fit_step_spread(f), 1e-12, 0);
     ASSERT_NEAR(o.defer, plan_fit_step_spread(f), 1e-12, 0);
     o.hysteresis = 0.5;
-    plan_fit_margins(f, plan_fit_cost(f), &o);
+    plan_fit_margins(f, &o);
     ASSERT_NEAR(o.hysteresis, 0.5, 0, 0);
     ASSERT_NEAR(plan_fit_step_spread(NULL), 0, 0, 0);
     plan_fit_free(f);
