@@ -108,7 +108,10 @@ struct deferbg {
     int params_below;          /* every parameter of a layer below this is in (th, lock) */
     int result;
     double t0, t_end;          /* st_now() when the batch started / ended (set by th) */
-    double waited;             /* seconds the runner thread waited for it (runner thread) */
+    bool early;                /* we were early at the boundary (a spare): the move counts
+                                * from our peers' first bytes on comm, not from t0 */
+    double waited;             /* seconds the runner thread waited for it within its steps'
+                                * own time (gate_count; runner thread) */
     uint64_t sent0, recv0;     /* comm's counters when the thread started */
     struct reconf_note note;   /* told when everything is in */
     /* Not cleared between migrations (defer_free): made with the runner. */
@@ -623,11 +626,13 @@ static double own_from(const struct runner *R, double t0) {
 }
 
 /* A wait at the move's gates that began at t ended now: its part within the step's own time
- * counts in gate_waited (a wait of an early worker's before its peers sent is not). */
-static void gate_count(struct runner *R, double t) {
+ * counts in gate_waited (a wait of an early worker's before its peers sent is not: that is the
+ * migration's, in its stall). Returns that part. */
+static double gate_count(struct runner *R, double t) {
     double now = st_now(), from = own_from(R, t);
-    if (now > from)
-        R->gate_waited += now - from;
+    double w = now > from ? now - from : 0.0;
+    R->gate_waited += w;
+    return w;
 }
 
 /* Waits for the moments in flight, if any: tells the migration's "reconfigured" once they
@@ -639,8 +644,7 @@ static int defer_settle(struct runner *R) {
         return 0;
     double t = st_now();
     pthread_join(d->th, NULL);
-    d->waited += st_now() - t;
-    gate_count(R, t);
+    d->waited += gate_count(R, t);
     int r = d->result;
     if (R->eng) {
         worker_engine_set_gate(R->eng, NULL, NULL, NULL);
@@ -651,7 +655,12 @@ static int defer_settle(struct runner *R) {
         mig_comm_stats(d->comm, &sent, &recv);
         d->note.sent += sent - d->sent0;
         d->note.recv += recv - d->recv0;
-        d->note.deferred = d->t_end - d->t0;
+        /* An early worker started the batch before its peers reached the boundary: the
+         * time until their first bytes is its wait for them, not the move's. */
+        double from = d->t0, heard = d->early ? mig_comm_heard_at(d->comm) : 0;
+        if (heard > from)
+            from = heard;
+        d->note.deferred = d->t_end > from ? d->t_end - from : 0.0;
         d->note.waited = d->waited;
         tell_reconfigured(R, &d->note);
     } else {
@@ -684,8 +693,7 @@ static int defer_layer_gate(void *userdata, int layer) {
         pthread_cond_wait(&d->cond, &d->lock);
     bool in = d->params_below > layer;
     pthread_mutex_unlock(&d->lock);
-    d->waited += st_now() - t;
-    gate_count(R, t);
+    d->waited += gate_count(R, t);
     return in ? 0 : defer_settle(R);
 }
 
@@ -1428,6 +1436,7 @@ static int apply_migrate(struct runner *R, const Spottrain__V1__Command *cfg,
         xd = NULL;
         d->eng = reshaped ? R->eng : NULL;
         d->comm = mc;
+        d->early = early;
         d->own = mc != comm;
         comm_bytes(comm, move, &wsent, &wrecv); /* the thread counts its own */
         mig_comm_stats(mc, &d->sent0, &d->recv0);

@@ -616,6 +616,12 @@ def test_inter_early():
     # The positioned workers' hold counts in the stall: it is at least the hold.
     stall = kinds(s)[0]["stall_seconds"]
     check(stall >= 9.0, "stall %.3f s with a 10 s hold" % stall)
+    # And only there: the spare's move after the boundary, and its first step's wait for it,
+    # count from its peers' first bytes, not from its own early start (they took the hold in
+    # before: 10 s of moving for a state of a few MB).
+    ab = kinds(s)[0]["after_boundary"]
+    check(ab["seconds"] < 5.0 and ab["waited_seconds"] < 5.0,
+          "after_boundary %r with a 10 s hold before the spare's peers sent" % ab)
 
 
 def test_trace_minute():
