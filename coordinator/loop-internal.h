@@ -4,6 +4,7 @@
  *   loop-hooks.c  what workers' reports and notices tell it (the completion-queue thread)
  *   loop-cost.c   the fitted cost model's bookkeeping: measured steps and migrations in,
  *                 predictions out, and the summary's predicted-against-measured figures
+ *   loop-stall.c  what a reconfiguration cost: its record, and the stall of a chain of them
  *
  * Nothing here is public: coord-loop.h is the loop's interface. */
 #ifndef ST_COORD_LOOP_INTERNAL_H
@@ -38,7 +39,7 @@ enum loop_phase {
 
 /* What the loop learned about one worker from its notices (hooks). */
 /* Steps after a worker's first in an epoch whose times the epoch's stall waits for (its
- * median step time: stall_done). */
+ * median step time: loop__stall_done). */
 #define LOOP_LATER_STEPS 3
 
 /* Final saves (--save) a worker may fail to write before the job stops unfinished. */
@@ -54,7 +55,7 @@ struct lworker {
     uint64_t replayed;         /* steps its rollback to a peer copy undid */
     double stall;
     /* The figures of its last two "reconfigured" notices, by epoch: an epoch's stall is known
-     * steps after its first (stall_done), when the next may have been reported already. */
+     * steps after its first (loop__stall_done), when the next may have been reported already. */
     struct lreconf {
         uint64_t epoch;        /* 0: none */
         uint64_t prewarmed;    /* bytes its new engine took from its warm reserve */
@@ -80,8 +81,8 @@ struct lworker {
     char ckw_dir[ST_SPEC_PATH_MAX];
     uint64_t pc_epoch[2], pc_step[2]; /* its peer-copy generations (epoch, step; 0 = none) */
     /* Its first steps of the last two epochs it reported one of, newest first, and the steps
-     * after each: an epoch's stall waits for those (stall_done), and the next epoch may have
-     * begun by then. */
+     * after each: an epoch's stall waits for those (loop__stall_done), and the next epoch may
+     * have begun by then. */
     struct lfirst {
         uint64_t epoch;        /* 0: none */
         uint64_t step;         /* the first step's number */
@@ -236,6 +237,28 @@ struct coord_loop {
     bool ep_calibrated;
     bool fit_has_steps;
 };
+
+/* ---- loop.c ---------------------------------------------------------------------------- */
+
+/* An event: the status block's "last:" line, the events GET /v1/job lists, the log and the
+ * coordinator's event stream. */
+void loop__event(struct coord_loop *L, const char *fmt, ...) ST_PRINTF(2, 3);
+/* Bytes as a person reads them in an event line: "0.88 MB", "512 bytes". Returns buf. */
+const char *loop__fmt_bytes(char *buf, size_t size, uint64_t b);
+/* Seconds of stall or writing: "3 ms" under a second, "1.64 s" above. Returns buf. */
+const char *loop__fmt_secs(char *buf, size_t size, double s);
+/* Whether an event names kind k "<kind> migration" (the live ones) or by itself. */
+bool loop__kind_is_migration(enum plan_reconf k);
+
+/* ---- loop-stall.c ---------------------------------------------------------------------- */
+
+/* The reconfiguration being ordered (L->rc) ended, ok or failed, having moved `moved` wire
+ * bytes: its record and counts into the summary; its stall waits for loop__stall_done. */
+void loop__record_done(struct coord_loop *L, bool ok, uint64_t moved, double now);
+/* The stall of the chain of reconfigurations that led to the running epoch, once its
+ * positioned workers of v[0..nv) reported their first and later steps (settle: the epoch ends,
+ * take what came). Does nothing before then, or when no chain waits for its stall. */
+void loop__stall_done(struct coord_loop *L, const struct wv *v, size_t nv, bool settle);
 
 /* ---- loop-hooks.c ----------------------------------------------------------------------- */
 

@@ -27,8 +27,7 @@ static double trace_now(const struct coord_loop *L, double now) {
     return now - L->hold;
 }
 
-static void set_event(struct coord_loop *L, const char *fmt, ...) ST_PRINTF(2, 3);
-static void set_event(struct coord_loop *L, const char *fmt, ...) {
+void loop__event(struct coord_loop *L, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(L->st.last_event, sizeof(L->st.last_event), fmt, ap);
@@ -41,7 +40,7 @@ static void set_event(struct coord_loop *L, const char *fmt, ...) {
 }
 
 /* What the loop is doing, for the status block's "last:" line only: an order whose outcome
- * set_event() reports once, with its cost, when it is known (one line per event). */
+ * loop__event() reports once, with its cost, when it is known (one line per event). */
 static void set_status(struct coord_loop *L, const char *fmt, ...) ST_PRINTF(2, 3);
 static void set_status(struct coord_loop *L, const char *fmt, ...) {
     va_list ap;
@@ -52,7 +51,7 @@ static void set_status(struct coord_loop *L, const char *fmt, ...) {
 }
 
 /* Bytes as a person reads them in an event line: "0.88 MB", "512 bytes". */
-static const char *fmt_bytes(char *buf, size_t size, uint64_t b) {
+const char *loop__fmt_bytes(char *buf, size_t size, uint64_t b) {
     if (b >= 10000000000ull)
         snprintf(buf, size, "%.1f GB", (double)b / 1e9);
     else if (b >= 10000)
@@ -63,13 +62,13 @@ static const char *fmt_bytes(char *buf, size_t size, uint64_t b) {
 }
 
 /* Whether an event names kind k "<kind> migration" (the live ones) or by itself. */
-static bool loop_kind_is_migration(enum plan_reconf k) {
+bool loop__kind_is_migration(enum plan_reconf k) {
     return k == PLAN_RECONF_INTRA_STAGE || k == PLAN_RECONF_INTER_STAGE ||
            k == PLAN_RECONF_PIPELINE;
 }
 
 /* Seconds of stall or writing: "3 ms" under a second, "1.64 s" above. */
-static const char *fmt_secs(char *buf, size_t size, double s) {
+const char *loop__fmt_secs(char *buf, size_t size, double s) {
     if (s < 1.0)
         snprintf(buf, size, "%.0f ms", s * 1000);
     else
@@ -117,25 +116,25 @@ static int poll_provider(struct coord_loop *L, double now) {
             case CLOUD_SIG_NOTICE:
                 x->noticed = true;
                 x->deadline = sig[i].deadline;
-                set_event(L, "notice: %s (%s) goes in %.1f s", x->name, node,
-                          sig[i].deadline - trace_now(L, now));
+                loop__event(L, "notice: %s (%s) goes in %.1f s", x->name, node,
+                            sig[i].deadline - trace_now(L, now));
                 break;
             case CLOUD_SIG_LOST:
                 x->dead = true;
                 /* "lost: i-0003 (node-2, unannounced)": instance, node, and how. */
-                set_event(L, "lost: %s (%s, %s)", x->name, node,
-                          cloud_loss_reason_name(sig[i].reason));
+                loop__event(L, "lost: %s (%s, %s)", x->name, node,
+                            cloud_loss_reason_name(sig[i].reason));
                 break;
             case CLOUD_SIG_GRANTED:
-                set_event(L, "granted: %s (%s)", x->name, node);
+                loop__event(L, "granted: %s (%s)", x->name, node);
                 break;
             case CLOUD_SIG_EXITED:
                 /* The worker process ended (crashed, killed by someone else): its state is
                  * gone as surely as with a preemption, and known now, not at the heartbeat
                  * deadline. */
                 if (!x->dead)
-                    set_event(L, "%s exited: its worker process ended (instance %s, status %d)",
-                              node, x->name, sig[i].status);
+                    loop__event(L, "%s exited: its worker process ended (instance %s, status %d)",
+                                node, x->name, sig[i].status);
                 x->dead = true;
                 break;
             default:
@@ -793,8 +792,8 @@ static int start_migrate(struct coord_loop *L, const struct wv *v, size_t nv, in
                           k < npos);
         if (r < 0) {
             /* The epoch is open but incomplete: its workers cannot finish it. Restore. */
-            set_event(L, "epoch %" PRIu64 ": cannot send the migration order to %.8s: %s",
-                      epoch, peers[k].worker_id, st_strerror(r));
+            loop__event(L, "epoch %" PRIu64 ": cannot send the migration order to %.8s: %s",
+                        epoch, peers[k].worker_id, st_strerror(r));
             L->epoch = epoch;
             L->dp = dp;
             L->pp = pp;
@@ -845,7 +844,7 @@ static int start_migrate(struct coord_loop *L, const struct wv *v, size_t nv, in
     L->need_restore = false;
     snprintf(L->rc.why, sizeof(L->rc.why), "because %s", reason);
     char pb[32];
-    fmt_bytes(pb, sizeof(pb), plan->bytes_moved);
+    loop__fmt_bytes(pb, sizeof(pb), plan->bytes_moved);
     if (ps)
         set_status(L, "epoch %" PRIu64 ": peer restore %dx%d -> %dx%d from the copies of step %"
                    PRIu64 " ordered (%" PRIu64 " steps to replay), %s planned", epoch, odp, opp,
@@ -977,189 +976,6 @@ out:
 
 /* ---- phases --------------------------------------------------------------------------------- */
 
-/* The end of a reconfiguration (its participants all reported, or it failed). Counts and wire
- * bytes go to the summary now; the stall only once the epoch that ended the chain of
- * reconfigurations made its first step (stall_done()). */
-static void record_done(struct coord_loop *L, bool ok, uint64_t moved, double now) {
-    struct coord_loop_record *rec = &L->rc.rec;
-    rec->ok = ok;
-    rec->moved_bytes = moved;
-    rec->stall_seconds = 0;
-    rec->seconds = now - L->rc.started;
-    struct coord_loop_summary *S = &L->sum;
-    bool first = (rec->kind == PLAN_RECONF_CHECKPOINT_RESTORE ||
-                  rec->kind == PLAN_RECONF_FRESH_START) && !L->rc.restore;
-    if (S->nrecords < COORD_LOOP_MAX_RECORDS) {
-        S->records[S->nrecords++] = *rec;
-        if (L->chain < 0)
-            L->chain = S->nrecords - 1;
-        L->stall_rec = ok && !first ? S->nrecords - 1 : -1;
-        snprintf(L->stall_why, sizeof(L->stall_why), "%s", L->rc.why);
-        if (first)
-            L->chain = -1; /* the job's start: no stall to speak of */
-    }
-    if (!ok || first)
-        return;
-    S->count[rec->kind]++;
-    S->bytes[rec->kind] += moved;
-    S->replayed[rec->kind] += rec->steps_replayed;
-    if (rec->dp_reshard) {
-        S->count[PLAN_RECONF_DP_RESHARDING]++;
-        S->bytes[PLAN_RECONF_DP_RESHARDING] += moved;
-    }
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* Once every positioned worker of the running epoch reported its first step and LOOP_LATER_STEPS
- * steps after it: the stall of the chain of reconfigurations that led to it (shared/DESIGN.md):
- * the longest span from a worker's last step before the chain to the end of its first step in this
- * epoch, minus the epoch's median step time, the median of those later steps' times. Not of the
- * first steps: a pipeline's first step waits for its neighbours, so a new stage's wait for its
- * parameters is in every first step, and a median of them took part of it back out of the stall
- * (with two workers, half); and every first step shares the cores with the move after the
- * boundary. With settle (the epoch ends: the next reconfiguration is done or failed, or the job's
- * last step), the later steps that came stand, or with none the first steps' own times. Every
- * record of the chain (failed ones too) shows it; the summary counts it once, under the kind of
- * the epoch that ended the chain. */
-static void stall_done(struct coord_loop *L, const struct wv *v, size_t nv, bool settle) {
-    struct coord_loop_summary *S = &L->sum;
-    if (L->stall_rec < 0 || L->chain < 0 || S->records[L->stall_rec].epoch != L->epoch)
-        return;
-    /* The epoch's positions: while the next reconfiguration is being ordered the workers'
-     * rows already name its epoch, but they train on in this one until its boundary. */
-    bool by_run = L->phase == PH_RECONF;
-    if (by_run && (L->run_epoch != L->epoch || !L->run_pos))
-        return;
-    double span = 0, span_new = 0, steps[64 * LOOP_LATER_STEPS], firsts[64];
-    struct coord_loop_stall_parts parts = {0}, parts_new = {0};
-    uint64_t prewarmed = 0;
-    double after = 0, waited = 0;
-    int ns = 0, nl = 0;
-    bool all = true, old = false, later = true;
-    pthread_mutex_lock(&L->lock);
-    for (size_t i = 0; i < nv && all; i++) {
-        bool positioned = v[i].positioned;
-        if (by_run) {
-            positioned = false;
-            for (int p = 0; p < L->run_dp * L->run_pp && !positioned; p++)
-                positioned = !strcmp(L->run_pos[p], v[i].w.id);
-        }
-        if (!positioned || v[i].dead)
-            continue;
-        struct lworker *w = loop__lw_get(L, v[i].w.id);
-        const struct lfirst *fh = NULL;
-        for (int j = 0; w && j < 2 && !fh; j++)
-            if (w->fh[j].epoch == L->epoch)
-                fh = &w->fh[j];
-        if (!fh) {
-            all = false;
-            break;
-        }
-        /* Only a worker that trained in the epoch before knows when its last step ended; a
-         * spare's last step may be epochs old, a new worker has none (it counts from its
-         * order, a lower bound used only when nobody else knows better). */
-        bool was = false;
-        for (int p = 0; p < L->prev_n && !was; p++)
-            was = !strcmp(L->prev_pos[p], v[i].w.id);
-        /* The parts are those of the worker whose span sets the stall. */
-        struct coord_loop_stall_parts wp = {0};
-        for (int j = 0; j < 2; j++)
-            if (w->rh[j].epoch == L->epoch) {
-                wp = w->rh[j].parts;
-                prewarmed += w->rh[j].prewarmed;
-                after = ST_MAX(after, w->rh[j].deferred);
-                waited = ST_MAX(waited, w->rh[j].waited);
-            }
-        if (was) {
-            if (!old || fh->seconds > span) {
-                span = fh->seconds;
-                parts = wp;
-            }
-            old = true;
-        } else if (fh->seconds > span_new) {
-            span_new = fh->seconds;
-            parts_new = wp;
-        }
-        if (ns < (int)ST_ARRAY_SIZE(firsts)) {
-            later = later && fh->nlater == LOOP_LATER_STEPS;
-            for (int j = 0; j < fh->nlater; j++)
-                steps[nl++] = fh->later[j];
-            firsts[ns++] = fh->step_seconds;
-        }
-    }
-    pthread_mutex_unlock(&L->lock);
-    if (!old) {
-        span = span_new;
-        parts = parts_new;
-    }
-    if (!all || ns == 0 || (!later && !settle))
-        return;
-    /* Settling: whatever later steps came, else the first steps' own times. */
-    bool of_later = nl > 0;
-    double *st = of_later ? steps : firsts;
-    int n = of_later ? nl : ns;
-    qsort(st, (size_t)n, sizeof(st[0]), cmp_double);
-    double med = n % 2 ? st[n / 2] : 0.5 * (st[n / 2 - 1] + st[n / 2]);
-    double stall = ST_MAX(0.0, span - med);
-    parts.rest = stall - (parts.wait + parts.connect + parts.reshape + parts.transfer +
-                          parts.commit);
-    for (int i = L->chain; i <= L->stall_rec; i++) {
-        S->records[i].stall_seconds = stall;
-        S->records[i].stall_span = span;
-        S->records[i].stall_step = med;
-        S->records[i].stall_step_from =
-            of_later ? COORD_LOOP_STEP_FROM_LATER : COORD_LOOP_STEP_FROM_FIRST;
-    }
-    S->records[L->stall_rec].parts = parts;
-    S->records[L->stall_rec].prewarmed_bytes = prewarmed;
-    S->records[L->stall_rec].after_seconds = after;
-    S->records[L->stall_rec].after_waited = waited;
-    struct coord_loop_record *rec = &S->records[L->stall_rec];
-    st_log(ST_LOG_INFO, "loop", "Epoch %" PRIu64 " stall %.6f s: wait %.6f connect %.6f "
-           "reshape %.6f transfer %.6f commit %.6f rest %.6f (step median %.6f, of %s)",
-           L->epoch, stall, parts.wait, parts.connect, parts.reshape, parts.transfer,
-           parts.commit, parts.rest, med, of_later ? "later steps" : "first steps");
-    S->stall[rec->kind] += stall;
-    if (rec->dp_reshard)
-        S->stall[PLAN_RECONF_DP_RESHARDING] += stall;
-    coord_metrics_add_migration(L->c, rec->kind, rec->moved_bytes, stall,
-                                rec->steps_replayed);
-    loop__cm_migration(L, rec, rec->moved_bytes, stall);
-    /* The epoch's one line: what ran, what it cost, and why. Epochs of the chain that the
-     * next one replaced before their first step get theirs first (their stall is the
-     * chain's, counted once under the last). */
-    char mb[32], sb[32];
-    fmt_secs(sb, sizeof(sb), stall);
-    for (int i = L->chain; i < L->stall_rec; i++) {
-        const struct coord_loop_record *e = &S->records[i];
-        fmt_bytes(mb, sizeof(mb), e->moved_bytes);
-        set_event(L, "epoch %" PRIu64 ": %s%s%s %dx%d -> %dx%d at step %" PRIu64 ", %s, %s; "
-                  "replaced by epoch %" PRIu64 " before its first step (because %s)", e->epoch,
-                  plan_reconf_name(e->kind),
-                  loop_kind_is_migration(e->kind) ? " migration" : "",
-                  e->ok ? "" : " (failed)", e->from_dp,
-                  e->from_pp, e->to_dp, e->to_pp, e->at_step, mb,
-                  e->ok ? "done" : "not done", L->epoch, e->reason);
-    }
-    fmt_bytes(mb, sizeof(mb), rec->moved_bytes);
-    if (rec->kind == PLAN_RECONF_CHECKPOINT_RESTORE || rec->kind == PLAN_RECONF_FRESH_START)
-        set_event(L, "epoch %" PRIu64 ": %s, running %dx%d from step %" PRIu64 ", %s stall, %s",
-                  L->epoch,
-                  rec->kind == PLAN_RECONF_CHECKPOINT_RESTORE ? "checkpoint restore"
-                                                              : "restart from scratch",
-                  rec->to_dp, rec->to_pp, rec->at_step, sb, L->stall_why);
-    else
-        set_event(L, "epoch %" PRIu64 ": %s%s %dx%d -> %dx%d at step %" PRIu64 ", %s, %s "
-                  "stall, %s", L->epoch, plan_reconf_name(rec->kind),
-                  loop_kind_is_migration(rec->kind) ? " migration" : "", rec->from_dp,
-                  rec->from_pp, rec->to_dp, rec->to_pp, rec->at_step, mb, sb, L->stall_why);
-    L->chain = L->stall_rec = -1;
-}
-
 /* One more failed try at `step` (a failed reconfiguration, a running epoch that stood still):
  * more than ten without progress past the failing boundary stop the job. Returns true when it
  * stopped it. */
@@ -1167,7 +983,7 @@ static bool failed_try(struct coord_loop *L, uint64_t step, double now) {
     L->fail_at = ST_MAX(L->fail_at, step);
     if (++L->restore_tries <= 10)
         return false;
-    set_event(L, "giving up after %d failed reconfigurations", L->restore_tries);
+    loop__event(L, "giving up after %d failed reconfigurations", L->restore_tries);
     L->phase = PH_STOPPING;
     L->stop_at = now;
     (void)coord_stop(L->c, "too many failed reconfigurations");
@@ -1189,7 +1005,7 @@ static void phase_reconf(struct coord_loop *L, const struct wv *v, size_t nv, do
     char bad[160] = "";
     /* A migration ordered for a later boundary leaves the running epoch training until then:
      * its first step may come in now, and ends its own chain, not the next one's. */
-    stall_done(L, v, nv, false);
+    loop__stall_done(L, v, nv, false);
     pthread_mutex_lock(&L->lock);
     for (size_t k = 0; k < L->rc.npart; k++) {
         struct lworker *w = loop__lw_get(L, L->rc.part[k]);
@@ -1223,7 +1039,7 @@ static void phase_reconf(struct coord_loop *L, const struct wv *v, size_t nv, do
         }
     }
     pthread_mutex_unlock(&L->lock);
-    if (loop_kind_is_migration(L->rc.rec.kind) && (failed || done >= L->rc.npart))
+    if (loop__kind_is_migration(L->rc.rec.kind) && (failed || done >= L->rc.npart))
         shape_time(L, now); /* the old shape trained until the boundary */
     if (progress != L->rc.progress) {
         L->rc.progress = progress;
@@ -1235,16 +1051,16 @@ static void phase_reconf(struct coord_loop *L, const struct wv *v, size_t nv, do
                  now - L->rc.alive, now - L->rc.started);
     }
     if (failed || done >= L->rc.npart)
-        stall_done(L, v, nv, true); /* the running epoch's steps are over */
+        loop__stall_done(L, v, nv, true); /* the running epoch's steps are over */
     if (failed) {
-        record_done(L, false, moved, now);
+        loop__record_done(L, false, moved, now);
         if (L->rc.rec.kind == PLAN_RECONF_PEER_RESTORE)
             L->peer_failed_at = L->rc.at; /* the next try restores from disk */
         const struct coord_loop_record *fr = &L->rc.rec;
-        set_event(L, "epoch %" PRIu64 ": %s%s %dx%d -> %dx%d at step %" PRIu64 " failed (%s)",
-                  L->rc.epoch, plan_reconf_name(fr->kind), loop_kind_is_migration(fr->kind)
-                  ? " migration" : "", fr->from_dp, fr->from_pp, fr->to_dp, fr->to_pp,
-                  fr->at_step, bad);
+        loop__event(L, "epoch %" PRIu64 ": %s%s %dx%d -> %dx%d at step %" PRIu64 " failed (%s)",
+                    L->rc.epoch, plan_reconf_name(fr->kind), loop__kind_is_migration(fr->kind)
+                    ? " migration" : "", fr->from_dp, fr->from_pp, fr->to_dp, fr->to_pp,
+                    fr->at_step, bad);
         L->epoch = L->rc.epoch; /* the workers left the old epoch (or will, and fail) */
         L->dp = L->rc.dp;
         L->pp = L->rc.pp;
@@ -1256,7 +1072,7 @@ static void phase_reconf(struct coord_loop *L, const struct wv *v, size_t nv, do
     }
     if (done < L->rc.npart)
         return;
-    record_done(L, true, moved, now);
+    loop__record_done(L, true, moved, now);
     L->epoch = L->rc.epoch;
     L->dp = L->rc.dp;
     L->pp = L->rc.pp;
@@ -1289,12 +1105,12 @@ static void phase_reconf(struct coord_loop *L, const struct wv *v, size_t nv, do
     L->phase = PH_RUNNING;
     loop__cm_epoch_begin(L, L->rc.pred_step, L->rc.calibrated);
     /* The job's start has no cost to wait for: its one line now. Any other epoch gets its
-     * line from stall_done(), once its stall is known (one line per event, with its cost). */
+     * line from loop__stall_done(), once its stall is known (one line per event, with its cost). */
     const struct coord_loop_record *rec = &L->rc.rec;
     if ((rec->kind == PLAN_RECONF_CHECKPOINT_RESTORE || rec->kind == PLAN_RECONF_FRESH_START) &&
         !L->rc.restore)
-        set_event(L, "epoch %" PRIu64 ": start, running %dx%d from step %" PRIu64 " (%s)",
-                  L->epoch, L->dp, L->pp, L->lease, L->rc.why);
+        loop__event(L, "epoch %" PRIu64 ": start, running %dx%d from step %" PRIu64 " (%s)",
+                    L->epoch, L->dp, L->pp, L->lease, L->rc.why);
     else
         set_status(L, "epoch %" PRIu64 " running %dx%d from step %" PRIu64 "; its stall is "
                    "known %d steps after its first", L->epoch, L->dp, L->pp, L->lease,
@@ -1377,7 +1193,7 @@ static void phase_running(struct coord_loop *L, const struct wv *v, size_t nv, d
         minstep = 0;
     if (npos > 0)
         L->max_step = ST_MAX(L->max_step, maxstep);
-    stall_done(L, v, nv, minstep >= L->total);
+    loop__stall_done(L, v, nv, minstep >= L->total);
     if (minstep > L->fail_at)
         L->restore_tries = 0; /* progress past every failed boundary: failures are not a loop */
     L->st.step = minstep;
@@ -1417,8 +1233,8 @@ static void phase_running(struct coord_loop *L, const struct wv *v, size_t nv, d
                now - L->run_alive > ST_MAX(L->cfg.reconfig_timeout, 10 * slowest)) {
         char why[120];
         snprintf(why, sizeof(why), "no step for %.0f s", now - L->run_alive);
-        set_event(L, "epoch %" PRIu64 " (%dx%d): %s at step %" PRIu64 " with steps leased "
-                  "to %" PRIu64 "; restoring", L->epoch, L->dp, L->pp, why, minstep, L->lease);
+        loop__event(L, "epoch %" PRIu64 " (%dx%d): %s at step %" PRIu64 " with steps leased "
+                    "to %" PRIu64 "; restoring", L->epoch, L->dp, L->pp, why, minstep, L->lease);
         L->run_alive = now;
         if (failed_try(L, minstep, now))
             return;
@@ -1442,11 +1258,11 @@ static void phase_running(struct coord_loop *L, const struct wv *v, size_t nv, d
             L->save_ordered = true;
             L->phase = PH_FINISH_SAVE;
             L->stop_at = now;
-            set_event(L, "all %" PRIu64 " steps done; saving to '%s'", L->total,
-                      L->cfg.save_dir);
+            loop__event(L, "all %" PRIu64 " steps done; saving to '%s'", L->total,
+                        L->cfg.save_dir);
             return;
         }
-        set_event(L, "all %" PRIu64 " steps done", L->total);
+        loop__event(L, "all %" PRIu64 " steps done", L->total);
         L->sum.finished = true;
         shape_time(L, now);
         (void)coord_stop(L->c, "job finished");
@@ -1544,7 +1360,7 @@ static void phase_resync(struct coord_loop *L, const struct wv *v, size_t nv, do
         hi = ST_MAX(hi, v[i].step);
     }
     if (dead || npos == 0 || now - L->resync_since > L->cfg.reconfig_timeout) {
-        set_event(L, "resync after restart failed; restoring");
+        loop__event(L, "resync after restart failed; restoring");
         L->need_restore = true;
         L->phase = PH_WAIT_FIRST;
         return;
@@ -1570,8 +1386,8 @@ static void phase_resync(struct coord_loop *L, const struct wv *v, size_t nv, do
     L->phase = PH_RUNNING;
     loop__cm_epoch_begin(L, L->fit ? plan_fit_step_seconds(L->fit, L->dp, L->pp) : 0,
                    L->fit_has_steps);
-    set_event(L, "resumed epoch %" PRIu64 " (%dx%d) at step %" PRIu64 " after a restart",
-              L->epoch, L->dp, L->pp, lo);
+    loop__event(L, "resumed epoch %" PRIu64 " (%dx%d) at step %" PRIu64 " after a restart",
+                L->epoch, L->dp, L->pp, lo);
 }
 
 /* While the n available workers cannot host any shape the spec allows, says so (an event when
@@ -1607,7 +1423,7 @@ static bool wait_check(struct coord_loop *L, int n, double now) {
     bool grace = !L->need_restore && L->epoch == 0 && n < L->cfg.expect_workers &&
                  now - L->t0 < L->cfg.first_wait;
     if (!L->wait_told && !grace) {
-        set_event(L, "waiting: %s", why);
+        loop__event(L, "waiting: %s", why);
         L->wait_told = true;
     }
     double limit = L->cfg.spec.planner.wait_limit * L->cfg.time_scale;
@@ -1615,7 +1431,7 @@ static bool wait_check(struct coord_loop *L, int n, double now) {
         return false;
     snprintf(L->sum.error, sizeof(L->sum.error), "no fleet could host a shape the spec allows "
              "for %gs (planner.wait_limit): %s", L->cfg.spec.planner.wait_limit, why);
-    set_event(L, "%s; stopping", L->sum.error);
+    loop__event(L, "%s; stopping", L->sum.error);
     (void)coord_stop(L->c, "wait limit");
     L->phase = PH_STOPPING;
     L->stop_at = now;
@@ -1637,7 +1453,7 @@ static void phase_wait_first(struct coord_loop *L, const struct wv *v, size_t nv
         if (L->cfg.provider && alive_instances(L) == 0 &&
             cloud_provider_next_deadline(L->cfg.provider, trace_now(L, now)) < 0 &&
             now - L->t0 > 2.0) {
-            set_event(L, "no instances left and none coming; giving up");
+            loop__event(L, "no instances left and none coming; giving up");
             (void)coord_stop(L->c, "no instances");
             L->phase = PH_STOPPING;
             L->stop_at = now;
@@ -1689,7 +1505,7 @@ static void phase_finish_save(struct coord_loop *L, const struct wv *v, size_t n
     if (failed && !dead && ++L->save_failures >= COORD_LOOP_SAVE_TRIES) {
         snprintf(L->sum.error, sizeof(L->sum.error), "the final save to '%s' failed %d times "
                  "(last: worker %s)", L->cfg.save_dir, L->save_failures, why);
-        set_event(L, "%s; stopping", L->sum.error);
+        loop__event(L, "%s; stopping", L->sum.error);
         shape_time(L, now);
         (void)coord_stop(L->c, "the final save failed");
         L->phase = PH_STOPPING;
@@ -1707,8 +1523,8 @@ static void phase_finish_save(struct coord_loop *L, const struct wv *v, size_t n
     if (!all && now - L->stop_at < L->cfg.reconfig_timeout)
         return;
     L->sum.finished = all;
-    set_event(L, all ? "saved '%s'; stopping" : "saving '%s' timed out; stopping",
-              L->cfg.save_dir);
+    loop__event(L, all ? "saved '%s'; stopping" : "saving '%s' timed out; stopping",
+                L->cfg.save_dir);
     shape_time(L, now);
     (void)coord_stop(L->c, "job finished");
     L->phase = PH_STOPPING;
@@ -1738,17 +1554,17 @@ static void ckpt_commit_check(struct coord_loop *L) {
     int r = L->cfg.ckpt_commit(L->cfg.ckpt_userdata, L->ckpt_pend_dir, L->ckpt_pend_step,
                                L->ckpt_pend_dp, pp);
     if (r < 0)
-        set_event(L, "checkpoint at step %" PRIu64 " could not be committed: %s",
-                  L->ckpt_pend_step, st_strerror(r));
+        loop__event(L, "checkpoint at step %" PRIu64 " could not be committed: %s",
+                    L->ckpt_pend_step, st_strerror(r));
     else {
         /* One line per checkpoint, not one per stage that wrote it. A restore to an older
          * step replays steps a checkpoint was already taken at, and takes it again (the same
          * bits: data order is a function of the step); the line says so. */
         char tb[32];
-        set_event(L, "checkpoint at step %" PRIu64 " written%s: %d stage%s in %s",
-                  L->ckpt_pend_step,
-                  L->ckpt_pend_step <= L->ckpt_top ? " again (a restore replayed past it)" : "",
-                  pp, pp == 1 ? "" : "s", fmt_secs(tb, sizeof(tb), took));
+        loop__event(L, "checkpoint at step %" PRIu64 " written%s: %d stage%s in %s",
+                    L->ckpt_pend_step,
+                    L->ckpt_pend_step <= L->ckpt_top ? " again (a restore replayed past it)" : "",
+                    pp, pp == 1 ? "" : "s", loop__fmt_secs(tb, sizeof(tb), took));
         L->ckpt_top = ST_MAX(L->ckpt_top, L->ckpt_pend_step);
     }
 }
@@ -1806,10 +1622,10 @@ int coord_loop_tick(struct coord_loop *L, double now) {
     ckpt_commit_check(L);
     if (L->peer_refused && !L->peer_refused_said) {
         L->peer_refused_said = true;
-        set_event(L, "peer copies do not fit: %" PRIu64 " bytes per worker, "
-                  "fault_tolerance.peer_copy_memory is %" PRIu64 "; an unannounced loss restores "
-                  "from the disk checkpoint", L->peer_refused_need,
-                  L->cfg.spec.fault_tolerance.peer_copy_memory);
+        loop__event(L, "peer copies do not fit: %" PRIu64 " bytes per worker, "
+                    "fault_tolerance.peer_copy_memory is %" PRIu64 "; an unannounced loss restores "
+                    "from the disk checkpoint", L->peer_refused_need,
+                    L->cfg.spec.fault_tolerance.peer_copy_memory);
     }
     switch (L->phase) {
     case PH_WAIT_FIRST: phase_wait_first(L, v, nv, now); break;
