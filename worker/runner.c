@@ -2086,7 +2086,7 @@ static int runner_loop(struct runner *R) {
             if (R->first_epoch == R->epoch) {
                 /* The end of this epoch's first step ends its stall: say so at once. Its
                  * own time (the stall subtracts it where the epoch ends before three later
-                 * steps are reported, coordinator/loop.c stall_done) leaves out
+                 * steps are reported, coordinator/loop-stall.c) leaves out
                  * what it waited at the move's gates for state still moving: that wait is
                  * stall. A worker early at the boundary (a spare) starts its first step as
                  * soon as its migration is set up, while its peers, their handshakes done
