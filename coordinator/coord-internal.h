@@ -1,5 +1,6 @@
 /* coord-internal.h: internal to coordinator/ — the coordinator object shared by state.c
- * (tables, commands, liveness, policy), grpc-server.c (RPCs), rest.c (HTTP) and
+ * (tables, liveness, policy), commands.c (the commands it sends), published.c (the figures
+ * the loop and the job driver hand it to show), grpc-server.c (RPCs), rest.c (HTTP) and
  * validate.c (message checks).
  *
  * One idea: one lock (c->lock) guards every table and the journal; the gRPC thread and the
@@ -153,8 +154,9 @@ void coord__tick(struct coord *c, double now);
 void coord__worker_copy(const struct coord *c, const struct coord_wk *wk, struct coord_worker *out);
 /* Counts workers by state into counts[COORD_WORKER_NSTATES]. */
 void coord__count_states(const struct coord *c, size_t counts[COORD_WORKER_NSTATES]);
-/* What the instance-hours spent so far would have cost on demand: spend scaled by the spec's
- * on-demand / spot price ratio (0 without a spot price, when nothing is spent either). */
+/* published.c: what the instance-hours spent so far would have cost on demand: spend scaled
+ * by the spec's on-demand / spot price ratio (0 without a spot price, when nothing is spent
+ * either). */
 double coord__on_demand_dollars(const struct coord *c);
 /* Event with the lock held. */
 int64_t coord__event_locked(struct coord *c, const char *kind, const char *worker_id,

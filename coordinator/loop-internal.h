@@ -1,6 +1,8 @@
 /* loop-internal.h: the planning loop's state, shared by its files (coordinator/loop*.c).
  *
- *   loop.c        the loop itself: signals, forecast, decisions, ordering epochs, the phases
+ *   loop.c        the loop itself: signals, forecast, the shape to run, the phases
+ *   loop-order.c  ordering an epoch: a fresh start or disk restore, a live migration, a peer
+ *                 restore after an unannounced loss
  *   loop-hooks.c  what workers' reports and notices tell it (the completion-queue thread)
  *   loop-cost.c   the fitted cost model's bookkeeping: measured steps and migrations in,
  *                 predictions out, and the summary's predicted-against-measured figures
@@ -249,6 +251,43 @@ const char *loop__fmt_bytes(char *buf, size_t size, uint64_t b);
 const char *loop__fmt_secs(char *buf, size_t size, double s);
 /* Whether an event names kind k "<kind> migration" (the live ones) or by itself. */
 bool loop__kind_is_migration(enum plan_reconf k);
+/* What the loop is doing, for the status block's "last:" line only: an order whose outcome
+ * loop__event() reports once, with its cost, when it is known (one line per event). */
+void loop__set_status(struct coord_loop *L, const char *fmt, ...) ST_PRINTF(2, 3);
+/* The shape (*ret_dp x *ret_pp) for n available workers at boundary `at`: forced, else the
+ * liveput planner, else the simple policy; always engine-feasible. why says why in words. */
+void loop__choose_shape(struct coord_loop *L, int n, uint64_t at, const struct wv *v,
+                        size_t nv, double now, int *ret_dp, int *ret_pp, char *why,
+                        size_t whysz);
+/* The first forced change of shape strictly after `step`, or 0. */
+uint64_t loop__forced_next(const struct coord_loop *L, uint64_t step);
+/* The stage boundaries of pp stages over the model's layers (ret: pp + 1 entries). */
+int loop__split_for(struct coord_loop *L, int pp, int *ret);
+/* Adds the time since the last call to the running shape's entry in the summary. */
+void loop__shape_time(struct coord_loop *L, double now);
+
+/* ---- loop-order.c ---------------------------------------------------------------------- */
+
+struct peer_src; /* a peer restore's sources (loop-order.c) */
+/* Orders a fresh start (mode=init at step 0) or a restore from the newest checkpoint onto
+ * the available workers. */
+int loop__start_restore(struct coord_loop *L, const struct wv *v, size_t nv, double now,
+                        const char *reason);
+/* Orders a live migration to (dp, pp) at the lease boundary (ps NULL), falling back to a
+ * restore when some state has no live copy; with ps, a peer restore (-ENODATA: some state
+ * has no copy, nothing ordered). */
+int loop__start_migrate(struct coord_loop *L, const struct wv *v, size_t nv, int dp, int pp,
+                        double now, const char *reason, const struct peer_src *ps);
+/* After an unannounced loss: a restore from the peer copies of the last running epoch, when
+ * one step's copies survive for every position. 0 when ordered, -ENODATA when no copy
+ * serves (the caller restores from disk), or another negative errno. */
+int loop__start_peer_restore(struct coord_loop *L, const struct wv *v, size_t nv, double now,
+                             const char *reason);
+/* Whether a peer restore may be planned now after a loss: every surviving positioned worker
+ * reported since the loss was seen, or LOOP_COPIES_SETTLE passed. */
+bool loop__copies_heard(struct coord_loop *L, const struct wv *v, size_t nv, double now);
+/* Steps in a lease window: about lease_seconds ahead of the slowest positioned worker. */
+uint64_t loop__lease_window(struct coord_loop *L, const struct wv *v, size_t nv);
 
 /* ---- loop-stall.c ---------------------------------------------------------------------- */
 
