@@ -1,6 +1,7 @@
 /* loop-internal.h: the planning loop's state, shared by its files (coordinator/loop*.c).
  *
- *   loop.c        the loop itself: signals, forecast, the shape to run, the phases
+ *   loop.c        the loop itself: the provider's signals, the workers' table, the phases
+ *   loop-shape.c  the shape to run: forced, the liveput planner's, or the simple policy's
  *   loop-order.c  ordering an epoch: a fresh start or disk restore, a live migration, a peer
  *                 restore after an unannounced loss
  *   loop-hooks.c  what workers' reports and notices tell it (the completion-queue thread)
@@ -254,17 +255,26 @@ bool loop__kind_is_migration(enum plan_reconf k);
 /* What the loop is doing, for the status block's "last:" line only: an order whose outcome
  * loop__event() reports once, with its cost, when it is known (one line per event). */
 void loop__set_status(struct coord_loop *L, const char *fmt, ...) ST_PRINTF(2, 3);
+/* Adds the time since the last call to the running shape's entry in the summary. */
+void loop__shape_time(struct coord_loop *L, double now);
+/* The provider's clock at wall time now (the trace's time: wall time less what was held). */
+double loop__trace_now(const struct coord_loop *L, double now);
+/* The loop's record of cloud instance `name`, or NULL when the provider never reported it. */
+struct linst *loop__inst_find(struct coord_loop *L, const char *name);
+
+/* ---- loop-shape.c ---------------------------------------------------------------------- */
+
 /* The shape (*ret_dp x *ret_pp) for n available workers at boundary `at`: forced, else the
  * liveput planner, else the simple policy; always engine-feasible. why says why in words. */
 void loop__choose_shape(struct coord_loop *L, int n, uint64_t at, const struct wv *v,
                         size_t nv, double now, int *ret_dp, int *ret_pp, char *why,
                         size_t whysz);
+/* The last forced shape at or before `step`, or NULL. */
+const struct coord_loop_forced *loop__forced_at(const struct coord_loop *L, uint64_t step);
 /* The first forced change of shape strictly after `step`, or 0. */
 uint64_t loop__forced_next(const struct coord_loop *L, uint64_t step);
 /* The stage boundaries of pp stages over the model's layers (ret: pp + 1 entries). */
 int loop__split_for(struct coord_loop *L, int pp, int *ret);
-/* Adds the time since the last call to the running shape's entry in the summary. */
-void loop__shape_time(struct coord_loop *L, double now);
 
 /* ---- loop-order.c ---------------------------------------------------------------------- */
 

@@ -1,5 +1,7 @@
-/* loop.c: the coordinator's planning loop (coord-loop.h) — signals, forecast, liveput,
- * migration plan, commands, checkpoints, and the fallback to a checkpoint.
+/* loop.c: the coordinator's planning loop (coord-loop.h) — the provider's signals, the
+ * workers' table, the phases (training, reconfiguring, saving, ...), checkpoints and the
+ * fallback to one; the shape to run is loop-shape.c's, the epochs are ordered in
+ * loop-order.c (loop-internal.h lists the loop's files).
  *
  * The one idea: the loop owns the step boundary. Workers of an epoch only train the steps
  * leased to them, so when the loop decides to reconfigure, the boundary is the lease already
@@ -23,7 +25,7 @@ static const char *phase_name(enum loop_phase p) {
 }
 
 /* The provider's clock at wall time now (see hold). */
-static double trace_now(const struct coord_loop *L, double now) {
+double loop__trace_now(const struct coord_loop *L, double now) {
     return now - L->hold;
 }
 
@@ -77,7 +79,7 @@ const char *loop__fmt_secs(char *buf, size_t size, double s) {
 
 /* ---- helpers -------------------------------------------------------------------------------- */
 
-static struct linst *inst_find(struct coord_loop *L, const char *name) {
+struct linst *loop__inst_find(struct coord_loop *L, const char *name) {
     for (size_t i = 0; i < L->ninst; i++)
         if (!strcmp(L->inst[i].name, name))
             return &L->inst[i];
@@ -85,7 +87,7 @@ static struct linst *inst_find(struct coord_loop *L, const char *name) {
 }
 
 static struct linst *inst_get(struct coord_loop *L, const char *name) {
-    struct linst *x = inst_find(L, name);
+    struct linst *x = loop__inst_find(L, name);
     if (x)
         return x;
     if (ST_GROW(L->inst, L->ninst, L->capinst, 16) < 0)
@@ -102,7 +104,7 @@ static int poll_provider(struct coord_loop *L, double now) {
     struct cloud_signal sig[64];
     size_t n;
     do {
-        TRY(cloud_provider_poll(L->cfg.provider, trace_now(L, now), sig, ST_ARRAY_SIZE(sig),
+        TRY(cloud_provider_poll(L->cfg.provider, loop__trace_now(L, now), sig, ST_ARRAY_SIZE(sig),
                                 &n));
         for (size_t i = 0; i < n; i++) {
             struct linst *x = inst_get(L, sig[i].instance);
@@ -116,7 +118,7 @@ static int poll_provider(struct coord_loop *L, double now) {
                 x->noticed = true;
                 x->deadline = sig[i].deadline;
                 loop__event(L, "notice: %s (%s) goes in %.1f s", x->name, node,
-                            sig[i].deadline - trace_now(L, now));
+                            sig[i].deadline - loop__trace_now(L, now));
                 break;
             case CLOUD_SIG_LOST:
                 x->dead = true;
@@ -166,7 +168,7 @@ static int view_get(struct coord_loop *L, struct wv **ret, size_t *ret_n) {
     pthread_mutex_lock(&L->lock);
     for (size_t i = 0; i < n; i++) {
         v[i].w = w[i];
-        struct linst *x = w[i].instance_id[0] ? inst_find(L, w[i].instance_id) : NULL;
+        struct linst *x = w[i].instance_id[0] ? loop__inst_find(L, w[i].instance_id) : NULL;
         struct lworker *lw = loop__lw_get(L, w[i].id);
         v[i].dead = w[i].state == COORD_WORKER_LOST || w[i].state == COORD_WORKER_STOPPED ||
                     (x && x->dead);
@@ -185,200 +187,6 @@ static int view_get(struct coord_loop *L, struct wv **ret, size_t *ret_n) {
     st_free(w);
     *ret = v;
     *ret_n = n;
-    return 0;
-}
-
-/* The shape to run on n workers: (dp, pp) itself when the engine can run it there, else the
- * feasible shape with the best throughput under the cost model (without one: the most
- * workers), where keeping the current depth counts 20% extra (a repartition moves whole
- * layers) and the wanted pp wins ties. {0,0} when nothing fits. */
-static void clamp_shape(const struct coord_loop *L, const struct plan_rules *rules, int n,
-                        int *dp, int *pp) {
-    if (*dp >= 1 && *pp >= 1 && *dp * *pp <= n && plan_shape_check(rules, *dp, *pp) == 0)
-        return;
-    int want_pp = *pp > 0 ? *pp : 1, bd = 0, bp = 0;
-    double best = -1;
-    for (int p = 1; p <= L->nlayers; p++)
-        for (int d = 1; d * p <= n; d++) {
-            if (plan_shape_check(rules, d, p) != PLAN_RULE_OK)
-                continue;
-            double v = L->cfg.cost ? plan_cost_throughput(L->cfg.cost, d, p) : 0;
-            if (!(v > 0))
-                v = 1e-9 * d * p; /* not in the model: prefer using more workers */
-            if (L->epoch > 0 && p == L->pp)
-                v *= 1.2; /* keeping the depth avoids a repartition: it must gain 20% to pay */
-            bool better = v > best * (1 + 1e-9) ||
-                          (v >= best * (1 - 1e-9) && p == want_pp && bp != want_pp);
-            if (better) {
-                best = v;
-                bd = d;
-                bp = p;
-            }
-        }
-    *dp = bd;
-    *pp = bp;
-}
-
-static const struct coord_loop_forced *forced_at(const struct coord_loop *L, uint64_t step) {
-    const struct coord_loop_forced *f = NULL;
-    for (int i = 0; i < L->cfg.nforced; i++)
-        if (L->cfg.forced[i].step <= step)
-            f = &L->cfg.forced[i];
-    return f;
-}
-
-/* First forced change strictly after `step`, or 0. */
-uint64_t loop__forced_next(const struct coord_loop *L, uint64_t step) {
-    for (int i = 0; i < L->cfg.nforced; i++)
-        if (L->cfg.forced[i].step > step)
-            return L->cfg.forced[i].step;
-    return 0;
-}
-
-/* Why (dp, pp) cannot run on n workers, in words, for a decision message; mirrors
- * engine_shape_ok(). */
-static void shape_refusal(const struct coord_loop *L, int n, int dp, int pp, char *buf,
-                          size_t size) {
-    const struct st_spec *s = &L->cfg.spec;
-    if (dp * pp > n)
-        snprintf(buf, size, "needs %d workers and %d are available", dp * pp, n);
-    else if (pp > L->nlayers)
-        snprintf(buf, size, "has more stages than the model's %d layers", L->nlayers);
-    else if (dp * pp > PLAN_MIG_MAX_POSITIONS)
-        snprintf(buf, size, "has more than %d positions", PLAN_MIG_MAX_POSITIONS);
-    else if (s->training.global_batch % (dp * s->training.micro_batch) != 0)
-        snprintf(buf, size, "cannot split the global batch of %d into micro-batches of %d "
-                 "over %d replicas", s->training.global_batch, s->training.micro_batch, dp);
-    else
-        snprintf(buf, size, "is outside the spec's planner bounds");
-}
-
-/* The shape for n available workers at boundary `at`: forced, else the liveput planner, else
- * the simple policy; always engine-feasible. */
-void loop__choose_shape(struct coord_loop *L, int n, uint64_t at, const struct wv *v,
-                        size_t nv, double now, int *ret_dp, int *ret_pp, char *why,
-                        size_t whysz) {
-    const struct st_spec *s = &L->cfg.spec;
-    int dp = s->planner.dp > 0 ? s->planner.dp : 0, pp = s->planner.pp > 0 ? s->planner.pp : 0;
-    const struct coord_loop_forced *f = forced_at(L, at);
-    bool consulted = false;
-    double decided = 0;
-    snprintf(why, whysz, "fill the fleet");
-    if (f) {
-        dp = f->dp;
-        pp = f->pp;
-        snprintf(why, whysz, "forced %dx%d from step %" PRIu64, f->dp, f->pp, f->step);
-    } else if (L->cfg.cost && (dp == 0 || pp == 0)) {
-        struct plan_notice notices[PLAN_MAX_NOTICES];
-        int nn = 0;
-        for (size_t i = 0; i < nv && nn < PLAN_MAX_NOTICES; i++) {
-            if (v[i].dead || !v[i].leaving)
-                continue;
-            struct linst *x = inst_find(L, v[i].w.instance_id);
-            double tn = trace_now(L, now);
-            double left = x && x->deadline > tn ? (x->deadline - tn) : 0.0;
-            /* A notice only the worker saw (GCE preempted, Azure Preempt): the provider's
-             * notice length (spec fleet.notice: 30 s there) from when it was relayed. */
-            if (!(x && x->deadline > 0) && v[i].relayed_at > 0)
-                left = ST_MAX(0.0, L->cfg.spec.fleet.notice_seconds *
-                                       (L->cfg.time_scale > 0 ? L->cfg.time_scale : 1) -
-                                       (now - v[i].relayed_at));
-            notices[nn].instance = (int)i;
-            notices[nn].seconds = left / (L->cfg.time_scale > 0 ? L->cfg.time_scale : 1);
-            nn++;
-        }
-        int total = 0;
-        for (size_t i = 0; i < nv; i++)
-            total += !v[i].dead;
-        int hist[LOOP_MAX_HIST + 1];
-        int nh = L->nhist;
-        memcpy(hist, L->hist, (size_t)nh * sizeof(int));
-        hist[nh++] = total;
-        struct plan_situation sit = {
-            .cur = {L->epoch ? L->dp : 0, L->epoch ? L->pp : 0},
-            .n_before = nh >= 2 ? hist[nh - 2] : total,
-            .n_in = 0,
-            .n_out = 0,
-            .hist = hist,
-            .nhist = nh,
-            .notices = notices,
-            .nnotices = nn,
-        };
-        if (nh >= 2) {
-            int d = hist[nh - 1] - hist[nh - 2];
-            sit.n_in = d > 0 ? d : 0;
-            sit.n_out = d < 0 ? -d : 0;
-        }
-        struct plan_options o;
-        plan_options_init(&o);
-        o.lookahead = s->planner.lookahead > 0 ? ST_MIN(s->planner.lookahead,
-                                                        PLAN_MAX_LOOKAHEAD) : 12;
-        o.predictor = L->predictor;
-        o.pp_min = s->planner.pp_min;
-        o.pp_max = s->planner.pp_max ? ST_MIN(s->planner.pp_max, L->nlayers) : L->nlayers;
-        o.dp_min = s->planner.dp_min;
-        o.dp_max = s->planner.dp_max;
-        o.rules = &L->rules; /* choose among the shapes the engine can run (clamp_shape's) */
-        struct plan_decision d;
-        loop__cm_feed(L);
-        const struct plan_cost *dc = loop__decide_cost(L);
-        if (dc != L->cfg.cost)
-            plan_fit_margins(L->fit, &o); /* a gain the step times cannot tell from noise
-                                           * buys no migration */
-        double t0 = st_now();
-        int r = plan_decide(dc, &sit, &o, &d);
-        decided = st_now() - t0;
-        consulted = true;
-        if (r == 0 && d.shape.dp > 0) {
-            dp = dp ? dp : d.shape.dp;
-            pp = pp ? pp : d.shape.pp;
-            L->forecast = d.npred > 0 ? d.pred_n[0] : n;
-            if (sit.cur.dp == 0)
-                /* From nothing there is no move and no migration to price: the planner's
-                 * "move 0x0 -> ..." would read as one. */
-                snprintf(why, whysz, "liveput: start %dx%d, the most samples over the next "
-                         "%d intervals", d.shape.dp, d.shape.pp, o.lookahead);
-            else
-                snprintf(why, whysz, "liveput: %s", d.reason);
-        } else if (r < 0) {
-            snprintf(why, whysz, "liveput failed (%s); fill the fleet", st_strerror(r));
-        } else {
-            snprintf(why, whysz, "liveput: no shape fits %d workers", n);
-        }
-    }
-    if (pp == 0)
-        pp = L->epoch ? L->pp : 1;
-    int want_dp = dp, want_pp = pp;
-    clamp_shape(L, f ? &L->rules_forced : &L->rules, n, &dp, &pp);
-    if (consulted) {
-        /* The shape that will actually start, and why it differs from the planner's choice
-         * when it does (engine rules, spec bounds, workers available). */
-        if (dp > 0 && (dp != want_dp || pp != want_pp) && want_dp > 0) {
-            char no[160];
-            shape_refusal(L, n, want_dp, want_pp, no, sizeof(no));
-            size_t k = strlen(why);
-            snprintf(why + k, whysz - k, "; %dx%d runs instead (%dx%d %s)", dp, pp, want_dp,
-                     want_pp, no);
-        }
-        struct coord_planner_decision pd = {
-            .dp = dp, .pp = pp, .at_step = at, .decide_seconds = decided,
-            .expected_samples_per_s =
-                dp > 0 ? plan_cost_throughput(loop__decide_cost(L), dp,
-                                              pp) : 0,
-        };
-        snprintf(pd.reason, sizeof(pd.reason), "%s", why);
-        L->decisions++;
-        coord_planner_record(L->c, plan_predictor_name(L->predictor), &pd);
-    }
-    *ret_dp = dp;
-    *ret_pp = pp;
-}
-
-int loop__split_for(struct coord_loop *L, int pp, int *ret) {
-    uint32_t lo[PLAN_MIG_MAX_STAGES + 1];
-    TRY(plan_stage_split((uint32_t)L->nlayers, L->layer_params, (uint32_t)pp, lo));
-    for (int s = 0; s <= pp; s++)
-        ret[s] = (int)lo[s];
     return 0;
 }
 
@@ -559,7 +367,8 @@ static void who(struct coord_loop *L, const struct wv *v, size_t nv, bool lost,
         if (!v[i].positioned ||
             (lost ? !(v[i].dead || (!anydead && v[i].failed)) : v[i].dead || !v[i].leaving))
             continue;
-        const struct linst *x = v[i].w.instance_id[0] ? inst_find(L, v[i].w.instance_id) : NULL;
+        const struct linst *x =
+            v[i].w.instance_id[0] ? loop__inst_find(L, v[i].w.instance_id) : NULL;
         const char *name = x && x->node[0] ? x->node
                            : v[i].w.instance_id[0] ? v[i].w.instance_id : v[i].w.id;
         int w = (x && x->node[0]) || v[i].w.instance_id[0] ? 63 : 8; /* worker ids: a prefix */
@@ -708,8 +517,8 @@ static void phase_running(struct coord_loop *L, const struct wv *v, size_t nv, d
     /* Re-plan: a noticed worker (immediately), a forced change reached, a new interval, or a
      * changed membership. The boundary is the lease already granted. */
     uint64_t fnext = loop__forced_next(L, L->lease);
-    bool forced_due = L->cfg.nforced > 0 && forced_at(L, L->lease) &&
-                      (forced_at(L, L->lease)->dp != L->dp || forced_at(L, L->lease)->pp != L->pp);
+    const struct coord_loop_forced *fnow = loop__forced_at(L, L->lease); /* NULL: none */
+    bool forced_due = fnow && (fnow->dp != L->dp || fnow->pp != L->pp);
     bool interval = now >= L->next_plan;
     pthread_mutex_lock(&L->lock);
     bool member = L->membership || navail != L->planned_avail;
@@ -879,7 +688,7 @@ static void phase_wait_first(struct coord_loop *L, const struct wv *v, size_t nv
     if (n == 0) {
         /* Nobody left and nobody coming: the trace is over (or every worker crashed). */
         if (L->cfg.provider && alive_instances(L) == 0 &&
-            cloud_provider_next_deadline(L->cfg.provider, trace_now(L, now)) < 0 &&
+            cloud_provider_next_deadline(L->cfg.provider, loop__trace_now(L, now)) < 0 &&
             now - L->t0 > 2.0) {
             loop__event(L, "no instances left and none coming; giving up");
             (void)coord_stop(L->c, "no instances");
@@ -1036,7 +845,7 @@ int coord_loop_tick(struct coord_loop *L, double now) {
     for (size_t i = 0; i < nv; i++)
         live += !v[i].dead;
     double interval = L->cfg.spec.planner.interval * L->cfg.time_scale;
-    int want = (int)((trace_now(L, now) - L->t0) / (interval > 0 ? interval : 1)) + 1;
+    int want = (int)((loop__trace_now(L, now) - L->t0) / (interval > 0 ? interval : 1)) + 1;
     while (L->nhist < want && L->nhist < LOOP_MAX_HIST)
         L->hist[L->nhist++] = alive >= 0 ? alive : live;
     L->st.alive = alive >= 0 ? alive : live;
