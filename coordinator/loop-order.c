@@ -7,7 +7,6 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "check.h" /* TRY, TRY_GOTO */

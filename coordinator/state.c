@@ -6,8 +6,6 @@
  * push to streams". If the journal write fails, memory is untouched and the caller gets the
  * error; if the process dies after the commit, a restart reads the same state back and
  * redelivers whatever the workers had not acknowledged. */
-#include <inttypes.h>
-#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
